@@ -1,0 +1,17 @@
+"""rocmc: ML graphs -> IREE -> .vmfb for AMD GPUs (ROCm), NVIDIA GPUs (CUDA) and the host CPU."""
+from ._version import __version__
+from .artifact import Artifact
+from .errors import (ArtifactError, CompileError, DeviceError, GraphError, InputError, LoweringError,
+                     ModelImportError, RocmcError, TargetError)
+from .frontend import Graph, TensorType, Value, dtype
+from .frontend.dtypes import bf16, bool_, f16, f32, i32, i64
+from . import ops
+from .lowering import compile
+from .lowering.target import Target, known_targets
+from .runtime import load
+from .frontend.reference import evaluate
+
+__all__ = ["Artifact", "ArtifactError", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
+           "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
+           "__version__", "compile", "dtype", "evaluate", "known_targets", "load", "ops",
+           "f32", "f16", "bf16", "i32", "i64", "bool_"]

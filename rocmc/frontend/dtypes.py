@@ -1,0 +1,76 @@
+"""The element types rocmc knows, with their numpy and MLIR spellings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import GraphError
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str          # rocmc spelling, used in printed IR: f32, f16, bf16, i32, i64, bool
+    np: np.dtype       # numpy storage type
+    mlir: str          # MLIR element type inside the module
+    kind: str          # "float", "int" or "bool"
+    bits: int
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "int"
+
+    @property
+    def abi_mlir(self) -> str:
+        """Element type at the module boundary (i1 travels as i8 through IREE's ABI)."""
+        return "i8" if self.kind == "bool" else self.mlir
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"rocmc.{self.name}"
+
+
+f32 = DType("f32", np.dtype(np.float32), "f32", "float", 32)
+f16 = DType("f16", np.dtype(np.float16), "f16", "float", 16)
+bf16 = DType("bf16", np.dtype(ml_dtypes.bfloat16), "bf16", "float", 16)
+i32 = DType("i32", np.dtype(np.int32), "i32", "int", 32)
+i64 = DType("i64", np.dtype(np.int64), "i64", "int", 64)
+bool_ = DType("bool", np.dtype(np.bool_), "i1", "bool", 1)
+
+ALL = {d.name: d for d in (f32, f16, bf16, i32, i64, bool_)}
+_ALIASES = {"float32": f32, "float16": f16, "bfloat16": bf16, "int32": i32, "int64": i64, "bool_": bool_}
+
+
+def dtype(spec) -> DType:
+    """Parse a dtype from a rocmc name, a numpy dtype or a DType."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, str):
+        if spec in ALL:
+            return ALL[spec]
+        if spec in _ALIASES:
+            return _ALIASES[spec]
+    else:
+        try:
+            npd = np.dtype(spec)
+        except TypeError:
+            npd = None
+        if npd is not None:
+            for d in ALL.values():
+                if d.np == npd:
+                    return d
+    raise GraphError(f"unsupported dtype {spec!r}: expected one of {', '.join(ALL)}")
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Result type of a binary op; rocmc does not promote silently between distinct types."""
+    if a == b:
+        return a
+    raise GraphError(f"dtype mismatch: {a} vs {b} (insert an explicit cast)")

@@ -1,0 +1,252 @@
+"""The graph IR: a Graph is an ordered list of Nodes whose operands and results are typed Values.
+
+Shapes hold ints (static) or strings (symbolic, e.g. "seq"). Types are inferred when a node is
+built, so a Graph is always well typed; printing gives one readable, typed line per node.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from ..errors import GraphError
+from . import dtypes as _dt
+from .dtypes import DType
+
+Dim = Union[int, str]
+_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def format_dim(d: Dim) -> str:
+    return str(d)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple
+    dtype: DType
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def with_shape(self, shape) -> "TensorType":
+        return TensorType(tuple(shape), self.dtype)
+
+    def with_dtype(self, dtype) -> "TensorType":
+        return TensorType(self.shape, _dt.dtype(dtype))
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(format_dim(d) for d in self.shape)}]"
+
+
+def check_shape(shape, what: str) -> tuple:
+    if isinstance(shape, (int, str)):
+        shape = (shape,)
+    out = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)):
+            raise GraphError(f"{what}: dim {d!r} is a bool, expected an int >= 0 or a symbol name")
+        if isinstance(d, (int, np.integer)):
+            if d < 0:
+                raise GraphError(f"{what}: dim {d} is negative, expected an int >= 0 or a symbol name")
+            out.append(int(d))
+        elif isinstance(d, str) and _SYMBOL.match(d):
+            out.append(d)
+        else:
+            raise GraphError(f"{what}: dim {d!r} is neither an int >= 0 nor a symbol name like 'seq'")
+    return tuple(out)
+
+
+class Value:
+    """A typed SSA value: a graph input, a constant or a node result."""
+
+    __array_priority__ = 1000  # numpy defers `ndarray + Value` to Value.__radd__
+
+    def __init__(self, graph: "Graph", type: TensorType, producer: "Node | None", index: int, name: str | None):
+        self.graph = graph
+        self.type = type
+        self.producer = producer
+        self.index = index
+        self.name = name
+        self.id = graph._next_id()
+
+    shape = property(lambda self: self.type.shape)
+    dtype = property(lambda self: self.type.dtype)
+    rank = property(lambda self: self.type.rank)
+
+    def __repr__(self) -> str:
+        return f"%{self.id}:{self.type}"
+
+    # Operators delegate to rocmc.ops so `a + b`, `a @ b` read naturally.
+    def _ops(self):
+        from .. import ops
+        return ops
+
+    def __add__(self, o): return self._ops().add(self, o)
+    def __radd__(self, o): return self._ops().add(o, self)
+    def __sub__(self, o): return self._ops().sub(self, o)
+    def __rsub__(self, o): return self._ops().sub(o, self)
+    def __mul__(self, o): return self._ops().mul(self, o)
+    def __rmul__(self, o): return self._ops().mul(o, self)
+    def __truediv__(self, o): return self._ops().div(self, o)
+    def __rtruediv__(self, o): return self._ops().div(o, self)
+    def __pow__(self, o): return self._ops().pow(self, o)
+    def __neg__(self): return self._ops().neg(self)
+    def __matmul__(self, o): return self._ops().matmul(self, o)
+    def __rmatmul__(self, o): return self._ops().matmul(o, self)
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list            # Values, or None for an absent optional operand
+    attrs: dict
+    outputs: list = field(default_factory=list)
+    id: int = -1
+
+    def input_types(self):
+        return [None if v is None else v.type for v in self.inputs]
+
+    def describe(self) -> str:
+        """How error messages name this node: `rms_norm(%0, %1)`."""
+        return f"{self.op}({', '.join('_' if v is None else f'%{v.id}' for v in self.inputs)})"
+
+
+def _format_attr(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_format_attr(x) for x in v) + "]"
+    if isinstance(v, DType):
+        return str(v)
+    return repr(v)
+
+
+class Graph:
+    """A model: inputs, constants, nodes in topological order, outputs."""
+
+    def __init__(self, name: str = "main"):
+        if not isinstance(name, str) or not _SYMBOL.match(name):
+            raise GraphError(f"Graph(name={name!r}): expected an identifier")
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self._ids = 0
+        self._names: set[str] = set()
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids - 1
+
+    # ---- building -------------------------------------------------------------------------
+    def input(self, name: str, shape, dtype="f32") -> Value:
+        if not isinstance(name, str) or not _SYMBOL.match(name):
+            raise GraphError(f"input(name={name!r}): expected an identifier")
+        if name in self._names:
+            raise GraphError(f"input {name!r}: the name is already used in graph {self.name!r}")
+        t = TensorType(check_shape(shape, f"input {name!r}"), _dt.dtype(dtype))
+        v = Value(self, t, None, 0, name)
+        self._names.add(name)
+        self.inputs.append(v)
+        return v
+
+    def constant(self, name: str | None, array, dtype=None) -> Value:
+        """A constant tensor; the array is copied, so later changes to it don't leak in."""
+        arr = np.asarray(array)
+        if dtype is not None:
+            arr = arr.astype(_dt.dtype(dtype).np)
+        elif arr.dtype == np.float64:
+            raise GraphError(f"constant {name!r}: float64 is not supported; pass dtype= (f32, f16, bf16)")
+        elif arr.dtype == np.int64 and not isinstance(array, np.ndarray):
+            arr = arr.astype(np.int64)
+        dt = _dt.dtype(arr.dtype)
+        if name is None:
+            i = len(self.constants)
+            while f"c{i}" in self._names:
+                i += 1
+            name = f"c{i}"
+        if not _SYMBOL.match(name):
+            raise GraphError(f"constant(name={name!r}): expected an identifier")
+        if name in self._names:
+            raise GraphError(f"constant {name!r}: the name is already used in graph {self.name!r}")
+        self._names.add(name)
+        self.constants[name] = np.ascontiguousarray(arr).copy()
+        node = Node("constant", [], {"name": name}, id=len(self.nodes))
+        v = Value(self, TensorType(tuple(int(d) for d in arr.shape), dt), node, 0, name)
+        node.outputs = [v]
+        self.nodes.append(node)
+        return v
+
+    def apply(self, op: str, inputs: Sequence, attrs: dict | None = None) -> list[Value]:
+        """Add a node; its result types come from the op's shape/dtype rule."""
+        from .opdef import get_op
+        opdef = get_op(op)
+        attrs = dict(attrs or {})
+        for v in inputs:
+            if v is not None and (not isinstance(v, Value) or v.graph is not self):
+                raise GraphError(f"{op}: operand {v!r} is not a value of graph {self.name!r}")
+        node = Node(op, list(inputs), attrs, id=len(self.nodes))
+        opdef.check_attrs(node)
+        types = opdef.infer(node, [None if v is None else v.type for v in inputs], attrs)
+        node.outputs = [Value(self, t, node, i, None) for i, t in enumerate(types)]
+        self.nodes.append(node)
+        return node.outputs
+
+    def output(self, *values: Value) -> None:
+        for v in values:
+            if not isinstance(v, Value) or v.graph is not self:
+                raise GraphError(f"output: {v!r} is not a value of graph {self.name!r}")
+        self.outputs.extend(values)
+
+    # ---- reading --------------------------------------------------------------------------
+    def symbols(self) -> list[str]:
+        seen: list[str] = []
+        for v in self.inputs:
+            for d in v.shape:
+                if isinstance(d, str) and d not in seen:
+                    seen.append(d)
+        return seen
+
+    def __str__(self) -> str:
+        args = ", ".join(f"%{v.id}:{v.type} {v.name}" for v in self.inputs)
+        lines = [f"graph {self.name}({args}) {{"]
+        for n in self.nodes:
+            res = ", ".join(f"%{o.id}:{o.type}" for o in n.outputs)
+            if n.op == "constant":
+                lines.append(f"  {res} = constant {n.attrs['name']}")
+                continue
+            attrs = ""
+            if n.attrs:
+                attrs = " {" + ", ".join(f"{k}={_format_attr(v)}" for k, v in n.attrs.items()) + "}"
+            lines.append(f"  {res} = {n.describe()}{attrs}")
+        lines.append(f"  return {', '.join(f'%{v.id}' for v in self.outputs)}")
+        lines.append("}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def hash(self) -> str:
+        """Stable content hash: structure, attributes and every constant's bytes."""
+        h = hashlib.sha256(str(self).encode())
+        for name in sorted(self.constants):
+            a = self.constants[name]
+            h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    def validate(self) -> None:
+        if not self.outputs:
+            raise GraphError(f"graph {self.name!r} has no outputs: call graph.output(value)")

@@ -1,0 +1,180 @@
+"""Op definitions: each op is defined once, with its attributes, shape/dtype rule and float64 reference.
+
+Frontend modules under rocmc/frontend/ops/ register ops with `@defop` (the shape rule) and
+`@reference` (numpy semantics); user-facing builders are wrapped with `@builder` so unknown keyword
+arguments give a typed GraphError naming the op.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import GraphError
+from .dtypes import DType
+from .graph import Dim, Graph, Node, TensorType, Value
+
+
+@dataclass
+class OpDef:
+    name: str
+    infer: Callable            # (node, input types, attrs) -> list[TensorType]
+    attrs: tuple = ()          # allowed attribute names
+    reference: Callable | None = None   # (node, inputs as numpy (floats as float64), attrs) -> list[np.ndarray]
+    doc: str = ""
+
+    def check_attrs(self, node: Node) -> None:
+        unknown = [k for k in node.attrs if k not in self.attrs]
+        if unknown:
+            raise GraphError(f"{node.op}: unknown attribute {', '.join(map(repr, unknown))}; "
+                             f"expected {', '.join(self.attrs) or 'none'}")
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def defop(name: str, attrs=()):
+    """Register the shape/dtype rule of an op: `infer(node, types, attrs) -> TensorType | list`."""
+    def deco(fn):
+        def infer(node, types, a):
+            out = fn(node, types, a)
+            return list(out) if isinstance(out, (list, tuple)) else [out]
+        OPS[name] = OpDef(name, infer, tuple(attrs), doc=fn.__doc__ or "")
+        return fn
+    return deco
+
+
+def reference(*names: str):
+    """Register the float64 numpy semantics of one or more ops."""
+    def deco(fn):
+        for n in names:
+            OPS[n].reference = fn
+        return fn
+    return deco
+
+
+def get_op(name: str) -> OpDef:
+    if name not in OPS:
+        raise GraphError(f"unknown op {name!r}")
+    return OPS[name]
+
+
+def builder(fn):
+    """Wrap a user-facing op function: unknown keywords become GraphError, not TypeError."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise GraphError(f"{fn.__name__}: {e}; expected arguments ({', '.join(p.name for p in params)})") from None
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+# ---- helpers for builders and shape rules ----------------------------------------------------
+
+def graph_of(op: str, *operands) -> Graph:
+    for v in operands:
+        if isinstance(v, Value):
+            return v.graph
+    raise GraphError(f"{op}: at least one operand must be a graph Value")
+
+
+def as_value(op: str, arg: str, x, graph: Graph, like: Value | None = None) -> Value:
+    """A Value from a Value, numpy array or Python scalar (scalars take `like`'s dtype)."""
+    if isinstance(x, Value):
+        if x.graph is not graph:
+            raise GraphError(f"{op}: argument {arg!r} belongs to another graph")
+        return x
+    if isinstance(x, (bool, int, float, np.number, np.bool_)) and not isinstance(x, np.ndarray):
+        if like is None:
+            raise GraphError(f"{op}: argument {arg!r} is a scalar but no tensor gives its dtype")
+        return graph.constant(None, np.asarray(x, dtype=like.dtype.np))
+    if isinstance(x, np.ndarray):
+        if x.dtype == np.float64:
+            if like is None or not like.dtype.is_float:
+                raise GraphError(f"{op}: argument {arg!r} is float64; cast it to f32/f16/bf16")
+            x = x.astype(like.dtype.np)
+        return graph.constant(None, x)
+    raise GraphError(f"{op}: argument {arg!r} must be a Value, numpy array or scalar, got {type(x).__name__}")
+
+
+def normalize_axis(op: str, axis: int, rank: int, arg: str = "axis") -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise GraphError(f"{op}: {arg}={axis!r} must be an int")
+    if not -rank <= axis < max(rank, 1):
+        raise GraphError(f"{op}: {arg}={axis} out of range for rank {rank}")
+    return int(axis) % max(rank, 1)
+
+
+def broadcast_shapes(op: str, *shapes) -> tuple:
+    """numpy broadcasting; a symbolic dim matches itself or 1."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = [s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0]
+        d = 1
+        for x in dims:
+            if x == 1 or x == d:
+                continue
+            if d == 1:
+                d = x
+            else:
+                raise GraphError(f"{op}: shapes {' and '.join('[' + ','.join(map(str, s)) + ']' for s in shapes)} "
+                                 f"do not broadcast: dim {i} is {d} vs {x}")
+        out.append(d)
+    return tuple(out)
+
+
+def same_dtype(op: str, types, args) -> DType:
+    first = types[0].dtype
+    for t, a in zip(types[1:], args[1:]):
+        if t.dtype != first:
+            raise GraphError(f"{op}: {args[0]!r} is {first} but {a!r} is {t.dtype}; expected the same dtype")
+    return first
+
+
+def require_dtype(op: str, arg: str, t: TensorType, kinds=("float",)) -> None:
+    if t.dtype.kind not in kinds:
+        raise GraphError(f"{op}: {arg!r} has dtype {t.dtype}, expected a {' or '.join(kinds)} tensor")
+
+
+def require_rank(op: str, arg: str, t: TensorType, ranks) -> None:
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    if t.rank not in ranks:
+        raise GraphError(f"{op}: {arg!r} has rank {t.rank} ({t}), expected rank {' or '.join(map(str, ranks))}")
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    return a == b
+
+
+def dim_expr(op: str, a: Dim, b: Dim) -> Dim:
+    """Combine two dims; ints fold, symbols become an expression string such as 'seq+4'."""
+    if isinstance(a, int) and isinstance(b, int):
+        return {"+": a + b, "*": a * b, "-": a - b}[op]
+    if op == "*" and (a == 1 or b == 1):
+        return b if a == 1 else a
+    if op in "+-" and b == 0:
+        return a
+    return f"({a}{op}{b})"
+
+
+def conv_out_dim(size: Dim, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> Dim:
+    if isinstance(size, int):
+        return (size + pad_lo + pad_hi - dilation * (kernel - 1) - 1) // stride + 1
+    return f"conv({size},{kernel},{stride},{pad_lo},{pad_hi},{dilation})"
+
+
+def np_float(x):
+    """Inputs to a reference: floats as float64, everything else unchanged."""
+    if x is None:
+        return None
+    a = np.asarray(x)
+    return a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a

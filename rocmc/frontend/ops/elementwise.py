@@ -1,0 +1,195 @@
+"""Elementwise ops: arithmetic, comparisons, activations, where, cast.
+
+Each op is one row of a table: name, which dtypes it accepts, and its float64 reference. Builders
+broadcast operands numpy-style; Python scalars take the dtype of the tensor operand.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import GraphError
+from .. import dtypes as dt
+from ..graph import TensorType, Value
+from ..opdef import (OPS, as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype)
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _int_div(a, b):
+    q = np.abs(a) // np.maximum(np.abs(b), 1)
+    return np.where((a < 0) ^ (b < 0), -q, q).astype(np.result_type(a, b))
+
+
+# name -> (accepted dtype kinds, reference(a, b))
+BINARY = {
+    "add": (("float", "int"), lambda a, b: a + b),
+    "sub": (("float", "int"), lambda a, b: a - b),
+    "mul": (("float", "int"), lambda a, b: a * b),
+    "div": (("float", "int"), lambda a, b: a / b if a.dtype.kind == "f" else _int_div(a, b)),
+    "pow": (("float",), lambda a, b: np.power(a, b)),
+    "maximum": (("float", "int"), np.maximum),
+    "minimum": (("float", "int"), np.minimum),
+}
+COMPARE = {
+    "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
+    "greater": np.greater, "greater_equal": np.greater_equal,
+}
+LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
+# name -> (accepted kinds, attributes with defaults, reference(x, **attrs))
+UNARY = {
+    "neg": (("float", "int"), {}, lambda x: -x),
+    "abs": (("float", "int"), {}, np.abs),
+    "exp": (("float",), {}, np.exp),
+    "log": (("float",), {}, np.log),
+    "sqrt": (("float",), {}, np.sqrt),
+    "rsqrt": (("float",), {}, lambda x: 1.0 / np.sqrt(x)),
+    "tanh": (("float",), {}, np.tanh),
+    "sigmoid": (("float",), {}, _sigmoid),
+    "erf": (("float",), {}, _erf),
+    "relu": (("float", "int"), {}, lambda x: np.maximum(x, 0)),
+    "leaky_relu": (("float",), {"negative_slope": 0.01}, lambda x, negative_slope: np.where(x >= 0, x, x * negative_slope)),
+    "elu": (("float",), {"alpha": 1.0}, lambda x, alpha: np.where(x > 0, x, alpha * (np.exp(x) - 1.0))),
+    "clipped_relu": (("float",), {"ceiling": 6.0}, lambda x, ceiling: np.minimum(np.maximum(x, 0.0), ceiling)),
+    "gelu": (("float",), {"approximate": "none"}, _gelu),
+    "silu": (("float",), {}, lambda x: x * _sigmoid(x)),
+    "logical_not": (("bool",), {}, np.logical_not),
+}
+
+
+def _check_kinds(op, node, types, kinds):
+    for v, t in zip(node.inputs, types):
+        if t.dtype.kind not in kinds:
+            raise GraphError(f"{node.describe()}: operand %{v.id} has dtype {t.dtype}, "
+                             f"{op} expects {' or '.join(kinds)} tensors")
+
+
+def _binary_infer(op, kinds, out_dtype=None):
+    def infer(node, types, attrs):
+        d = same_dtype(node.describe(), types, [f"%{v.id}" for v in node.inputs])
+        _check_kinds(op, node, types, kinds)
+        return TensorType(broadcast_shapes(node.describe(), *(t.shape for t in types)), out_dtype or d)
+    return infer
+
+
+for _name, (_kinds, _ref) in BINARY.items():
+    defop(_name)(_binary_infer(_name, _kinds))
+    reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(*ins)])
+for _name, _ref in COMPARE.items():
+    defop(_name)(_binary_infer(_name, ("float", "int", "bool"), dt.bool_))
+    reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(*ins)])
+for _name, _ref in LOGICAL.items():
+    defop(_name)(_binary_infer(_name, ("bool",), dt.bool_))
+    reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(*ins)])
+
+
+def _unary_infer(op, kinds, defaults):
+    def infer(node, types, attrs):
+        _check_kinds(op, node, types, kinds)
+        if op == "gelu" and attrs.get("approximate") not in ("none", "tanh"):
+            raise GraphError(f"{node.describe()}: approximate={attrs.get('approximate')!r}, expected 'none' or 'tanh'")
+        for k, v in attrs.items():
+            if k != "approximate" and not isinstance(v, (int, float)):
+                raise GraphError(f"{node.describe()}: {k}={v!r}, expected a number")
+        return types[0]
+    return infer
+
+
+for _name, (_kinds, _defaults, _ref) in UNARY.items():
+    defop(_name, attrs=tuple(_defaults))(_unary_infer(_name, _kinds, _defaults))
+    reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(ins[0], **attrs)])
+
+
+@defop("where")
+def _where(node, types, attrs):
+    c, a, b = types
+    if c.dtype != dt.bool_:
+        raise GraphError(f"{node.describe()}: condition has dtype {c.dtype}, expected bool")
+    d = same_dtype(node.describe(), [a, b], [f"%{node.inputs[1].id}", f"%{node.inputs[2].id}"])
+    return TensorType(broadcast_shapes(node.describe(), c.shape, a.shape, b.shape), d)
+
+
+@reference("where")
+def _where_ref(node, ins, attrs):
+    return [np.where(*ins)]
+
+
+@defop("cast", attrs=("dtype",))
+def _cast(node, types, attrs):
+    return types[0].with_dtype(attrs["dtype"])
+
+
+@reference("cast")
+def _cast_ref(node, ins, attrs):
+    d = dt.dtype(attrs["dtype"])
+    x = ins[0]
+    if d.kind == "float":
+        # Round through the storage type so the reference sees what the tensor holds.
+        return [np.asarray(x).astype(d.np).astype(np.float64)]
+    if d.kind == "int":
+        return [np.trunc(x).astype(d.np) if np.asarray(x).dtype.kind == "f" else np.asarray(x).astype(d.np)]
+    return [np.asarray(x) != 0]
+
+
+# ---- builders -------------------------------------------------------------------------------
+
+def _binary_builder(name):
+    def fn(a, b):
+        g = graph_of(name, a, b)
+        like = a if isinstance(a, Value) else b
+        return g.apply(name, [as_value(name, "a", a, g, like), as_value(name, "b", b, g, like)])[0]
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Elementwise {name} with numpy broadcasting."
+    return builder(fn)
+
+
+def _unary_builder(name, defaults):
+    params = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+    src = (f"def {name}(x{', ' + params if params else ''}):\n"
+           f"    return _apply({name!r}, x, {{{', '.join(f'{k!r}: {k}' for k in defaults)}}})\n")
+    ns = {"_apply": _apply_unary}
+    exec(src, ns)
+    fn = ns[name]
+    fn.__doc__ = f"Elementwise {name}."
+    return builder(fn)
+
+
+def _apply_unary(name, x, attrs):
+    g = graph_of(name, x)
+    return g.apply(name, [as_value(name, "x", x, g)], attrs)[0]
+
+
+__all__ = ["where", "cast"]
+for _name in list(BINARY) + list(COMPARE) + list(LOGICAL):
+    globals()[_name] = _binary_builder(_name)
+    __all__.append(_name)
+for _name, (_k, _defaults, _r) in UNARY.items():
+    globals()[_name] = _unary_builder(_name, _defaults)
+    __all__.append(_name)
+
+
+@builder
+def where(condition, a, b):
+    """Select a where condition is true, else b (broadcasting)."""
+    g = graph_of("where", condition, a, b)
+    like = a if isinstance(a, Value) else b if isinstance(b, Value) else None
+    return g.apply("where", [as_value("where", "condition", condition, g),
+                             as_value("where", "a", a, g, like), as_value("where", "b", b, g, like)])[0]
+
+
+@builder
+def cast(x, dtype):
+    """Convert to another dtype (float->int truncates toward zero; ->bool tests != 0)."""
+    g = graph_of("cast", x)
+    return g.apply("cast", [as_value("cast", "x", x, g)], {"dtype": dt.dtype(dtype).name})[0]

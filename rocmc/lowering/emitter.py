@@ -1,0 +1,215 @@
+"""Text emission of MLIR for one function, one small helper per recurring construct.
+
+Lowerings write MLIR text through an Emitter; the module is then parsed and verified with IREE's MLIR
+bindings (see module.py) before iree-compile sees it, so a malformed lowering fails at once, naming
+the node, instead of deep inside the compiler. Every op a node emits carries the location
+`rocmc.<id>:<op>`, which IREE keeps through fusion; that is how dispatches are mapped back to nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..frontend.dtypes import DType
+from ..frontend.graph import TensorType
+
+
+@dataclass
+class T:
+    """A tensor SSA value being emitted: its name and graph type (element type may be overridden)."""
+    name: str
+    type: TensorType
+    elt: str | None = None    # MLIR element type when it differs from type.dtype.mlir (e.g. f32 accumulators)
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+    @property
+    def rank(self):
+        return self.type.rank
+
+    @property
+    def mlir_elt(self) -> str:
+        return self.elt or self.type.dtype.mlir
+
+    @property
+    def mlir(self) -> str:
+        return tensor_type(self.type.shape, self.mlir_elt)
+
+
+def tensor_type(shape: Sequence, elt: str) -> str:
+    dims = "".join(f"{d}x" if isinstance(d, int) else "?x" for d in shape)
+    return f"tensor<{dims}{elt}>"
+
+
+def affine_map(n: int, results: Sequence) -> str:
+    """affine_map over dims d0..d{n-1}; results are dim indices or literal expression strings."""
+    dims = ", ".join(f"d{i}" for i in range(n))
+    res = ", ".join(f"d{r}" if isinstance(r, int) else str(r) for r in results)
+    return f"affine_map<({dims}) -> ({res})>"
+
+
+FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
+_WIDTH = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
+
+
+def float_literal(x: float, elt: str) -> str:
+    if np.isnan(x):
+        return {"f16": "0x7E00", "bf16": "0x7FC0", "f32": "0x7FC00000", "f64": "0x7FF8000000000000"}[elt]
+    if np.isinf(x):
+        pos = {"f16": "0x7C00", "bf16": "0x7F80", "f32": "0x7F800000", "f64": "0x7FF0000000000000"}[elt]
+        neg = {"f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000", "f64": "0xFFF0000000000000"}[elt]
+        return pos if x > 0 else neg
+    return repr(float(x))
+
+
+class Emitter:
+    def __init__(self):
+        self.lines: list[str] = []
+        self._n = 0
+        self.loc = ""                 # location suffix of the node being lowered
+        self._dim_cache: dict = {}
+
+    # ---- names and raw text ------------------------------------------------------------
+    def fresh(self, prefix: str = "v") -> str:
+        self._n += 1
+        return f"%{prefix}{self._n}"
+
+    def emit(self, line: str, indent: int = 2) -> None:
+        self.lines.append(" " * indent + line + (f" {self.loc}" if self.loc and not line.startswith("^") else ""))
+
+    def op(self, text: str, prefix: str = "v") -> str:
+        """Emit `%new = <text>` and return %new."""
+        r = self.fresh(prefix)
+        self.emit(f"{r} = {text}")
+        return r
+
+    # ---- scalars ------------------------------------------------------------------------
+    def const(self, value, elt: str) -> str:
+        if elt in FLOAT_TYPES:
+            return self.op(f"arith.constant {float_literal(value, elt)} : {elt}", "c")
+        if elt == "i1":
+            return self.op(f"arith.constant {'true' if value else 'false'}", "c")
+        return self.op(f"arith.constant {int(value)} : {elt}", "c")
+
+    def index(self, n: int) -> str:
+        return self.op(f"arith.constant {int(n)} : index", "c")
+
+    def cast_scalar(self, v: str, src: str, dst: str, unsigned_src: bool = False) -> str:
+        """Convert a scalar between element types with C-like semantics (float->int truncates)."""
+        if src == dst:
+            return v
+        fs, fd = src in FLOAT_TYPES, dst in FLOAT_TYPES
+        if fs and fd:
+            if src == "bf16" and dst == "f16" or src == "f16" and dst == "bf16":
+                v = self.op(f"arith.extf {v} : {src} to f32")
+                src = "f32"
+            op = "arith.extf" if _WIDTH[dst] > _WIDTH[src] else "arith.truncf"
+            return self.op(f"{op} {v} : {src} to {dst}")
+        if fs and not fd:
+            if dst == "i1":
+                z = self.const(0.0, src)
+                return self.op(f"arith.cmpf une, {v}, {z} : {src}")
+            return self.op(f"arith.fptosi {v} : {src} to {dst}")
+        if not fs and fd:
+            op = "arith.uitofp" if (src == "i1" or unsigned_src) else "arith.sitofp"
+            return self.op(f"{op} {v} : {src} to {dst}")
+        if dst == "i1":
+            z = self.const(0, src)
+            return self.op(f"arith.cmpi ne, {v}, {z} : {src}")
+        if _WIDTH[dst] > _WIDTH[src]:
+            op = "arith.extui" if (src == "i1" or unsigned_src) else "arith.extsi"
+            return self.op(f"{op} {v} : {src} to {dst}")
+        return self.op(f"arith.trunci {v} : {src} to {dst}")
+
+    # ---- shapes -------------------------------------------------------------------------
+    def dim(self, t: T, i: int) -> str | int:
+        """Size of dim i: an int when static, else an SSA index from tensor.dim."""
+        d = t.shape[i]
+        if isinstance(d, int):
+            return d
+        key = (t.name, i)
+        if key not in self._dim_cache:
+            c = self.index(i)
+            self._dim_cache[key] = self.op(f"tensor.dim {t.name}, {c} : {t.mlir}", "d")
+        return self._dim_cache[key]
+
+    def as_index(self, d) -> str:
+        return self.index(d) if isinstance(d, int) else d
+
+    def dims(self, t: T) -> list:
+        return [self.dim(t, i) for i in range(t.rank)]
+
+    def empty(self, sizes: Sequence, elt: str) -> str:
+        """tensor.empty with `sizes` holding ints and SSA index names (dynamic)."""
+        shape = [s if isinstance(s, int) else "?" for s in sizes]
+        dyn = [s for s in sizes if not isinstance(s, int)]
+        return self.op(f"tensor.empty({', '.join(dyn)}) : {tensor_type(shape, elt)}", "e")
+
+    def filled(self, sizes: Sequence, elt: str, value) -> str:
+        e = self.empty(sizes, elt)
+        c = self.const(value, elt)
+        ty = tensor_type([s if isinstance(s, int) else "?" for s in sizes], elt)
+        return self.op(f"linalg.fill ins({c} : {elt}) outs({e} : {ty}) -> {ty}", "f")
+
+    # ---- linalg.generic -------------------------------------------------------------------
+    def generic(self, ins: Sequence[tuple[str, str]], outs: Sequence[tuple[str, str]], maps: Sequence[str],
+                iterators: Sequence[str], body: Callable[["Emitter", list[str]], Sequence[str]]) -> list[str]:
+        """Emit linalg.generic. ins/outs: (ssa, tensor type); body gets the block arguments and
+        returns the values to yield (emitting scalar ops through the same Emitter)."""
+        def elt_of(ty):
+            return ty[ty.rindex("x") + 1:-1] if "x" in ty else ty[len("tensor<"):-1]
+        results = [self.fresh("g") for _ in outs]
+        args = [self.fresh("a") for _ in list(ins) + list(outs)]
+        head = (f"{', '.join(results)} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
+                f"iterator_types = [{', '.join(repr(i).replace(chr(39), chr(34)) for i in iterators)}]}}")
+        if ins:
+            head += f" ins({', '.join(n for n, _ in ins)} : {', '.join(t for _, t in ins)})"
+        head += f" outs({', '.join(n for n, _ in outs)} : {', '.join(t for _, t in outs)}) {{"
+        self.lines.append("  " + head)
+        sig = ", ".join(f"{a}: {elt_of(t)}" for a, (_, t) in zip(args, list(ins) + list(outs)))
+        self.lines.append(f"  ^bb0({sig}):")
+        ys = body(self, args)
+        out_elts = [elt_of(t) for _, t in outs]
+        self.emit(f"  linalg.yield {', '.join(ys)} : {', '.join(out_elts)}")
+        self.lines.append(f"  }} -> {', '.join(t for _, t in outs)}" + (f" {self.loc}" if self.loc else ""))
+        return results
+
+    def map(self, ins: Sequence[T], out_type: TensorType, fn, out_elt: str | None = None) -> T:
+        """Elementwise map with numpy broadcasting of `ins` to `out_type`'s shape; `fn(E, scalars)`
+        returns the result scalar. Inputs of lower rank or size-1 dims broadcast."""
+        rank = out_type.rank
+        elt = out_elt or out_type.dtype.mlir
+        sizes = []
+        for i in range(rank):
+            # Take each dynamic output size from an input that has the same (non-broadcast) dim.
+            d = out_type.shape[i]
+            if isinstance(d, int):
+                sizes.append(d)
+                continue
+            src = next(t for t in ins if t.rank - rank + i >= 0 and t.shape[t.rank - rank + i] == d)
+            sizes.append(self.dim(src, src.rank - rank + i))
+        init = self.empty(sizes, elt)
+        out_ty = tensor_type(out_type.shape, elt)
+        maps = []
+        for t in ins:
+            off = rank - t.rank
+            res = []
+            for j, d in enumerate(t.shape):
+                res.append("0" if d == 1 and out_type.shape[off + j] != 1 else off + j)
+            maps.append(affine_map(rank, res))
+        maps.append(affine_map(rank, range(rank)))
+        r = self.generic([(t.name, t.mlir) for t in ins], [(init, out_ty)], maps, ["parallel"] * rank,
+                         lambda E, a: [fn(E, a[:len(ins)])])
+        return T(r[0], out_type, out_elt)
+
+    def convert(self, t: T, dst_elt: str, out_type: TensorType | None = None) -> T:
+        """Elementwise element-type conversion of a whole tensor."""
+        if t.mlir_elt == dst_elt:
+            return t
+        out_type = out_type or t.type
+        src = t.mlir_elt
+        return self.map([t], out_type, lambda E, a: E.cast_scalar(a[0], src, dst_elt), out_elt=dst_elt)

@@ -1,0 +1,149 @@
+"""Generated lowering of elementwise ops: one linalg.generic with numpy broadcasting.
+
+f16/bf16 math runs in f32 and rounds once at the end, as torch does for half types.
+"""
+from __future__ import annotations
+
+import math
+
+from ..emitter import Emitter, T
+from ..registry import lowering
+
+
+def compute_elt(storage: str) -> str:
+    return "f32" if storage in ("f16", "bf16") else storage
+
+
+def _is_float(elt):
+    return elt in ("f16", "bf16", "f32", "f64")
+
+
+def _sigmoid(E, x, t):
+    one = E.const(1.0, t)
+    n = E.op(f"arith.negf {x} : {t}")
+    e = E.op(f"math.exp {n} : {t}")
+    d = E.op(f"arith.addf {one}, {e} : {t}")
+    return E.op(f"arith.divf {one}, {d} : {t}")
+
+
+def _fi(fop, iop):
+    """A binary scalar op with a float and an integer form."""
+    def emit(E, a, b, t):
+        return E.op(f"{fop if _is_float(t) else iop} {a}, {b} : {t}")
+    return emit
+
+
+BINARY = {
+    "add": _fi("arith.addf", "arith.addi"),
+    "sub": _fi("arith.subf", "arith.subi"),
+    "mul": _fi("arith.mulf", "arith.muli"),
+    "div": _fi("arith.divf", "arith.divsi"),
+    "pow": lambda E, a, b, t: E.op(f"math.powf {a}, {b} : {t}"),
+    "maximum": _fi("arith.maximumf", "arith.maxsi"),
+    "minimum": _fi("arith.minimumf", "arith.minsi"),
+}
+_PRED = {"equal": ("oeq", "eq"), "not_equal": ("une", "ne"), "less": ("olt", "slt"),
+         "less_equal": ("ole", "sle"), "greater": ("ogt", "sgt"), "greater_equal": ("oge", "sge")}
+LOGICAL = {"logical_and": "arith.andi", "logical_or": "arith.ori", "logical_xor": "arith.xori"}
+
+
+def _relu(E, x, t, **a):
+    z = E.const(0, t)
+    return E.op(f"{'arith.maximumf' if _is_float(t) else 'arith.maxsi'} {x}, {z} : {t}")
+
+
+def _leaky(E, x, t, negative_slope):
+    z, s = E.const(0.0, t), E.const(negative_slope, t)
+    m = E.op(f"arith.mulf {x}, {s} : {t}")
+    c = E.op(f"arith.cmpf oge, {x}, {z} : {t}")
+    return E.op(f"arith.select {c}, {x}, {m} : {t}")
+
+
+def _elu(E, x, t, alpha):
+    z, a, one = E.const(0.0, t), E.const(alpha, t), E.const(1.0, t)
+    e = E.op(f"math.exp {x} : {t}")
+    em = E.op(f"arith.subf {e}, {one} : {t}")
+    m = E.op(f"arith.mulf {a}, {em} : {t}")
+    c = E.op(f"arith.cmpf ogt, {x}, {z} : {t}")
+    return E.op(f"arith.select {c}, {x}, {m} : {t}")
+
+
+def _clipped(E, x, t, ceiling):
+    z, c = E.const(0.0, t), E.const(ceiling, t)
+    m = E.op(f"arith.maximumf {x}, {z} : {t}")
+    return E.op(f"arith.minimumf {m}, {c} : {t}")
+
+
+def _gelu(E, x, t, approximate):
+    half, one = E.const(0.5, t), E.const(1.0, t)
+    if approximate == "tanh":
+        k, c = E.const(math.sqrt(2.0 / math.pi), t), E.const(0.044715, t)
+        x3 = E.op(f"arith.mulf {x}, {x} : {t}")
+        x3 = E.op(f"arith.mulf {x3}, {x} : {t}")
+        inner = E.op(f"math.fma {c}, {x3}, {x} : {t}")
+        inner = E.op(f"arith.mulf {k}, {inner} : {t}")
+        th = E.op(f"math.tanh {inner} : {t}")
+    else:
+        r = E.const(1.0 / math.sqrt(2.0), t)
+        xs = E.op(f"arith.mulf {x}, {r} : {t}")
+        th = E.op(f"math.erf {xs} : {t}")
+    s = E.op(f"arith.addf {one}, {th} : {t}")
+    hx = E.op(f"arith.mulf {half}, {x} : {t}")
+    return E.op(f"arith.mulf {hx}, {s} : {t}")
+
+
+def _math(name):
+    return lambda E, x, t, **a: E.op(f"math.{name} {x} : {t}")
+
+
+UNARY = {
+    "neg": lambda E, x, t, **a: (E.op(f"arith.negf {x} : {t}") if _is_float(t)
+                                 else E.op(f"arith.subi {E.const(0, t)}, {x} : {t}")),
+    "abs": lambda E, x, t, **a: E.op(f"math.{'absf' if _is_float(t) else 'absi'} {x} : {t}"),
+    "exp": _math("exp"), "log": _math("log"), "sqrt": _math("sqrt"), "rsqrt": _math("rsqrt"),
+    "tanh": _math("tanh"), "erf": _math("erf"),
+    "sigmoid": lambda E, x, t, **a: _sigmoid(E, x, t),
+    "silu": lambda E, x, t, **a: E.op(f"arith.mulf {x}, {_sigmoid(E, x, t)} : {t}"),
+    "relu": _relu, "leaky_relu": _leaky, "elu": _elu, "clipped_relu": _clipped, "gelu": _gelu,
+    "logical_not": lambda E, x, t, **a: E.op(f"arith.xori {x}, {E.const(True, 'i1')} : i1"),
+}
+
+
+def _lower_binary(E: Emitter, node, ins, ctx):
+    op = node.op
+    storage = ins[0].mlir_elt
+    t = compute_elt(storage)
+    out = node.outputs[0].type
+
+    def body(E, a):
+        x, y = (E.cast_scalar(v, storage, t) for v in a)
+        if op in BINARY:
+            return E.cast_scalar(BINARY[op](E, x, y, t), t, storage)
+        if op in LOGICAL:
+            return E.op(f"{LOGICAL[op]} {x}, {y} : i1")
+        fp, ip = _PRED[op]
+        return E.op(f"arith.cmpf {fp}, {x}, {y} : {t}" if _is_float(t) else f"arith.cmpi {ip}, {x}, {y} : {t}")
+    return [E.map(ins, out, body)]
+
+
+def _lower_unary(E: Emitter, node, ins, ctx):
+    storage = ins[0].mlir_elt
+    t = compute_elt(storage)
+    fn = UNARY[node.op]
+    return [E.map(ins, node.outputs[0].type,
+                  lambda E, a: E.cast_scalar(fn(E, E.cast_scalar(a[0], storage, t), t, **node.attrs), t, storage))]
+
+
+def _lower_where(E: Emitter, node, ins, ctx):
+    elt = ins[1].mlir_elt
+    return [E.map(ins, node.outputs[0].type, lambda E, a: E.op(f"arith.select {a[0]}, {a[1]}, {a[2]} : {elt}"))]
+
+
+def _lower_cast(E: Emitter, node, ins, ctx):
+    return [E.convert(ins[0], node.outputs[0].dtype.mlir, node.outputs[0].type)]
+
+
+lowering(*BINARY, *_PRED, *LOGICAL)(_lower_binary)
+lowering(*UNARY)(_lower_unary)
+lowering("where")(_lower_where)
+lowering("cast")(_lower_cast)

@@ -1,0 +1,189 @@
+"""Graph -> MLIR module: choose an implementation per node, emit, parse, verify, write bytecode."""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import CompileError, LoweringError, RocmcError
+from ..frontend.graph import Graph, Node, TensorType
+from . import registry
+from .emitter import Emitter, T, tensor_type
+from .target import Target
+
+
+@dataclass
+class LowerContext:
+    """What a lowering may use besides its operands: the target and module-level additions."""
+    target: Target
+    graph: Graph
+    decls: list = field(default_factory=list)        # module-level ops (extern decls, executables)
+    decl_keys: set = field(default_factory=set)
+    resources: dict = field(default_factory=dict)    # resource name -> numpy array
+    kernels: list = field(default_factory=list)      # hand-written code objects embedded (for metadata)
+    externs: list = field(default_factory=list)      # extern call imports (for metadata)
+
+    def declare(self, key: str, text: str) -> None:
+        """Add a module-level op once (keyed, so several nodes can share it)."""
+        if key not in self.decl_keys:
+            self.decl_keys.add(key)
+            self.decls.append(text)
+
+    def constant(self, E: Emitter, array: np.ndarray, type: TensorType, hint: str = "k") -> T:
+        """Emit a tensor constant; large ones become MLIR resources (no text round trip)."""
+        arr = np.ascontiguousarray(array, dtype=type.dtype.np)
+        if type.dtype.kind == "bool":
+            i8 = constant_op(E, self, arr.astype(np.int8), type.shape, "i8", hint)
+            return E.convert(T(i8, type, "i8"), "i1")
+        return T(constant_op(E, self, arr, type.shape, type.dtype.mlir, hint), type)
+
+
+SMALL = 16
+
+
+def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str, hint: str) -> str:
+    ty = tensor_type(shape, elt)
+    if arr.size <= SMALL:
+        flat = arr.reshape(-1)
+        splat = flat.size > 0 and np.all(flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8))
+        raw = (flat[:1] if splat else flat).tobytes()
+        return E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {ty}', "cst")
+    name = f"rocmc_{hint}{len(ctx.resources)}"
+    ctx.resources[name] = arr
+    return E.op(f"arith.constant dense_resource<{name}> : {ty}", "cst")
+
+
+@dataclass
+class Lowered:
+    target: Target
+    text: str                  # MLIR text as emitted (resources elided)
+    bytecode: bytes            # verified module as MLIR bytecode, what iree-compile reads
+    metadata: dict
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def signature(graph: Graph) -> dict:
+    return {
+        "inputs": [{"name": v.name, "dtype": v.dtype.name, "shape": list(v.shape)} for v in graph.inputs],
+        "outputs": [{"name": f"out{i}", "dtype": v.dtype.name, "shape": list(v.shape)}
+                    for i, v in enumerate(graph.outputs)],
+    }
+
+
+def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
+    graph.validate()
+    target = Target.parse(target)
+    ctx = LowerContext(target, graph)
+    E = Emitter()
+    env: dict[int, T] = {}
+    args = []
+    for i, v in enumerate(graph.inputs):
+        abi = TensorType(v.shape, v.dtype)
+        arg = T(f"%arg{i}", abi, v.dtype.abi_mlir)
+        args.append(arg)
+        E.loc = f'loc("rocmc.{v.id}:input")'
+        env[v.id] = E.convert(arg, "i1") if v.dtype.kind == "bool" else arg
+    choices = []
+    for node in graph.nodes:
+        E.loc = f'loc("rocmc.{node.outputs[0].id}:{node.op}")'
+        if node.op == "constant":
+            out = node.outputs[0]
+            env[out.id] = ctx.constant(E, graph.constants[node.attrs["name"]], out.type, "w")
+            continue
+        choice = registry.choose(node, target, impl, libraries)
+        operands = [None if v is None else env[v.id] for v in node.inputs]
+        try:
+            results = choice.impl.fn(E, node, operands, ctx)
+        except RocmcError:
+            raise
+        except Exception as e:  # a bug in a lowering: name the node, never a raw traceback alone
+            raise LoweringError(f"{node.describe()}: {choice.impl.name} lowering failed: {e!r}") from e
+        if len(results) != len(node.outputs):
+            raise LoweringError(f"{node.describe()}: lowering gave {len(results)} results, expected {len(node.outputs)}")
+        for v, r in zip(node.outputs, results):
+            if r.mlir_elt != v.dtype.mlir or r.type.shape != v.type.shape:
+                r = E.convert(r, v.dtype.mlir, v.type) if r.type.shape == v.type.shape else r
+            if r.mlir_elt != v.dtype.mlir or len(r.type.shape) != v.type.rank:
+                raise LoweringError(f"{node.describe()}: {choice.impl.name} lowering returned {r.mlir}, "
+                                    f"expected {tensor_type(v.type.shape, v.dtype.mlir)}")
+            env[v.id] = T(r.name, v.type)
+        choices.append(choice.record(node))
+    E.loc = 'loc("rocmc.return")'
+    rets = []
+    for v in graph.outputs:
+        r = env[v.id]
+        if v.dtype.kind == "bool":
+            r = E.convert(r, "i8")
+        rets.append(r)
+    meta = {
+        "rocmc": __version__,
+        "graph": graph.name,
+        "graph_hash": graph.hash(),
+        "graph_text": str(graph),
+        "target": str(target),
+        "signature": signature(graph),
+        "implementations": choices,
+        "kernels": ctx.kernels,
+        "externs": ctx.externs,
+    }
+    sig_in = ", ".join(f"{a.name}: {a.mlir}" for a in args)
+    sig_out = ", ".join(r.mlir for r in rets)
+    body = "\n".join(E.lines)
+    refl = f'attributes {{iree.reflection = {{rocmc.meta = "{_escape(json.dumps(meta, sort_keys=True))}"}}}}'
+    text = "\n".join([
+        "module {",
+        *ctx.decls,
+        f"func.func @main({sig_in}) -> ({sig_out}) {refl} {{",
+        body,
+        f"  return {', '.join(r.name for r in rets)} : {sig_out}",
+        "}",
+        "}",
+    ])
+    return Lowered(target, text, _to_bytecode(text, ctx.resources), meta)
+
+
+def _to_bytecode(text: str, resources: dict) -> bytes:
+    from iree.compiler import ir
+    with ir.Context() as mctx, ir.Location.unknown():
+        mctx.allow_unregistered_dialects = False
+        try:
+            module = ir.Module.parse(text)
+        except Exception as e:   # MLIR diagnostics: a bug in a lowering, not in the user's graph
+            raise CompileError("emitted MLIR does not parse", stage="emit", diagnostics=str(e)) from None
+        keep = []
+        if resources:
+            _bind_resources(ir, module, resources, keep)
+        try:
+            module.operation.verify()
+        except Exception as e:
+            raise CompileError("emitted MLIR does not verify", stage="emit", diagnostics=str(e)) from None
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+        return buf.getvalue()
+
+
+def _bind_resources(ir, module, resources: dict, keep: list) -> None:
+    """Replace each placeholder `dense_resource<name>` with the array's bytes, copied only once
+    into the bytecode (no hex text)."""
+    def walk(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for o in block.operations:
+                    if o.name == "arith.constant":
+                        a = o.attributes["value"]
+                        s = str(a)
+                        if s.startswith("dense_resource<"):
+                            name = s[len("dense_resource<"):s.index(">")]
+                            arr = resources[name]
+                            raw = arr.view(np.uint8) if arr.dtype.itemsize == 1 else arr.view(f"u{arr.dtype.itemsize}")
+                            keep.append(raw)
+                            o.attributes["value"] = ir.DenseResourceElementsAttr.get_from_buffer(
+                                memoryview(raw), name, a.type)
+                    walk(o)
+    walk(module.operation)

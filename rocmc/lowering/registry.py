@@ -1,0 +1,94 @@
+"""Implementation registry: (op, implementation) -> lowering function, chosen per target.
+
+Each implementation declares the target kinds it can serve, whether it is used by default there,
+and a `supports(node, target)` check that returns None or the reason it can't take the node. The
+choice for every node (and the reasons preferred ones were skipped) is recorded in the artifact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import LoweringError
+from ..frontend.graph import Node
+from .target import Target
+
+
+@dataclass
+class Impl:
+    op: str
+    name: str                  # "generated", "hip", "miopen", ...
+    fn: Callable               # (emitter, node, operands, ctx) -> list[T]
+    kinds: tuple               # target kinds it can lower for
+    default_on: tuple          # target kinds where it is chosen without being asked for
+    priority: int              # lower wins among defaults
+    supports: Callable | None  # (node, target) -> None | reason
+    library: str | None        # compile-wide switch name that enables it (e.g. "miopen")
+
+
+REGISTRY: dict[str, dict[str, Impl]] = {}
+
+
+def lowering(*ops: str, impl: str = "generated", kinds=("cpu", "rocm", "cuda"), default_on=None,
+             priority: int = 100, supports=None, library: str | None = None):
+    """Register a lowering for one or more ops."""
+    def deco(fn):
+        for op in ops:
+            REGISTRY.setdefault(op, {})[impl] = Impl(op, impl, fn, tuple(kinds),
+                                                     tuple(kinds if default_on is None else default_on),
+                                                     priority, supports, library)
+        return fn
+    return deco
+
+
+@dataclass
+class Choice:
+    impl: Impl
+    skipped: list = field(default_factory=list)   # (implementation, reason)
+
+    def record(self, node: Node) -> dict:
+        return {"node": f"%{node.outputs[0].id}" if node.outputs else node.op, "op": node.op,
+                "impl": self.impl.name, "skipped": [f"{n}: {r}" for n, r in self.skipped]}
+
+
+def choose(node: Node, target: Target, impl=None, libraries=()) -> Choice:
+    """Pick the implementation of `node` for `target`.
+
+    `impl` is a dict {op: implementation} or one implementation name for every op (e.g. "generated"
+    turns every hand-written kernel and library call off). `libraries` opts into library
+    implementations (e.g. ["miopen"]) for every op they cover.
+    """
+    impls = REGISTRY.get(node.op)
+    if not impls:
+        raise LoweringError(f"{node.describe()}: no lowering registered for op {node.op!r}")
+    requested = impl.get(node.op) if isinstance(impl, dict) else impl
+    skipped = []
+    if requested is not None:
+        if requested not in impls and not isinstance(impl, str):
+            raise LoweringError(f"{node.describe()}: unknown implementation {requested!r} for {node.op}; "
+                                f"known: {', '.join(sorted(impls))}")
+        cand = impls.get(requested)
+        if cand is not None:
+            reason = _unfit(cand, node, target)
+            if reason is None:
+                return Choice(cand)
+            skipped.append((cand.name, reason))
+    order = sorted((i for i in impls.values() if i.name != requested),
+                   key=lambda i: (0 if (target.kind in i.default_on or (i.library and i.library in libraries)) else 1,
+                                  i.priority))
+    for cand in order:
+        enabled = target.kind in cand.default_on or (cand.library is not None and cand.library in libraries)
+        if not enabled and cand.name != "generated":
+            continue
+        reason = _unfit(cand, node, target)
+        if reason is None:
+            return Choice(cand, skipped)
+        skipped.append((cand.name, reason))
+    raise LoweringError(f"{node.describe()}: no implementation can lower it for {target}: "
+                        + "; ".join(f"{n}: {r}" for n, r in skipped))
+
+
+def _unfit(cand: Impl, node: Node, target: Target):
+    if target.kind not in cand.kinds:
+        return f"not available for {target.kind} targets"
+    return cand.supports(node, target) if cand.supports else None

@@ -1,0 +1,62 @@
+"""Compile targets: parsing from strings and the iree-compile flags of each."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TargetError
+
+# Architectures IREE 3.13 generates code for (its known-target tables). sm_90 is missing there;
+# sm_80 PTX runs on Hopper through the driver's JIT.
+ROCM_ARCHS = ("gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201")
+CUDA_ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89")
+_CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str      # "cpu", "rocm" or "cuda"
+    arch: str      # "host", "gfx942", "sm_80"
+
+    @staticmethod
+    def parse(spec) -> "Target":
+        if isinstance(spec, Target):
+            return spec
+        if not isinstance(spec, str) or not spec:
+            raise TargetError(f"target {spec!r}: expected a string such as {', '.join(known_targets()[:4])}")
+        s = spec.strip().lower()
+        if s in _CPU_NAMES:
+            return Target("cpu", "host")
+        kind, _, arch = s.rpartition(":")
+        if kind in ("rocm", "hip", "amdgpu", "") and arch in ROCM_ARCHS:
+            return Target("rocm", arch)
+        if kind in ("cuda", "") and arch in CUDA_ARCHS:
+            return Target("cuda", arch)
+        raise TargetError(f"unknown target {spec!r}; known targets: {', '.join(known_targets())}")
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.arch}"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("rocm", "cuda")
+
+    @property
+    def default_device(self) -> str:
+        return {"cpu": "local-task", "rocm": "hip", "cuda": "cuda"}[self.kind]
+
+    @property
+    def drivers(self) -> tuple:
+        """Runtime drivers that can run this target's artifacts."""
+        return {"cpu": ("local-task", "local-sync"), "rocm": ("hip",), "cuda": ("cuda",)}[self.kind]
+
+    def iree_flags(self) -> list[str]:
+        if self.kind == "cpu":
+            return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+                    "--iree-llvmcpu-target-cpu=host"]
+        if self.kind == "rocm":
+            return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
+        return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}"]
+
+
+def known_targets() -> list[str]:
+    return ["cpu"] + [f"rocm:{a}" for a in ROCM_ARCHS] + [f"cuda:{a}" for a in CUDA_ARCHS]

@@ -1,0 +1,59 @@
+"""Runtime devices: names, driver availability, and the errors that say what is missing."""
+from __future__ import annotations
+
+import ctypes.util
+import threading
+
+from ..errors import DeviceError
+
+DEVICES = ("local-task", "local-sync", "hip", "cuda")
+# The library each GPU driver loads, named in the error when it is absent.
+_DRIVER_LIBRARY = {"hip": ("libamdhip64.so", "amdhip64", "install ROCm (the HIP runtime) or set IREE_HIP_DYLIB_PATH"),
+                   "cuda": ("libcuda.so", "cuda", "install the NVIDIA driver")}
+_devices: dict = {}
+_lock = threading.Lock()
+
+
+def kind_of(device: str) -> str:
+    """Target kind a device runs: cpu, rocm or cuda."""
+    base = device.split(":")[0]
+    return {"local-task": "cpu", "local-sync": "cpu", "hip": "rocm", "cuda": "cuda"}[base]
+
+
+def get_device(device: str):
+    """Return (and share) the iree HalDevice for a name such as 'local-task', 'hip', 'cuda:1'."""
+    base = device.split(":")[0] if isinstance(device, str) else None
+    if base not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)} (optionally ':<index>')")
+    with _lock:
+        if device in _devices:
+            return _devices[device]
+        if base in _DRIVER_LIBRARY:
+            lib, short, how = _DRIVER_LIBRARY[base]
+            if ctypes.util.find_library(short) is None and not _loadable(lib):
+                raise DeviceError(f"device {device!r} needs {lib}, which was not found: {how}")
+        from iree import runtime as rt
+        try:
+            if ":" in device:
+                drv = rt.get_driver(base)
+                infos = drv.query_available_devices()
+                idx = int(device.split(":", 1)[1])
+                if idx >= len(infos):
+                    raise DeviceError(f"device {device!r}: only {len(infos)} {base} device(s) present")
+                dev = drv.create_device(infos[idx])
+            else:
+                dev = rt.get_device(base)
+        except DeviceError:
+            raise
+        except Exception as e:
+            raise DeviceError(f"device {device!r} could not be opened: {e}") from None
+        _devices[device] = dev
+        return dev
+
+
+def _loadable(lib: str) -> bool:
+    try:
+        ctypes.CDLL(lib)
+        return True
+    except OSError:
+        return False
