@@ -11,7 +11,13 @@ from .lowering.target import Target, known_targets
 from .runtime import load
 from .frontend.reference import evaluate
 
+
+def import_onnx(model, **kwargs):
+    """Import an ONNX model (path, bytes or onnx.ModelProto) as a Graph; see rocmc.frontend.onnx."""
+    from .frontend.onnx import import_onnx as _imp
+    return _imp(model, **kwargs)
+
 __all__ = ["Artifact", "ArtifactError", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
            "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
-           "__version__", "compile", "dtype", "evaluate", "known_targets", "load", "ops",
+           "__version__", "compile", "dtype", "evaluate", "import_onnx", "known_targets", "load", "ops",
            "f32", "f16", "bf16", "i32", "i64", "bool_"]
