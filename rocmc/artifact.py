@@ -166,7 +166,7 @@ def dispatch_nodes(flow_text: str) -> list[tuple[str, list[str]]]:
 
 def read_metadata(data: bytes, what: str = "artifact") -> dict:
     """Read rocmc's metadata from .vmfb bytes; ArtifactError if the file is not a valid module."""
-    if len(data) < 16 or _VMFB_MAGIC not in data[:64]:
+    if len(data) < 16 or _VMFB_MAGIC not in data[:256]:
         raise ArtifactError(f"{what}: not an IREE .vmfb module (bad header, {len(data)} bytes)")
     from iree import runtime as rt
     try:

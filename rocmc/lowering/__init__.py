@@ -38,7 +38,6 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
         art.cached = True
     else:
         lowered = lower(graph, target, impl=impl, libraries=libraries)
-        lowered.metadata["iree"] = iree_version()
         vmfb = compile_bytecode(lowered.bytecode, target, flags)
         if store is not None:
             d = store.put(key, vmfb, lowered.metadata, lowered.text, lowered.bytecode)

@@ -12,6 +12,7 @@ from ..errors import CompileError, LoweringError, RocmcError
 from ..frontend.graph import Graph, Node, TensorType
 from . import registry
 from .emitter import Emitter, T, tensor_type
+from .compiler import iree_version
 from .target import Target
 
 
@@ -123,6 +124,7 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
         rets.append(r)
     meta = {
         "rocmc": __version__,
+        "iree": iree_version(),
         "graph": graph.name,
         "graph_hash": graph.hash(),
         "graph_text": str(graph),

@@ -1,0 +1,72 @@
+"""What a .vmfb holds: functions and signatures, target, executables, embedded kernels, imports.
+
+Reads rocmc's metadata from the module's reflection and the module's structure from IREE's
+iree-dump-module (shipped with the runtime), so it needs no compiler.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+from .artifact import Artifact
+
+
+def _dump_module(vmfb: bytes) -> str:
+    import iree._runtime_libs as libs
+    tool = os.path.join(os.path.dirname(libs.__file__), "iree-dump-module")
+    with tempfile.NamedTemporaryFile(suffix=".vmfb") as f:
+        f.write(vmfb)
+        f.flush()
+        proc = subprocess.run([tool, f.name], capture_output=True, text=True)
+    return proc.stdout
+
+
+def describe(art: Artifact) -> dict:
+    """A dict of everything `rocmc inspect` prints."""
+    dump = _dump_module(art.vmfb)
+    section = lambda title: re.search(rf"{title}:\n((?:  .*\n)+)", dump)
+    imports = []
+    m = section("Imported Functions")
+    if m:
+        for line in m.group(1).splitlines():
+            name = line.split("]", 1)[1].strip() if "]" in line else line.strip()
+            if not name.startswith("hal."):
+                imports.append(name)
+    exports = []
+    m = section("Exported Functions")
+    if m:
+        exports = [l.split("]", 1)[1].strip() for l in m.group(1).splitlines() if "]" in l and "(" in l]
+    formats = sorted(set(re.findall(r"`((?:rocm-hsaco|cuda-nvptx|embedded-elf|system-elf|vmvx)[\w-]*)`", dump)))
+    executables = sorted(set(re.findall(r"`(\w+_dispatch_\d+[\w$.-]*)", dump)))
+    meta = art.metadata
+    return {
+        "graph": meta.get("graph"), "graph_hash": meta.get("graph_hash"), "target": meta.get("target"),
+        "rocmc": meta.get("rocmc"), "iree": meta.get("iree"), "size": len(art.vmfb),
+        "signature": meta.get("signature"), "functions": exports, "executable_formats": formats,
+        "executables": executables, "kernels": meta.get("kernels", []), "imports": imports,
+        "implementations": meta.get("implementations", []),
+    }
+
+
+def format_description(d: dict) -> str:
+    sig = d["signature"]
+    fmt = lambda x: f"{x['name']}: {x['dtype']}[{','.join(map(str, x['shape']))}]"
+    lines = [f"graph      {d['graph']}  (hash {str(d['graph_hash'])[:16]})",
+             f"target     {d['target']}",
+             f"versions   rocmc {d['rocmc']}, IREE {d['iree']}",
+             f"size       {d['size']} bytes",
+             f"signature  main({', '.join(fmt(x) for x in sig['inputs'])}) -> ({', '.join(fmt(x) for x in sig['outputs'])})",
+             "functions", *[f"  {f}" for f in d["functions"]],
+             f"executables ({', '.join(d['executable_formats']) or 'none'})",
+             *[f"  {e}" for e in d["executables"]]]
+    lines.append("embedded kernels" + ("" if d["kernels"] else "  none"))
+    lines += [f"  {k['symbol']}  [{k['arch']}]  for {k['node']} ({k['op']})" for k in d["kernels"]]
+    lines.append("imports (external calls)" + ("" if d["imports"] else "  none"))
+    lines += [f"  {i}" for i in d["imports"]]
+    lines.append("implementations")
+    for c in d["implementations"]:
+        why = f"  (skipped: {'; '.join(c['skipped'])})" if c.get("skipped") else ""
+        lines.append(f"  {c['node']:<6} {c['op']:<16} {c['impl']}{why}")
+    return "\n".join(lines)
