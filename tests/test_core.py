@@ -245,12 +245,13 @@ def test_artifact_for_another_target():
         rocmc.load(art, device="local-task")
 
 
-def test_missing_gpu_driver_is_a_device_error():
-    art = rocmc.compile(small_graph(), "gfx942")
+@pytest.mark.parametrize("target,lib,short", [("gfx942", "libamdhip64", "amdhip64"), ("cuda:sm_80", "libcuda", "cuda")])
+def test_missing_gpu_driver_is_a_device_error(target, lib, short):
+    art = rocmc.compile(small_graph(), target)
     import ctypes.util
-    if ctypes.util.find_library("amdhip64"):
-        pytest.skip("a HIP runtime is installed here")
-    with pytest.raises(rocmc.DeviceError, match="libamdhip64"):
+    if ctypes.util.find_library(short):
+        pytest.skip(f"{lib} is installed here")
+    with pytest.raises(rocmc.DeviceError, match=lib):
         rocmc.load(art)
 
 
