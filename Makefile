@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 APTSTAMP := $(VENV)/.apt
 
-.PHONY: demo test bench install toolchain clean
+.PHONY: demo test install toolchain clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,9 +30,6 @@ demo: $(STAMP) $(APTSTAMP)
 
 test: $(STAMP) $(APTSTAMP)
 	$(BIN)/python -m pytest -n 2 tests
-
-bench: $(STAMP) $(APTSTAMP)
-	$(BIN)/python bench/run_cpu.py
 
 clean:
 	rm -rf $(VENV) build out
