@@ -183,7 +183,7 @@ class Graph:
         if name in self._names:
             raise GraphError(f"constant {name!r}: the name is already used in graph {self.name!r}")
         self._names.add(name)
-        self.constants[name] = np.ascontiguousarray(arr).copy()
+        self.constants[name] = np.array(arr, order="C", copy=True)  # (ascontiguousarray makes 0-d arrays 1-d)
         node = Node("constant", [], {"name": name}, id=len(self.nodes))
         v = Value(self, TensorType(tuple(int(d) for d in arr.shape), dt), node, 0, name)
         node.outputs = [v]

@@ -1,11 +1,23 @@
 """Evaluate a graph with the ops' float64 numpy references (the ground truth of every test)."""
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 
 from ..errors import GraphError
 from .graph import Graph
 from .opdef import get_op, np_float
+
+
+# Sizes of the graph's symbolic dims during `evaluate`, for references whose result sizes name a
+# symbol that their operands lack (broadcast_to a graph symbol, reshape of (b*seq) to (b, seq)).
+_SYMBOLS: contextvars.ContextVar = contextvars.ContextVar("rocmc_symbol_sizes", default={})
+
+
+def symbol_sizes() -> dict:
+    """{symbol: size} of the graph being evaluated (a copy)."""
+    return dict(_SYMBOLS.get())
 
 
 def evaluate(graph: Graph, *args, round_to_dtype: bool = False, **feeds):
@@ -21,6 +33,7 @@ def evaluate(graph: Graph, *args, round_to_dtype: bool = False, **feeds):
         if v.name not in given:
             raise GraphError(f"evaluate: missing input {v.name!r}")
         values[v.id] = np_float(given[v.name])
+    _SYMBOLS.set({d: n for v in graph.inputs for d, n in zip(v.shape, np.shape(given[v.name])) if isinstance(d, str)})
     for node in graph.nodes:
         if node.op == "constant":
             values[node.outputs[0].id] = np_float(graph.constants[node.attrs["name"]])

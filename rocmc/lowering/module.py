@@ -35,7 +35,7 @@ class LowerContext:
 
     def constant(self, E: Emitter, array: np.ndarray, type: TensorType, hint: str = "k") -> T:
         """Emit a tensor constant; large ones become MLIR resources (no text round trip)."""
-        arr = np.ascontiguousarray(array, dtype=type.dtype.np)
+        arr = np.asarray(array, dtype=type.dtype.np, order="C")
         if type.dtype.kind == "bool":
             i8 = constant_op(E, self, arr.astype(np.int8), type.shape, "i8", hint)
             return E.convert(T(i8, type, "i8"), "i1")

@@ -104,7 +104,7 @@ class Module:
                                          f"from input {symbols[d][1]!r}")
                     symbols.setdefault(d, (got, name))
             if isinstance(v, np.ndarray):
-                v = np.ascontiguousarray(v)
+                v = np.asarray(v, order="C")
                 if v.dtype == np.bool_:
                     v = v.view(np.int8)
                 elif v.dtype.name == "bfloat16":

@@ -1,1 +1,356 @@
-"""(filled in by its op family)"""
+"""Generated lowering of shape and data-movement ops: tensor dialect where it says what happens
+(expand/collapse_shape, extract/insert_slice, pad), linalg.transpose, and linalg.generic with
+tensor.extract for the gathers (gather, reflect/edge pad, negative-step slices).
+
+Sizes are ints when static and `index` SSA values otherwise; `Ix` folds the former and emits arith
+for the latter, so one code path serves static and symbolic shapes.
+"""
+from __future__ import annotations
+
+import operator
+
+from ...errors import LoweringError
+from ...frontend.graph import TensorType
+from ...frontend.ops.shape import product, size_of, slice_bounds
+from ..emitter import Emitter, T, affine_map, tensor_type
+from ..registry import lowering
+
+
+class Ix:
+    """Index arithmetic on ints (folded) and SSA index values (emitted); the method names are those
+    `slice_bounds` expects."""
+
+    def __init__(self, E: Emitter):
+        self.E = E
+
+    def _op(self, name, a, b, fold):
+        if isinstance(a, int) and isinstance(b, int):
+            return fold(a, b)
+        return self.E.op(f"arith.{name} {self.E.as_index(a)}, {self.E.as_index(b)} : index", "i")
+
+    def add(self, a, b):
+        return a if b == 0 else b if a == 0 else self._op("addi", a, b, operator.add)
+
+    def sub(self, a, b):
+        return a if b == 0 else self._op("subi", a, b, operator.sub)
+
+    def mul(self, a, b):
+        return a if b == 1 else b if a == 1 else self._op("muli", a, b, operator.mul)
+
+    def div(self, a, b):
+        return a if b == 1 else self._op("divsi", a, b, operator.floordiv)
+
+    def ceildiv(self, a, b):
+        """Ceiling division by a positive int, exact for a > 0 and <= 0 otherwise, which is all
+        `slice_bounds` needs (it clamps at 0). arith.ceildivsi on index fails IREE's CPU backend."""
+        if b == 1 or isinstance(a, int):
+            return a if b == 1 else -(-a // b)
+        return self.div(self.add(a, b - 1), b)
+
+    def min(self, a, b):
+        return self._op("minsi", a, b, min)
+
+    def max(self, a, b):
+        return self._op("maxsi", a, b, max)
+
+    def prod(self, values):
+        out = 1
+        for v in values:
+            out = self.mul(out, v)
+        return out
+
+
+def dim_value(E: Emitter, ctx, d, *sources: T):
+    """Run-time size of graph dim `d`: an int, the same dim of a source tensor, or a product of
+    symbols read from the function's arguments (every symbol comes from a graph input)."""
+    if isinstance(d, int):
+        return d
+    for t in sources:
+        if d in t.shape:
+            return E.dim(t, t.shape.index(d))
+    s = size_of(d)
+    if s.atoms == (d,):
+        for k, v in enumerate(ctx.graph.inputs):
+            if d in v.shape:
+                return E.dim(T(f"%arg{k}", v.type, v.dtype.abi_mlir), v.shape.index(d))
+        raise LoweringError(f"size {d!r} is neither in an operand nor a graph input's symbol")
+    ix = Ix(E)
+    return ix.mul(ix.prod(dim_value(E, ctx, a, *sources) for a in s.atoms), s.coef)
+
+
+def _out_sizes(E: Emitter, ctx, x: T, dims, total) -> list:
+    """Values of `dims` whose element count is `total()`; one unknown is found by division."""
+    vals = [d if isinstance(d, int) else E.dim(x, x.shape.index(d)) if d in x.shape else None for d in dims]
+    unknown = [i for i, v in enumerate(vals) if v is None]
+    if len(unknown) == 1:
+        ix = Ix(E)
+        vals[unknown[0]] = ix.div(total(), ix.prod(v for v in vals if v is not None))
+    else:
+        vals = [dim_value(E, ctx, d, x) if v is None else v for d, v in zip(dims, vals)]
+    return vals
+
+
+# ---- reshape -------------------------------------------------------------------------------
+
+def reshape_groups(src, dst):
+    """Pair consecutive dims of src and dst with equal products, [(src dims, dst dims)], or None
+    when the reshape is not a sequence of merges and splits (then it takes tensor.reshape)."""
+    if any(d == 0 for d in (*src, *dst)):
+        return None
+    n, m, i, j, groups = len(src), len(dst), 0, 0, []
+    while i < n and j < m:
+        gi, gj, pi, pj = [i], [j], size_of(src[i]), size_of(dst[j])
+        i, j = i + 1, j + 1
+        while pi != pj:
+            grow_src = pj.divide(pi) is not None          # pj is a multiple of pi
+            grow_dst = pi.divide(pj) is not None
+            if not (grow_src or grow_dst):                # e.g. 6 vs 4: take one more dim on each side
+                grow_src = grow_dst = True
+            if (grow_src and i == n) or (grow_dst and j == m):
+                return None
+            if grow_src:
+                gi.append(i)
+                pi, i = pi * size_of(src[i]), i + 1
+            if grow_dst:
+                gj.append(j)
+                pj, j = pj * size_of(dst[j]), j + 1
+        groups.append((gi, gj))
+    rest_i, rest_j = list(range(i, n)), list(range(j, m))
+    if any(src[k] != 1 for k in rest_i) or any(dst[k] != 1 for k in rest_j):
+        return None
+    if groups:                       # trailing size-1 dims join the last group
+        groups[-1][0].extend(rest_i)
+        groups[-1][1].extend(rest_j)
+    return groups
+
+
+def _reshape_by_groups(E: Emitter, ctx, x: T, out: TensorType, groups) -> T:
+    elt = x.mlir_elt
+    cur, src_groups, dst_groups = x, [g[0] for g in groups], [g[1] for g in groups]
+    if len(src_groups) != x.rank or any(len(g) != 1 for g in src_groups):
+        mid = [product(x.shape[k] for k in g).dim for g in src_groups]
+        r = E.op(f"tensor.collapse_shape {x.name} {src_groups} : {x.mlir} into {tensor_type(mid, elt)}")
+        cur = T(r, TensorType(tuple(mid), x.type.dtype), x.elt)
+    if len(dst_groups) != out.rank or any(len(g) != 1 for g in dst_groups):
+        ix, sizes = Ix(E), []
+        for gi, gj in groups:
+            sizes += _out_sizes(E, ctx, x, [out.shape[k] for k in gj],
+                                lambda gi=gi: ix.prod(E.dim(x, k) for k in gi))
+        r = E.op(f"tensor.expand_shape {cur.name} {dst_groups} output_shape [{', '.join(map(str, sizes))}] : "
+                 f"{cur.mlir} into {tensor_type(out.shape, elt)}")
+        cur = T(r, out, x.elt)
+    return T(cur.name, out, x.elt)
+
+
+def _reshape_any(E: Emitter, ctx, x: T, out: TensorType) -> T:
+    ix = Ix(E)
+    sizes = _out_sizes(E, ctx, x, out.shape, lambda: ix.prod(E.dims(x)))
+    shape = E.op(f"tensor.from_elements {', '.join(E.as_index(s) for s in sizes)} : tensor<{out.rank}xindex>")
+    r = E.op(f"tensor.reshape {x.name}({shape}) : ({x.mlir}, tensor<{out.rank}xindex>) -> "
+             f"{tensor_type(out.shape, x.mlir_elt)}")
+    return T(r, out, x.elt)
+
+
+@lowering("reshape")
+def _lower_reshape(E: Emitter, node, ins, ctx):
+    x, out = ins[0], node.outputs[0].type
+    groups = reshape_groups(x.shape, out.shape)
+    if groups is None:
+        return [_reshape_any(E, ctx, x, out)]
+    if not groups and x.rank == out.rank == 0:
+        return [x]
+    if not groups:                   # rank 0 <-> all-ones: an empty reassociation
+        if x.rank:
+            r = E.op(f"tensor.collapse_shape {x.name} [] : {x.mlir} into {tensor_type((), x.mlir_elt)}")
+        else:
+            r = E.op(f"tensor.expand_shape {x.name} [] output_shape [{', '.join(map(str, out.shape))}] : "
+                     f"{x.mlir} into {tensor_type(out.shape, x.mlir_elt)}")
+        return [T(r, out, x.elt)]
+    return [_reshape_by_groups(E, ctx, x, out, groups)]
+
+
+# ---- transpose -----------------------------------------------------------------------------
+
+@lowering("transpose")
+def _lower_transpose(E: Emitter, node, ins, ctx):
+    x, perm, out = ins[0], node.attrs["perm"], node.outputs[0].type
+    if perm == sorted(perm):
+        return [x]
+    init = E.empty([E.dim(x, p) for p in perm], x.mlir_elt)
+    ty = tensor_type(out.shape, x.mlir_elt)
+    r = E.op(f"linalg.transpose ins({x.name} : {x.mlir}) outs({init} : {ty}) permutation = {perm}")
+    return [T(r, out, x.elt)]
+
+
+# ---- concat --------------------------------------------------------------------------------
+
+def _insert(E: Emitter, src: T, dest: str, dest_ty: str, offsets) -> str:
+    sizes = E.dims(src)
+    strides = [1] * src.rank
+    return E.op(f"tensor.insert_slice {src.name} into {dest}[{', '.join(map(str, offsets))}]"
+                f"[{', '.join(map(str, sizes))}][{', '.join(map(str, strides))}] : {src.mlir} into {dest_ty}")
+
+
+@lowering("concat")
+def _lower_concat(E: Emitter, node, ins, ctx):
+    axis, out = node.attrs["axis"], node.outputs[0].type
+    ix, elt = Ix(E), ins[0].mlir_elt
+    sizes = E.dims(ins[0])
+    sizes[axis] = 0
+    for t in ins:
+        sizes[axis] = ix.add(sizes[axis], E.dim(t, axis))
+    ty = tensor_type(out.shape, elt)
+    dest, offset = E.empty(sizes, elt), 0
+    for t in ins:
+        offsets = [0] * out.rank
+        offsets[axis] = offset
+        dest = _insert(E, t, dest, ty, offsets)
+        offset = ix.add(offset, E.dim(t, axis))
+    return [T(dest, out, ins[0].elt)]
+
+
+# ---- gathers (linalg.generic over the result, reading the source with tensor.extract) ----------
+
+def _gather_generic(E: Emitter, sizes, elt: str, src: T, coords, ins=()) -> str:
+    """A result of `sizes` whose element at (i0, i1, ...) is src[coords(E, indices, in scalars)]."""
+    rank = len(sizes)
+    init = E.empty(sizes, elt)
+    ty = tensor_type(sizes, elt)
+
+    def body(E, args):
+        idx = [E.op(f"linalg.index {i} : index") for i in range(rank)]
+        where = coords(E, idx, args[:len(ins)])
+        return [E.op(f"tensor.extract {src.name}[{', '.join(where)}] : {src.mlir}")]
+    maps = [m for _, _, m in ins] + [affine_map(rank, range(rank))]
+    return E.generic([(n, t) for n, t, _ in ins], [(init, ty)], maps, ["parallel"] * rank, body)[0]
+
+
+def _clamp(E: Emitter, i: str, hi: str) -> str:
+    """Clamp an index to [0, hi] inside a body (guards reads against out-of-range indices)."""
+    z = E.index(0)
+    i = E.op(f"arith.maxsi {i}, {z} : index")
+    return E.op(f"arith.minsi {i}, {hi} : index")
+
+
+@lowering("gather")
+def _lower_gather(E: Emitter, node, ins, ctx):
+    x, idx = ins
+    axis, out = node.attrs["axis"], node.outputs[0].type
+    n = E.as_index(E.dim(x, axis))
+    sizes = E.dims(x)[:axis] + E.dims(idx) + E.dims(x)[axis + 1:]
+    ielt = idx.mlir_elt
+
+    def coords(E, at, scalars):
+        i = E.op(f"arith.index_cast {scalars[0]} : {ielt} to index")
+        neg = E.op(f"arith.cmpi slt, {i}, {E.index(0)} : index")
+        wrapped = E.op(f"arith.addi {i}, {n} : index")
+        i = E.op(f"arith.select {neg}, {wrapped}, {i} : index")
+        i = _clamp(E, i, E.op(f"arith.subi {n}, {E.index(1)} : index"))
+        return at[:axis] + [i] + at[axis + idx.rank:]
+    idx_map = affine_map(out.rank, range(axis, axis + idx.rank))
+    r = _gather_generic(E, sizes, x.mlir_elt, x, coords, [(idx.name, idx.mlir, idx_map)])
+    return [T(r, out, x.elt)]
+
+
+# ---- slice ---------------------------------------------------------------------------------
+
+@lowering("slice")
+def _lower_slice(E: Emitter, node, ins, ctx):
+    x, out, a = ins[0], node.outputs[0].type, node.attrs
+    ix = Ix(E)
+    offsets, sizes, strides = [0] * x.rank, E.dims(x), [1] * x.rank
+    for axis, s, e, st in zip(a["axes"], a["starts"], a["ends"], a["steps"]):
+        offsets[axis], sizes[axis] = slice_bounds(E.dim(x, axis), s, e, st, ix)
+        strides[axis] = st
+    if all(st > 0 for st in strides):
+        r = E.op(f"tensor.extract_slice {x.name}[{', '.join(map(str, offsets))}][{', '.join(map(str, sizes))}]"
+                 f"[{', '.join(map(str, strides))}] : {x.mlir} to {tensor_type(sizes, x.mlir_elt)}")
+        return [T(r, out, x.elt)]
+    # Negative steps read x directly at first + step*i: an extract_slice followed by a reversing
+    # gather is a pair IREE's CPU backend fails to fuse when another dim is dynamic.
+    firsts = [E.as_index(f) if f else None for f in offsets]
+    steps = [E.index(st) if st != 1 else None for st in strides]
+
+    def coords(E, at, _):
+        out_ = []
+        for i, f, st in zip(at, firsts, steps):
+            j = E.op(f"arith.muli {i}, {st} : index") if st else i
+            out_.append(E.op(f"arith.addi {f}, {j} : index") if f else j)
+        return out_
+    return [T(_gather_generic(E, sizes, x.mlir_elt, x, coords), out, x.elt)]
+
+
+# ---- broadcast_to --------------------------------------------------------------------------
+
+@lowering("broadcast_to")
+def _lower_broadcast_to(E: Emitter, node, ins, ctx):
+    x, out = ins[0], node.outputs[0].type
+    off = out.rank - x.rank
+    sizes = [E.dim(x, i - off) if i >= off and x.shape[i - off] == d else dim_value(E, ctx, d, x)
+             for i, d in enumerate(out.shape)]
+    elt = x.mlir_elt
+    init = E.empty(sizes, elt)
+    src_map = affine_map(out.rank, ["0" if d == 1 and out.shape[off + j] != 1 else off + j
+                                    for j, d in enumerate(x.shape)])
+    r = E.generic([(x.name, x.mlir)], [(init, tensor_type(out.shape, elt))],
+                  [src_map, affine_map(out.rank, range(out.rank))], ["parallel"] * out.rank,
+                  lambda E, args: [args[0]])
+    return [T(r[0], out, x.elt)]
+
+
+# ---- pad -----------------------------------------------------------------------------------
+
+def _pad_constant(E: Emitter, x: T, out: TensorType, pairs, value) -> str:
+    elt = x.mlir_elt
+    c = E.const(value, elt)
+    lo = ", ".join(str(p[0]) for p in pairs)
+    hi = ", ".join(str(p[1]) for p in pairs)
+    r = E.fresh("p")
+    args = ", ".join(f"%pi{k}: index" for k in range(x.rank))
+    E.lines.append(f"  {r} = tensor.pad {x.name} low[{lo}] high[{hi}] {{")
+    E.lines.append(f"  ^bb0({args}):")
+    E.emit(f"  tensor.yield {c} : {elt}")
+    E.lines.append(f"  }} : {x.mlir} to {tensor_type(out.shape, elt)}" + (f" {E.loc}" if E.loc else ""))
+    return r
+
+
+def _edge(E, j, top):
+    return _clamp(E, j, top)
+
+
+def _reflect(E, j, top):
+    """numpy 'reflect' (the edge is not repeated): -j below 0, 2*top - j past the end."""
+    neg = E.op(f"arith.subi {E.index(0)}, {j} : index")
+    j = E.op(f"arith.maxsi {j}, {neg} : index")
+    twice = E.op(f"arith.addi {top}, {top} : index")
+    mirrored = E.op(f"arith.subi {twice}, {j} : index")
+    j = E.op(f"arith.minsi {j}, {mirrored} : index")
+    return _clamp(E, j, top)
+
+
+PAD_INDEX = {"edge": _edge, "reflect": _reflect}
+
+
+@lowering("pad")
+def _lower_pad(E: Emitter, node, ins, ctx):
+    x, out, a = ins[0], node.outputs[0].type, node.attrs
+    pairs = a["pad_width"]
+    if a["mode"] == "constant":
+        return [T(_pad_constant(E, x, out, pairs, a["value"]), out, x.elt)]
+    ix = Ix(E)
+    dims = E.dims(x)
+    sizes = [ix.add(d, lo + hi) for d, (lo, hi) in zip(dims, pairs)]
+    tops = [E.as_index(ix.sub(d, 1)) if lo or hi else None for d, (lo, hi) in zip(dims, pairs)]
+    los = [E.index(lo) if lo else None for lo, _ in pairs]
+    fold = PAD_INDEX[a["mode"]]
+
+    def coords(E, at, _):
+        out_ = []
+        for i, top, lo in zip(at, tops, los):
+            if top is None:
+                out_.append(i)
+                continue
+            j = E.op(f"arith.subi {i}, {lo} : index") if lo else i
+            out_.append(fold(E, j, top))
+        return out_
+    return [T(_gather_generic(E, sizes, x.mlir_elt, x, coords), out, x.elt)]
