@@ -1,1 +1,138 @@
-"""(filled in by its op family)"""
+"""Generated lowering of sdpa: IREE's fused iree_linalg_ext.attention.
+
+Why the fused op and not matmul -> scale -> mask -> softmax -> matmul: it compiles for llvm-cpu,
+gfx942 and sm_80 with every form sdpa takes (f32/f16/bf16, symbolic sequence lengths, GQA, a bool or
+additive mask, dv != d), it matches the float64 reference within the dtype tolerances (scores and the
+online softmax run in f32), and it never materialises the (s, skv) score matrix: IREE tiles it as
+flash attention on GPUs. So the decomposition has no case left to serve and is not emitted.
+
+How sdpa maps onto it (loops d0..d6 = batch, kv head, group, query, head dim, key, value dim):
+- GQA/MQA without copies: q (b, hq, s, d) is viewed as (b, hkv, g, s, d) (expand_shape, free) and
+  k/v are indexed without the group loop, so query head h = kvh * g + j reads kv head kvh.
+- Masks: one operand combines the user mask and causality. It is materialised by a linalg.generic
+  over (batch?, kv head?, group?, s, skv), keeping the batch/head dims only when the user mask varies
+  along them. Causality is built there rather than in the attention op's region, because
+  iree_linalg_ext.index in that region fails to lower in 3.13 (it is rewritten to linalg.index in a
+  smaller loop nest). A bool mask stays i1 (the op reads i1 as keep/drop); an additive one keeps q's
+  dtype, causality selecting -inf.
+- The scale is an f32 scalar, so 1/sqrt(d) is not rounded to f16/bf16.
+"""
+from __future__ import annotations
+
+from ..emitter import Emitter, T, affine_map, float_literal, tensor_type
+from ..registry import lowering
+
+B, H, G, M, K1, K2, N = range(7)
+NLOOPS = 7
+
+
+def _sizes(sizes) -> str:
+    return ", ".join(str(s) for s in sizes)
+
+
+def _shape(sizes) -> list:
+    """Static shape of a tensor whose sizes are ints or SSA index names (unknown)."""
+    return [s if isinstance(s, int) else "?" for s in sizes]
+
+
+def _split_heads(E: Emitter, t: T, axis: int, heads, group) -> tuple[str, str]:
+    """View dim `axis` (hq) of t as (hkv, g)."""
+    sizes = [E.dim(t, i) for i in range(t.rank)]
+    sizes[axis:axis + 1] = [heads, group]
+    reassoc = [[i] for i in range(axis)] + [[axis, axis + 1]] + [[i + 1] for i in range(axis + 1, t.rank)]
+    ty = tensor_type(_shape(sizes), t.mlir_elt)
+    name = E.op(f"tensor.expand_shape {t.name} {reassoc} output_shape [{_sizes(sizes)}] : {t.mlir} into {ty}")
+    return name, ty
+
+
+class _Dims:
+    """Loop sizes of the attention (int or SSA index) and the group count."""
+
+    def __init__(self, E: Emitter, q: T, k: T):
+        self.b, self.s = E.dim(q, 0), E.dim(q, 2)
+        self.hkv, self.skv = E.dim(k, 1), E.dim(k, 2)
+        hq, hkv = q.shape[1], k.shape[1]
+        # hq == hkv -> 1; hkv == 1 -> hq (maybe symbolic); else both static (the shape rule checked).
+        self.g = 1 if hq == hkv else E.dim(q, 1) if hkv == 1 else hq // hkv
+        self.size = {B: self.b, H: self.hkv, G: self.g, M: self.s, K2: self.skv}
+
+
+def _mask(E: Emitter, node, mask: T | None, dims: _Dims) -> tuple[str, str, list] | None:
+    """The mask operand (name, type, loops it is indexed by), or None when there is nothing to mask."""
+    causal = node.attrs["is_causal"]
+    if mask is None and not causal:
+        return None
+    lead = (1,) * (4 - mask.rank) + tuple(mask.shape) if mask is not None else (1, 1, 1, 1)
+    varies_b, varies_h = lead[0] != 1, lead[1] != 1
+    loops = [B] * varies_b + [H, G] * varies_h + [M, K2]
+    sizes = [dims.size[l] for l in loops]
+    rank = len(loops)
+    ins, maps = [], []
+    if mask is not None:
+        names, ty = mask.name, mask.mlir
+        if varies_h:
+            names, ty = _split_heads(E, mask, mask.rank - 3, dims.hkv, dims.g)
+        res = []
+        for d, l in zip(mask.shape, [B, "hq", M, K2][4 - mask.rank:]):
+            res += [loops.index(H), loops.index(G)] if l == "hq" and varies_h else ["0" if d == 1 else loops.index(l)]
+        if not causal and res == list(range(rank)):
+            return names, ty, loops    # already in the attention's index space: use it as it is
+        ins.append((names, ty))
+        maps.append(affine_map(rank, res))
+        elt = mask.mlir_elt
+    else:
+        elt = "i1"
+    out_ty = tensor_type(_shape(sizes), elt)
+    maps.append(affine_map(rank, range(rank)))
+    # Query i keeps key j when j <= i + (skv - s), i.e. j + s <= i + skv (no negative offsets).
+    s_idx, skv_idx = (E.as_index(dims.s), E.as_index(dims.skv)) if causal else (None, None)
+
+    def body(E: Emitter, a):
+        keep = a[0] if mask is not None else None
+        if not causal:
+            return [keep]
+        i = E.op(f"linalg.index {loops.index(M)} : index")
+        j = E.op(f"linalg.index {loops.index(K2)} : index")
+        lhs = E.op(f"arith.addi {j}, {s_idx} : index")
+        rhs = E.op(f"arith.addi {i}, {skv_idx} : index")
+        ok = E.op(f"arith.cmpi sle, {lhs}, {rhs} : index")
+        if keep is None:
+            return [ok]
+        if elt == "i1":
+            return [E.op(f"arith.andi {ok}, {keep} : i1")]
+        ninf = E.op(f"arith.constant {float_literal(float('-inf'), elt)} : {elt}")
+        return [E.op(f"arith.select {ok}, {keep}, {ninf} : {elt}")]
+
+    out = E.generic(ins, [(E.empty(sizes, elt), out_ty)], maps, ["parallel"] * rank, body)[0]
+    return out, out_ty, loops
+
+
+@lowering("sdpa")
+def lower_sdpa(E: Emitter, node, ins, ctx):
+    q, k, v, mask = ins
+    dims = _Dims(E, q, k)
+    elt = q.mlir_elt
+    qv, qv_ty = _split_heads(E, q, 1, dims.hkv, dims.g)
+    scale = E.const(node.attrs["scale"], "f32")
+    operands = [(qv, qv_ty), (k.name, k.mlir), (v.name, v.mlir), (scale, "f32")]
+    maps = [affine_map(NLOOPS, [B, H, G, M, K1]), affine_map(NLOOPS, [B, H, K2, K1]),
+            affine_map(NLOOPS, [B, H, K2, N]), affine_map(NLOOPS, [])]
+    m = _mask(E, node, mask, dims)
+    if m is not None:
+        operands.append(m[:2])
+        maps.append(affine_map(NLOOPS, m[2]))
+    maps.append(affine_map(NLOOPS, [B, H, G, M, N]))
+    out_sizes = [dims.b, dims.hkv, dims.g, dims.s, E.dim(v, 3)]
+    out_ty = tensor_type(_shape(out_sizes), elt)
+    init = E.empty(out_sizes, elt)
+    r = E.fresh("att")
+    E.lines.append(f"  {r} = iree_linalg_ext.attention <{{indexing_maps = [{', '.join(maps)}]}}> "
+                   f"ins({', '.join(n for n, _ in operands)} : {', '.join(t for _, t in operands)}) "
+                   f"outs({init} : {out_ty}) {{")
+    score = E.fresh("score")
+    E.lines.append(f"  ^bb0({score}: f32):")
+    E.emit(f"  iree_linalg_ext.yield {score} : f32")
+    E.lines.append(f"  }} -> {out_ty} {E.loc}")
+    out = node.outputs[0].type
+    y = E.op(f"tensor.collapse_shape {r} [[0], [1, 2], [3], [4]] : {out_ty} into {tensor_type(out.shape, elt)}")
+    return [T(y, out)]
