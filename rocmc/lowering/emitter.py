@@ -63,7 +63,9 @@ def float_literal(x: float, elt: str) -> str:
         pos = {"f16": "0x7C00", "bf16": "0x7F80", "f32": "0x7F800000", "f64": "0x7FF0000000000000"}[elt]
         neg = {"f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000", "f64": "0xFFF0000000000000"}[elt]
         return pos if x > 0 else neg
-    return repr(float(x))
+    r = repr(float(x))
+    # MLIR float literals need a '.' before any exponent: 1e-05 -> 1.000000000000000e-05.
+    return r if "." in r else f"{float(x):.15e}"
 
 
 class Emitter:
