@@ -110,8 +110,11 @@ def cmd_inspect(args) -> int:
 
 def cmd_kernels(args) -> int:
     from .lowering.kernels import build_all
-    for k in build_all(args.arch):
-        print("  ".join(f"{k[c]}" for c in ("kernel", "arch", "path") if c in k))
+    rows = build_all(args.arch)
+    print(f"{'kernel':<28} {'arch':<8} {'bytes':>7} {'wg':>4} {'vgprs':>5} {'scratch':>7} {'spills':>6}  object")
+    for k in rows:
+        print(f"{k['symbol']:<28} {k['arch']:<8} {k['bytes']:>7} {k['workgroup'][0]:>4} {str(k.get('vgprs', '-')):>5} "
+              f"{str(k.get('scratch', '-')):>7} {str(k.get('spills', '-')):>6}  {k['path']}")
     return 0
 
 

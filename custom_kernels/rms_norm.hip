@@ -1,0 +1,54 @@
+// RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * w, computed in f32 whatever the storage type.
+//
+// Symbols: rms_norm_{f32,f16,bf16} (any row; 8 vectors a thread in registers) and rms_norm_{f32,f16,bf16}_short
+// (4 vectors: fewer registers, more threads resident; the host picks it for rows of up to 4 * 256 vectors).
+// x, w and y share the element type.
+// Bindings: 0 x (rows x cols, row-major, read-only), 1 w (cols; a placeholder when absent), 2 y (rows x cols).
+// Constants (i32): 0 rows, 1 cols, 2 group (threads per row: power of two in [1, 256]), 3 eps (f32 bits),
+//                  4 flags (bit 0: w present).
+// Workgroup: 256 x 1 x 1. Grid: ceil(rows / (256 / group)) x 1 x 1.
+#include "rows.h"
+
+template <typename T, int N, int C>
+DEVICE void rms_norm_rows(const T* x, const T* w, T* y, u32 rows, u32 cols, u32 group, float eps, bool has_w,
+                          float* smem) {
+  RowSlot s = row_slot(rows, group);
+  const T* xr = x + (u64)s.row * cols;
+  RowCache<T, N, C> c;
+  c.load(xr, cols, group, s.lane, s.active);
+  float ss = row_pass(c, xr, cols, group, s.lane, s.active, [](const Vec<T, N>& v) { return sumsq_vec(v, 0.0f); });
+  ss = group_sum(ss, group, smem);
+  float scale = rsqrt_f32(ss / (float)cols + eps);
+  row_write(c, xr, y + (u64)s.row * cols, cols, group, s.lane, s.active, [&](const Vec<T, N>& v, u32 i) {
+    float wf[N];
+    column_f32<T, N>(w, has_w, i, 1.0f, wf);
+    Vec<T, N> o;
+#pragma unroll
+    for (int j = 0; j < N; ++j) o.v[j] = from_f32<T>(to_f32(v.v[j]) * scale * wf[j]);
+    return o;
+  });
+}
+
+template <typename T, int C>
+DEVICE void rms_norm(const T* x, const T* w, T* y, u32 rows, u32 cols, u32 group, u32 eps_bits, u32 flags) {
+  SHARED float smem[BLOCK / WAVE];
+  constexpr int W = Wide<T>::N;
+  float eps = __builtin_bit_cast(float, eps_bits);
+  bool has_w = flags & 1u;
+  if (cols % W == 0 && aligned16(x, w, y))
+    rms_norm_rows<T, W, C>(x, w, y, rows, cols, group, eps, has_w, smem);
+  else
+    rms_norm_rows<T, 1, C>(x, w, y, rows, cols, group, eps, has_w, smem);
+}
+
+#define RMS_NORM(name, T, C)                                                                                  \
+  KERNEL(BLOCK) void name(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, u32 rows, \
+                          u32 cols, u32 group, u32 eps, u32 flags) {                                       \
+    rms_norm<T, C>(x, w, y, rows, cols, group, eps, flags);                                                   \
+  }
+RMS_NORM(rms_norm_f32, float, 8)
+RMS_NORM(rms_norm_f32_short, float, 4)
+RMS_NORM(rms_norm_f16, _Float16, 8)
+RMS_NORM(rms_norm_f16_short, _Float16, 4)
+RMS_NORM(rms_norm_bf16, bf16_t, 8)
+RMS_NORM(rms_norm_bf16_short, bf16_t, 4)

@@ -1,0 +1,108 @@
+// rocmc_gpu.h: the few GPU primitives rocmc's kernels need, for AMDGPU (HIP mode) and NVPTX (CUDA mode).
+//
+// Kernels are built with -nogpuinc/-nocudainc: no HIP or CUDA headers, no device libraries. Everything here
+// is a clang builtin, so one source builds with a stock clang for gfx9 (wave64), gfx11 (wave32) and sm_NN.
+// Kernel ABI (what IREE's custom dispatches pass): the bindings as pointers in layout order, then the push
+// constants as 32-bit integers.
+#pragma once
+
+#if !defined(__AMDGCN__) && !defined(__NVPTX__)
+#error "rocmc_gpu.h: build for an amdgcn or nvptx device (hip/cuda device-only compilation)"
+#endif
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+#define DEVICE __attribute__((device)) static inline __attribute__((always_inline))
+#define DEVICE_MEMBER __attribute__((device)) inline __attribute__((always_inline))
+#define SHARED __attribute__((shared))
+
+// KERNEL(threads) void name(...): an exported entry point whose block holds at most `threads` threads.
+#if defined(__AMDGCN__)
+#define KERNEL(threads) \
+  extern "C" __attribute__((global, amdgpu_flat_work_group_size(1, threads))) __attribute__((visibility("default")))
+#else
+#define KERNEL(threads) extern "C" __attribute__((global, launch_bounds(threads)))
+#endif
+
+// ---- thread geometry ---------------------------------------------------------------------------------
+#if defined(__AMDGCN__)
+// __AMDGCN_WAVEFRONT_SIZE is 64 on gfx9 (CDNA) and 32 on gfx10+ (RDNA, built wave32 by default).
+#define WAVE __AMDGCN_WAVEFRONT_SIZE
+DEVICE u32 thread_x() { return __builtin_amdgcn_workitem_id_x(); }
+DEVICE u32 block_x() { return __builtin_amdgcn_workgroup_id_x(); }
+DEVICE u32 lane_id() { return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)); }
+#else
+#define WAVE 32
+DEVICE u32 thread_x() { return __nvvm_read_ptx_sreg_tid_x(); }
+DEVICE u32 block_x() { return __nvvm_read_ptx_sreg_ctaid_x(); }
+DEVICE u32 lane_id() { return __nvvm_read_ptx_sreg_laneid(); }
+#endif
+
+// ---- synchronization and cross-lane exchange -------------------------------------------------------------
+#if defined(__AMDGCN__)
+DEVICE void sync_threads() {
+  // Make shared-memory writes of this workgroup visible around the barrier (what HIP's __syncthreads does).
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+DEVICE float shfl_xor(float v, u32 mask) {
+  // ds_bpermute addresses lanes in bytes; it reaches every lane of the wave (64 on gfx9).
+  int src = (int)((lane_id() ^ mask) << 2);
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, v)));
+}
+#else
+DEVICE void sync_threads() { __nvvm_bar_sync(0); }
+DEVICE float shfl_xor(float v, u32 mask) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, mask, 0x1f); }
+#endif
+
+// True when every pointer allows 16-byte accesses (IREE binding offsets are not promised to be that aligned).
+DEVICE bool aligned16(const void* a, const void* b, const void* c = 0, const void* d = 0) {
+  return (((u64)a | (u64)b | (u64)c | (u64)d) & 15u) == 0;
+}
+
+DEVICE float rsqrt_f32(float x) { return 1.0f / __builtin_sqrtf(x); }
+
+// ---- storage types: f32, f16 and bf16 in memory, f32 in registers ------------------------------------------
+// bf16 is handled as raw bits so the same code builds on every target, whatever clang's __bf16 support.
+struct bf16_t { u16 bits; };
+
+DEVICE float to_f32(float x) { return x; }
+DEVICE float to_f32(_Float16 x) { return (float)x; }
+DEVICE float to_f32(bf16_t x) { return __builtin_bit_cast(float, (u32)x.bits << 16); }
+
+template <typename T> struct Tag {};
+DEVICE float round_to(float x, Tag<float>) { return x; }
+DEVICE _Float16 round_to(float x, Tag<_Float16>) { return (_Float16)x; }
+DEVICE bf16_t round_to(float x, Tag<bf16_t>) {
+  u32 u = __builtin_bit_cast(u32, x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{(u16)((u >> 16) | 0x40)};  // NaN stays a (quiet) NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                                // round to nearest even
+  return bf16_t{(u16)(u >> 16)};
+}
+template <typename T> DEVICE T from_f32(float x) { return round_to(x, Tag<T>()); }
+
+// Vec<T, N>: N consecutive elements moved with one load/store of N*sizeof(T) bytes (16 at most).
+template <int Bytes> struct RawBytes;
+template <> struct RawBytes<2> { typedef u16 type; };
+template <> struct RawBytes<4> { typedef u32 type; };
+template <> struct RawBytes<8> { typedef u32 type __attribute__((ext_vector_type(2))); };
+template <> struct RawBytes<16> { typedef u32 type __attribute__((ext_vector_type(4))); };
+
+template <typename T, int N> struct Vec {
+  T v[N];
+};
+
+template <typename T, int N> DEVICE Vec<T, N> load_vec(const T* p) {
+  typedef typename RawBytes<sizeof(T) * N>::type R;
+  R raw = *(const R*)p;
+  return __builtin_bit_cast(Vec<T, N>, raw);
+}
+template <typename T, int N> DEVICE void store_vec(T* p, const Vec<T, N>& x) {
+  typedef typename RawBytes<sizeof(T) * N>::type R;
+  *(R*)p = __builtin_bit_cast(R, x);
+}
+// Elements per 16-byte access.
+template <typename T> struct Wide { static constexpr int N = 16 / sizeof(T); };

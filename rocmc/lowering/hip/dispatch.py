@@ -1,0 +1,123 @@
+"""Emitting a hand-written kernel: the executable that embeds its code object, and the dispatch to it.
+
+Every kernel source becomes one `hal.executable.source` per module (all of the source's kernels as
+exports, the code object inline, so the .vmfb runs without the kernel files) and each use a
+`flow.dispatch` whose operands follow the kernel's ABI: i32 push constants, then the bindings.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Sequence
+
+from ...frontend.graph import Node, TensorType
+from .. import kernels
+from ..emitter import Emitter, T
+from ..module import LowerContext
+
+# The generic executable target each object is keyed by (one key per module: IREE builds one variant
+# per key, whatever the compile target).
+_OBJECT_TARGET = {"rocm": '#hal.executable.target<"rocm", "rocm-hsaco-fb">',
+                  "cuda": '#hal.executable.target<"cuda", "cuda-nvptx-fb">'}
+_PLACEHOLDER = "tensor<4xi32>"
+
+
+def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObject]:
+    """Declare (once per module) the executable holding every kernel of `source`; returns its name."""
+    obj = kernels.build(source, ctx.target.arch)
+    name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
+    if name in ctx.decl_keys:
+        return name, obj
+    exports = []
+    for ordinal, spec in enumerate(s for s in kernels.KERNELS.values() if s.source == source):
+        bindings = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * spec.inputs
+                    + ["#hal.pipeline.binding<storage_buffer>"] * spec.outputs)
+        wg = ", ".join(f"{n} : index" for n in spec.workgroup)
+        exports.append(
+            f"    hal.executable.export public @{spec.symbol} ordinal({ordinal}) layout(#hal.pipeline.layout<"
+            f"constants = {spec.constants}, bindings = [{', '.join(bindings)}]>) "
+            f"count(%device: !hal.device, %groups: index) -> (index, index, index) {{\n"
+            f"      %c1 = arith.constant 1 : index\n"
+            f"      hal.return %groups, %c1, %c1 : index, index, index\n"
+            f"    }} <workgroup_size = [{wg}]>")
+    blob = f'dense<"0x{obj.data.hex().upper()}"> : vector<{len(obj.data)}xi8>'
+    ctx.declare(name, "\n".join([
+        f"  hal.executable.source private @{name} <objects = #hal.executable.objects<{{"
+        f"{_OBJECT_TARGET[obj.kind]} = [#hal.executable.object<{{path = \"{source}\", data = {blob}}}>]}}>> {{",
+        *exports,
+        "  }"]))
+    return name, obj
+
+
+def dispatch(E: Emitter, ctx: LowerContext, node: Node, symbol: str, constants: Sequence, inputs: Sequence,
+             result: TensorType, result_dims: Sequence, groups) -> T:
+    """`flow.dispatch` of kernel `symbol`.
+
+    constants: i32 SSA names or Python ints; inputs: T or None (a placeholder buffer: the kernel is told
+    by a flag not to read it); result_dims: the result's sizes (ints or index SSA); groups: the grid.
+    """
+    spec = kernels.KERNELS[symbol]
+    exe, obj = executable(ctx, spec.source)
+    assert len(constants) == spec.constants and len(inputs) == spec.inputs, symbol
+    cs = [i32(E, c) for c in constants]
+    args, types = list(cs), ["i32"] * len(cs)
+    for t in inputs:
+        if t is None:
+            args.append(E.op(f"arith.constant dense<[0, 1, 2, 3]> : {_PLACEHOLDER}", "cst"))
+            types.append(_PLACEHOLDER)
+        else:
+            args.append(t.name)
+            types.append(t.mlir + dyn_dims(E, t))
+    out = T("", result)
+    res_ty = out.mlir + _dims_suffix([d for s, d in zip(result.shape, result_dims) if not isinstance(s, int)])
+    name = E.op(f"flow.dispatch @{exe}::@{symbol}[{index(E, groups)}]({', '.join(args)}) : "
+                f"({', '.join(types)}) -> {res_ty}", "k")
+    ctx.kernels.append({"node": f"%{node.outputs[0].id}", "op": node.op, "symbol": symbol, "arch": obj.arch,
+                        "source": spec.source, "sha256": obj.sha256[:16], "bytes": len(obj.data)})
+    return T(name, result)
+
+
+# ---- scalar helpers ----------------------------------------------------------------------------------------
+
+def dyn_dims(E: Emitter, t: T) -> str:
+    return _dims_suffix([E.dim(t, i) for i, d in enumerate(t.shape) if not isinstance(d, int)])
+
+
+def _dims_suffix(dims) -> str:
+    return "{" + ", ".join(dims) + "}" if dims else ""
+
+
+def index(E: Emitter, v) -> str:
+    return E.index(v) if isinstance(v, int) else v
+
+
+def i32(E: Emitter, v) -> str:
+    """An i32 push constant from a Python int or an index SSA value."""
+    if isinstance(v, int):
+        return E.const(v - (1 << 32) if v >= 1 << 31 else v, "i32")
+    return E.op(f"arith.index_cast {v} : index to i32")
+
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def product(E: Emitter, dims) -> int | str:
+    """Product of sizes (ints fold; index SSA values multiply at run time)."""
+    const, dyn = 1, []
+    for d in dims:
+        if isinstance(d, int):
+            const *= d
+        else:
+            dyn.append(d)
+    if not dyn:
+        return const
+    acc = dyn[0]
+    for d in dyn[1:] + ([E.index(const)] if const != 1 else []):
+        acc = E.op(f"arith.muli {acc}, {d} : index")
+    return acc
+
+
+def ceildiv(E: Emitter, a, b: int):
+    if isinstance(a, int):
+        return -(-a // b)
+    return E.op(f"arith.ceildivui {a}, {E.index(b)} : index")
