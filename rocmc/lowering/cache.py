@@ -39,6 +39,17 @@ def host_cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+@lru_cache(maxsize=None)
+def code_digest() -> str:
+    """Digest of rocmc's own sources: an artifact built by other lowering code is another entry."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cache_key(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -1,1 +1,395 @@
-"""(filled in by its op family)"""
+"""Generated lowering of the convolution family: linalg named convolutions and poolings.
+
+- conv: tensor.pad, then `linalg.conv_{1d_ncw_fcw,2d_nchw_fchw}` (grouped: `conv_2d_ngchw_gfchw` on
+  expanded shapes, a linalg.generic for 1D) into an accumulator that starts as the broadcast bias.
+  f16/bf16 accumulate in f32 (the named ops extend their inputs to the `outs` type) and round once.
+- transposed conv: the input is spread out (stride-1 zeros between elements) and padded by
+  dilation*(k-1) - pad (cropped where that is negative), then convolved at stride 1 with the kernel
+  flipped and its channel dims swapped.
+- pools: `linalg.pooling_nchw_max` over -inf padding, `pooling_nchw_sum` over zero padding divided
+  by each window's count (a compile-time table when spatial dims are static, index arithmetic in
+  the body otherwise). ceil_mode pads the high side so the last partial window exists.
+- batch norm and LRN compute in f32 whatever the storage type; dropout is the identity.
+
+The batch and spatial dims may be dynamic: output sizes are computed with index arithmetic that
+folds to constants when the input sizes are static.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...frontend import dtypes
+from ...frontend.graph import TensorType
+from ..emitter import Emitter, T, affine_map, tensor_type
+from ..registry import lowering
+
+NAMED_CONV = {1: "linalg.conv_1d_ncw_fcw", 2: "linalg.conv_2d_nchw_fchw"}
+
+
+def acc_elt(storage: str) -> str:
+    return "f32" if storage in ("f16", "bf16") else storage
+
+
+def _i64s(vals) -> str:
+    return f"dense<[{', '.join(map(str, vals))}]> : tensor<{len(vals)}xi64>"
+
+
+# Sizes are ints when static and SSA index values when dynamic; types spell a dynamic dim "?".
+_FOLD = {"addi": lambda a, b: a + b, "subi": lambda a, b: a - b, "muli": lambda a, b: a * b,
+         "divsi": lambda a, b: a // b, "ceildivsi": lambda a, b: -(-a // b), "maxsi": max}
+
+
+def _ix(E: Emitter, op: str, a, b):
+    """Index arithmetic on sizes: ints fold here, SSA values become arith ops."""
+    if isinstance(a, int) and isinstance(b, int):
+        return _FOLD[op](a, b)
+    return E.op(f"arith.{op} {E.as_index(a)}, {E.as_index(b)} : index", "s")
+
+
+def _typed(name: str, sizes, like: T, elt=None) -> T:
+    return T(name, TensorType(tuple(s if isinstance(s, int) else "?" for s in sizes), like.type.dtype),
+             elt if elt is not None else like.elt)
+
+
+def _csv(vals) -> str:
+    return ", ".join(str(v) for v in vals)
+
+
+def _pad(E: Emitter, x: T, lows, highs, value) -> T:
+    """tensor.pad with constant `value`; amounts are sizes (ints or SSA index values)."""
+    if all(isinstance(v, int) and v == 0 for v in list(lows) + list(highs)):
+        return x
+    sizes = [d + lo + hi if all(isinstance(v, int) for v in (d, lo, hi)) else "?"
+             for d, lo, hi in zip(x.shape, lows, highs)]
+    out = _typed(E.fresh("pad"), sizes, x)
+    c = E.const(value, x.mlir_elt)
+    idx = ", ".join(f"{E.fresh('i')}: index" for _ in sizes)
+    E.lines.append(f"  {out.name} = tensor.pad {x.name} low[{_csv(lows)}] high[{_csv(highs)}] {{")
+    E.lines.append(f"  ^bb0({idx}):")
+    E.emit(f"  tensor.yield {c} : {x.mlir_elt}")
+    E.lines.append(f"  }} : {x.mlir} to {out.mlir} {E.loc}")
+    return out
+
+
+def _split_channels(E: Emitter, t: T, axis: int, groups: int, op="expand") -> T:
+    """(.., C, ..) <-> (.., G, C/G, ..) at `axis` (tensor.expand_shape / collapse_shape)."""
+    dims = E.dims(t)
+    if op == "expand":
+        sizes = dims[:axis] + [groups, dims[axis] // groups] + dims[axis + 1:]
+        assoc = [[i] for i in range(axis)] + [[axis, axis + 1]] + [[i + 1] for i in range(axis + 1, t.rank)]
+    else:
+        sizes = dims[:axis] + [dims[axis] * dims[axis + 1]] + dims[axis + 2:]
+        assoc = [[i] for i in range(axis)] + [[axis, axis + 1]] + [[i] for i in range(axis + 2, t.rank)]
+    out = _typed(E.fresh("r"), sizes, t)
+    reassoc = "[" + ", ".join("[" + _csv(g) + "]" for g in assoc) + "]"
+    if op == "expand":
+        E.emit(f"{out.name} = tensor.expand_shape {t.name} {reassoc} output_shape [{_csv(sizes)}] "
+               f": {t.mlir} into {out.mlir}")
+    else:
+        E.emit(f"{out.name} = tensor.collapse_shape {t.name} {reassoc} : {t.mlir} into {out.mlir}")
+    return out
+
+
+def _init(E: Emitter, sizes, like: T, bias: T | None, elt: str) -> T:
+    """The accumulator: zeros, or the bias broadcast along the channel dim (1)."""
+    if bias is None:
+        return _typed(E.filled(sizes, elt, 0.0), sizes, like, elt)
+    init = _typed(E.empty(sizes, elt), sizes, like, elt)
+    rank = len(sizes)
+    src = bias.mlir_elt
+    r = E.generic([(bias.name, bias.mlir)], [(init.name, init.mlir)],
+                  [affine_map(rank, [1]), affine_map(rank, range(rank))], ["parallel"] * rank,
+                  lambda E, a: [E.cast_scalar(a[0], src, elt)])
+    return _typed(r[0], sizes, like, elt)
+
+
+def _result(E: Emitter, node, t: T) -> list:
+    """The node's result: its graph type (symbolic dims by name) in its storage element type."""
+    out = node.outputs[0].type
+    return [E.convert(T(t.name, out, t.elt), out.dtype.mlir)]
+
+
+def _grouped_generic(E: Emitter, x: T, w: T, init: T, strides, dilations) -> str:
+    """Grouped 1D conv as linalg.generic over (n, g, f, o, c, k): no named op exists for it."""
+    maps = [affine_map(6, [0, 1, 4, f"d3 * {strides[0]} + d5 * {dilations[0]}"]),
+            affine_map(6, [1, 2, 4, 5]), affine_map(6, [0, 1, 2, 3])]
+    acc = init.mlir_elt
+
+    def body(E, a):
+        xs, ws = E.cast_scalar(a[0], x.mlir_elt, acc), E.cast_scalar(a[1], w.mlir_elt, acc)
+        m = E.op(f"arith.mulf {xs}, {ws} : {acc}")
+        return [E.op(f"arith.addf {a[2]}, {m} : {acc}")]
+    return E.generic([(x.name, x.mlir), (w.name, w.mlir)], [(init.name, init.mlir)], maps,
+                     ["parallel"] * 4 + ["reduction"] * 2, body)[0]
+
+
+def _conv(E: Emitter, xp: T, w: T, bias: T | None, strides, dilations, groups) -> T:
+    """Convolution of an already padded input: returns the accumulator (f32 for f16/bf16)."""
+    nsp = xp.rank - 2
+    acc = acc_elt(xp.mlir_elt)
+    dims = E.dims(xp)
+    out = [_ix(E, "addi", _ix(E, "divsi", _ix(E, "subi", dims[2 + i], d * (k - 1) + 1), s), 1)
+           for i, (k, s, d) in enumerate(zip(w.shape[2:], strides, dilations))]
+    init = _init(E, [dims[0], w.shape[0], *out], xp, bias, acc)
+    attrs = f"{{dilations = {_i64s(dilations)}, strides = {_i64s(strides)}}}"
+    if groups == 1:
+        r = E.op(f"{NAMED_CONV[nsp]} {attrs} ins({xp.name}, {w.name} : {xp.mlir}, {w.mlir}) "
+                 f"outs({init.name} : {init.mlir}) -> {init.mlir}")
+        return T(r, init.type, acc)
+    xg = _split_channels(E, xp, 1, groups)           # (N, G, C/G, ...)
+    wg = _split_channels(E, w, 0, groups)            # (G, F/G, C/G, k...)
+    ig = _split_channels(E, init, 1, groups)         # (N, G, F/G, ...)
+    if nsp == 2:
+        r = E.op(f"linalg.conv_2d_ngchw_gfchw {attrs} ins({xg.name}, {wg.name} : {xg.mlir}, {wg.mlir}) "
+                 f"outs({ig.name} : {ig.mlir}) -> {ig.mlir}")
+    else:
+        r = _grouped_generic(E, xg, wg, ig, strides, dilations)
+    return _split_channels(E, T(r, ig.type, acc), 1, groups, "collapse")
+
+
+def _lower_conv(E: Emitter, node, ins, ctx):
+    x, w, b = ins
+    a = node.attrs
+    xp = _pad(E, x, [0, 0] + [p[0] for p in a["padding"]], [0, 0] + [p[1] for p in a["padding"]], 0.0)
+    return _result(E, node, _conv(E, xp, w, b, a["stride"], a["dilation"], a["groups"]))
+
+
+def _flip_swap(E: Emitter, w: T, groups: int) -> T:
+    """(C_in, F/G, k...) -> (F, C_in/G, k...) with every kernel dim reversed: the forward-conv
+    weight whose correlation equals the transposed convolution. A gather (tensor.extract in the
+    body): IREE's tiling rejects the reversed indexing map `k-1-d` on a generic operand."""
+    nsp = w.rank - 2
+    wg = _split_channels(E, w, 0, groups)                       # (G, C/G, F/G, k...)
+    g, c, f, *k = wg.shape
+    sizes = [g, f, c, *k]
+    init = E.empty(sizes, w.mlir_elt)
+
+    def body(E, a):
+        i = [E.op(f"linalg.index {d} : index") for d in range(3 + nsp)]
+        flipped = [E.op(f"arith.subi {E.index(kk - 1)}, {i[3 + j]} : index") for j, kk in enumerate(k)]
+        return [E.op(f"tensor.extract {wg.name}[{_csv([i[0], i[2], i[1], *flipped])}] : {wg.mlir}")]
+    r = E.generic([], [(init, tensor_type(sizes, w.mlir_elt))], [affine_map(3 + nsp, range(3 + nsp))],
+                  ["parallel"] * (3 + nsp), body)
+    return _split_channels(E, _typed(r[0], sizes, w), 0, groups, "collapse")
+
+
+def _spread_gather(E: Emitter, x: T, strides, lows, highs) -> T:
+    """The strided case: x[i] lands at i*stride + low, zeros elsewhere, as one gather generic
+    (a strided tensor.insert_slice into zeros fails IREE's ROCm codegen when sizes are dynamic)."""
+    dims = E.dims(x)
+    sizes = dims[:2] + [_ix(E, "addi", _ix(E, "muli", _ix(E, "subi", d, 1), s), 1 + lo + hi)
+                        for d, s, lo, hi in zip(dims[2:], strides, lows, highs)]
+    init = _typed(E.empty(sizes, x.mlir_elt), sizes, x)
+
+    def body(E, a):
+        n, c, *pos = (E.op(f"linalg.index {i} : index") for i in range(x.rank))
+        zero, one = E.index(0), E.index(1)
+        at, ok = [], E.const(True, "i1")
+        for p, d, s, lo in zip(pos, dims[2:], strides, lows):
+            i = E.op(f"arith.subi {p}, {E.index(lo)} : index")
+            q = E.op(f"arith.divsi {i}, {E.index(s)} : index")
+            on_grid = E.op(f"arith.cmpi eq, {E.op(f'arith.remsi {i}, {E.index(s)} : index')}, {zero} : index")
+            inside = E.op(f"arith.andi {E.op(f'arith.cmpi sge, {i}, {zero} : index')}, "
+                          f"{E.op(f'arith.cmpi slt, {q}, {E.as_index(d)} : index')} : i1")
+            ok = E.op(f"arith.andi {ok}, {E.op(f'arith.andi {on_grid}, {inside} : i1')} : i1")
+            last = E.op(f"arith.subi {E.as_index(d)}, {one} : index")
+            at.append(E.op(f"arith.maxsi {E.op(f'arith.minsi {q}, {last} : index')}, {zero} : index"))
+        v = E.op(f"tensor.extract {x.name}[{_csv([n, c, *at])}] : {x.mlir}")
+        return [E.op(f"arith.select {ok}, {v}, {E.const(0.0, x.mlir_elt)} : {x.mlir_elt}")]
+    r = E.generic([], [(init.name, init.mlir)], [affine_map(x.rank, range(x.rank))], ["parallel"] * x.rank, body)
+    return _typed(r[0], sizes, x)
+
+
+def _spread(E: Emitter, x: T, strides, lows, highs) -> T:
+    """Zero-insert (stride-1 zeros between elements) and pad by lows/highs, which may be negative."""
+    if any(s > 1 for s in strides):
+        return _spread_gather(E, x, strides, lows, highs)
+    t = _pad(E, x, [0, 0] + [max(v, 0) for v in lows], [0, 0] + [max(v, 0) for v in highs], 0.0)
+    if all(v >= 0 for v in lows + highs):
+        return t
+    crop_lo, crop_hi = [max(-v, 0) for v in lows], [max(-v, 0) for v in highs]
+    dims = E.dims(t)
+    sizes = dims[:2] + [_ix(E, "subi", d, lo + hi) for d, lo, hi in zip(dims[2:], crop_lo, crop_hi)]
+    out = _typed(E.fresh("crop"), sizes, t)
+    E.emit(f"{out.name} = tensor.extract_slice {t.name}[0, 0, {_csv(crop_lo)}] [{_csv(sizes)}] "
+           f"[{_csv([1] * t.rank)}] : {t.mlir} to {out.mlir}")
+    return out
+
+
+def _lower_conv_transpose(E: Emitter, node, ins, ctx):
+    x, w, b = ins
+    a = node.attrs
+    reach = [d * (k - 1) for d, k in zip(a["dilation"], w.shape[2:])]
+    lows = [r - p[0] for r, p in zip(reach, a["padding"])]
+    highs = [r - p[1] + op for r, p, op in zip(reach, a["padding"], a["output_padding"])]
+    xs = _spread(E, x, a["stride"], lows, highs)
+    wf = _flip_swap(E, w, a["groups"])
+    return _result(E, node, _conv(E, xs, wf, b, [1] * len(reach), a["dilation"], a["groups"]))
+
+
+def _pool_out(E: Emitter, size, k, s, pads, d, ceil_mode):
+    """Output size of a pool window along one dim (the frontend's rule, on index values)."""
+    span = _ix(E, "subi", size, d * (k - 1) + 1 - pads[0] - pads[1])
+    if not ceil_mode:
+        return _ix(E, "addi", _ix(E, "divsi", span, s), 1)
+    out = _ix(E, "addi", _ix(E, "ceildivsi", span, s), 1)
+    last = _ix(E, "muli", _ix(E, "subi", out, 1), s)
+    if isinstance(out, int) and isinstance(size, int):
+        return out - 1 if last >= size + pads[0] else out
+    # The last window must start inside the input or the low padding; else drop it.
+    starts_out = E.op(f"arith.cmpi sge, {E.as_index(last)}, {E.as_index(_ix(E, 'addi', size, pads[0]))} : index")
+    return E.op(f"arith.select {starts_out}, {E.as_index(_ix(E, 'subi', out, 1))}, {E.as_index(out)} : index")
+
+
+def _pool_input(E: Emitter, node, x: T, dilation, value):
+    """Pad for a pool (the attribute padding plus, in ceil_mode, what the last window overhangs);
+    returns the padded input and the output's spatial sizes."""
+    a = node.attrs
+    highs, outs = [], []
+    for i in range(2):
+        size, k, s, (lo, hi) = E.dim(x, 2 + i), a["kernel_size"][i], a["stride"][i], a["padding"][i]
+        out = _pool_out(E, size, k, s, (lo, hi), dilation[i], a["ceil_mode"])
+        if a["ceil_mode"]:
+            need = _ix(E, "addi", _ix(E, "muli", _ix(E, "subi", out, 1), s), dilation[i] * (k - 1) + 1)
+            hi = _ix(E, "addi", _ix(E, "maxsi", _ix(E, "subi", need, _ix(E, "addi", size, lo + hi)), 0), hi)
+        highs.append(hi)
+        outs.append(out)
+    return _pad(E, x, [0, 0] + [p[0] for p in a["padding"]], [0, 0] + highs, value), outs
+
+
+def _pool(E: Emitter, name: str, xp: T, kernel, strides, dilations, init: T) -> T:
+    k = E.empty(kernel, init.mlir_elt)
+    r = E.op(f"linalg.{name} {{dilations = {_i64s(dilations)}, strides = {_i64s(strides)}}} "
+             f"ins({xp.name}, {k} : {xp.mlir}, {tensor_type(kernel, init.mlir_elt)}) "
+             f"outs({init.name} : {init.mlir}) -> {init.mlir}")
+    return T(r, init.type, init.elt)
+
+
+def _lower_max_pool(E: Emitter, node, ins, ctx):
+    x, a = ins[0], node.attrs
+    # Max is exact in the storage type: no wider accumulator needed. -inf padding never wins.
+    xp, out = _pool_input(E, node, x, a["dilation"], float("-inf"))
+    sizes = E.dims(x)[:2] + out
+    init = _typed(E.filled(sizes, x.mlir_elt, float("-inf")), sizes, x)
+    return _result(E, node, _pool(E, "pooling_nchw_max", xp, a["kernel_size"], a["stride"], a["dilation"], init))
+
+
+def window_counts(size, k, s, pads, n_out, include_pad) -> np.ndarray:
+    """Elements each output position averages over along one dim (torch's divisor)."""
+    start = np.arange(n_out) * s - pads[0]
+    if include_pad:
+        return np.minimum(start + k, size + pads[1]) - start
+    return np.minimum(start + k, size) - np.maximum(start, 0)
+
+
+def _window_count(E: Emitter, o: str, size, k, s, pads, include_pad) -> str:
+    """window_counts for one position `o` (an index value), for sizes known only at run time."""
+    start = E.op(f"arith.subi {E.op(f'arith.muli {o}, {E.index(s)} : index')}, {E.index(pads[0])} : index")
+    end = E.op(f"arith.addi {start}, {E.index(k)} : index")
+    if include_pad:
+        end = E.op(f"arith.minsi {end}, {E.as_index(_ix(E, 'addi', size, pads[1]))} : index")
+        return E.op(f"arith.subi {end}, {start} : index")
+    end = E.op(f"arith.minsi {end}, {E.as_index(size)} : index")
+    return E.op(f"arith.subi {end}, {E.op(f'arith.maxsi {start}, {E.index(0)} : index')} : index")
+
+
+def _lower_avg_pool(E: Emitter, node, ins, ctx):
+    x, a = ins[0], node.attrs
+    acc, store = acc_elt(x.mlir_elt), x.mlir_elt
+    xp, out = _pool_input(E, node, x, [1, 1], 0.0)
+    sizes = E.dims(x)[:2] + out
+    total = _pool(E, "pooling_nchw_sum", xp, a["kernel_size"], a["stride"], [1, 1],
+                  _typed(E.filled(sizes, acc, 0.0), sizes, x, acc))
+    total = T(total.name, node.outputs[0].type, acc)
+    spatial = E.dims(x)[2:]
+    geometry = [(spatial[i], a["kernel_size"][i], a["stride"][i], a["padding"][i], a["count_include_pad"])
+                for i in range(2)]
+    if all(isinstance(d, int) for d in spatial):
+        # The divisor only depends on the position: a separable table, computed here once.
+        rows, cols = (window_counts(*g[:4], out[i], g[4]) for i, g in enumerate(geometry))
+        table = np.outer(rows, cols).astype(np.float32)
+        counts = ctx.constant(E, table, TensorType(table.shape, dtypes.f32), "cnt")
+
+        def body(E, v):
+            q = E.op(f"arith.divf {v[0]}, {E.cast_scalar(v[1], 'f32', acc)} : {acc}")
+            return E.cast_scalar(q, acc, store)
+        return [E.map([total, counts], node.outputs[0].type, body)]
+
+    def dynamic_body(E, v):
+        n = [_window_count(E, E.op(f"linalg.index {2 + i} : index"), *g) for i, g in enumerate(geometry)]
+        count = E.op(f"arith.index_cast {E.op(f'arith.muli {n[0]}, {n[1]} : index')} : index to i64")
+        q = E.op(f"arith.divf {v[0]}, {E.cast_scalar(count, 'i64', acc)} : {acc}")
+        return E.cast_scalar(q, acc, store)
+    return [E.map([total], node.outputs[0].type, dynamic_body)]
+
+
+def _channel_generic(E: Emitter, x: T, params: list, out_type: TensorType, body) -> T:
+    """Elementwise over x with per-channel (axis 1) parameter vectors."""
+    rank = x.rank
+    init = E.empty(E.dims(x), x.mlir_elt)
+    maps = [affine_map(rank, range(rank))] + [affine_map(rank, [1])] * len(params) + [affine_map(rank, range(rank))]
+    r = E.generic([(x.name, x.mlir)] + [(p.name, p.mlir) for p in params], [(init, x.mlir)], maps,
+                  ["parallel"] * rank, body)
+    return T(r[0], out_type, x.elt)
+
+
+def _lower_batch_norm(E: Emitter, node, ins, ctx):
+    x, mean, var, w, b = ins
+    params = [p for p in (mean, var, w, b) if p is not None]
+    store, t = x.mlir_elt, "f32"
+
+    def body(E, a):
+        xs, m, v, *rest = (E.cast_scalar(s, p.mlir_elt, t) for s, p in zip(a, [x] + params))
+        eps = E.const(node.attrs["eps"], t)
+        sd = E.op(f"math.sqrt {E.op(f'arith.addf {v}, {eps} : {t}')} : {t}")
+        y = E.op(f"arith.divf {E.op(f'arith.subf {xs}, {m} : {t}')}, {sd} : {t}")
+        if w is not None:
+            y = E.op(f"arith.mulf {y}, {rest.pop(0)} : {t}")
+        if b is not None:
+            y = E.op(f"arith.addf {y}, {rest.pop(0)} : {t}")
+        return [E.cast_scalar(y, t, store)]
+    return [_channel_generic(E, x, params, node.outputs[0].type, body)]
+
+
+def _lower_lrn(E: Emitter, node, ins, ctx):
+    x, a = ins[0], node.attrs
+    size, rank, store = a["size"], x.rank, x.mlir_elt
+    sq = E.map([x], x.type, lambda E, v: E.op(f"arith.mulf {(s := E.cast_scalar(v[0], store, 'f32'))}, {s} : f32"),
+               out_elt="f32")
+    # Zero channels around the edges so every window has `size` taps (torch pads the same way).
+    sqp = _pad(E, sq, [0, size // 2] + [0] * (rank - 2), [0, (size - 1) // 2] + [0] * (rank - 2), 0.0)
+    init = T(E.filled(E.dims(x), "f32", 0.0), x.type, "f32")
+    taps = E.empty([size], "f32")
+    src = [0, f"d1 + d{rank}"] + list(range(2, rank))
+    r = E.generic([(sqp.name, sqp.mlir), (taps, tensor_type([size], "f32"))], [(init.name, init.mlir)],
+                  [affine_map(rank + 1, src), affine_map(rank + 1, [rank]), affine_map(rank + 1, range(rank))],
+                  ["parallel"] * rank + ["reduction"], lambda E, v: [E.op(f"arith.addf {v[0]}, {v[2]} : f32")])
+    sums = T(r[0], x.type, "f32")
+
+    def body(E, v):
+        xs = E.cast_scalar(v[0], store, "f32")
+        scale, k, beta = (E.const(v, "f32") for v in (a["alpha"] / size, a["k"], a["beta"]))
+        base = E.op(f"math.fma {scale}, {v[1]}, {k} : f32")
+        den = E.op(f"math.powf {base}, {beta} : f32")
+        return E.cast_scalar(E.op(f"arith.divf {xs}, {den} : f32"), "f32", store)
+    return [E.map([x, sums], x.type, body)]
+
+
+lowering("conv1d", "conv2d")(_lower_conv)
+def _conv_transpose_fits(node, target):
+    """IREE 3.13's GPU codegen fails on the conv of a strided transposed conv in f16/bf16 when
+    spatial sizes are dynamic ('vector.transfer_write ... restricted to workgroup distributed
+    contexts', whichever way the zeros are inserted); f32, static sizes, stride 1 and the CPU compile."""
+    x = node.inputs[0].type
+    if (target.is_gpu and x.dtype.name in ("f16", "bf16") and any(s > 1 for s in node.attrs["stride"])
+            and not all(isinstance(d, int) for d in x.shape[2:])):
+        return f"IREE's GPU codegen fails on strided {x.dtype} transposed conv with symbolic spatial dims"
+    return None
+
+
+lowering("conv_transpose1d", "conv_transpose2d", supports=_conv_transpose_fits)(_lower_conv_transpose)
+lowering("max_pool2d")(_lower_max_pool)
+lowering("avg_pool2d")(_lower_avg_pool)
+lowering("batch_norm")(_lower_batch_norm)
+lowering("lrn")(_lower_lrn)
+lowering("dropout")(lambda E, node, ins, ctx: [ins[0]])
