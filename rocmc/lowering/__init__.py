@@ -8,7 +8,10 @@ from .._version import __version__
 from ..artifact import Artifact
 from ..frontend.graph import Graph
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
-from .cache import Cache, cache_key, cache_root, host_cpu
+from . import hip  # noqa: F401
+from . import kernels
+from . import extern  # noqa: F401
+from .cache import Cache, cache_key, cache_root, code_digest, host_cpu
 from .compiler import compile_bytecode, iree_version
 from .module import lower
 from .target import Target, known_targets
@@ -28,8 +31,9 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
     libraries = tuple(libraries)
     root = cache_root() if cache else None
     key = cache_key(graph=graph.hash(), target=str(target), impl=impl, libraries=libraries, flags=list(flags),
-                    rocmc=__version__, iree=iree_version(),
-                    cpu=host_cpu() if target.kind == "cpu" else None)
+                    rocmc=__version__, code=code_digest(), iree=iree_version(),
+                    cpu=host_cpu() if target.kind == "cpu" else None,
+                    kernels=kernels.sources_digest() if target.is_gpu else None)
     store = Cache(root) if root is not None else None
     hit = store.get(key) if store else None
     if hit is not None:

@@ -34,15 +34,19 @@ def get_device(device: str):
                 raise DeviceError(f"device {device!r} needs {lib}, which was not found: {how}")
         from iree import runtime as rt
         try:
-            if ":" in device:
-                drv = rt.get_driver(base)
-                infos = drv.query_available_devices()
-                idx = int(device.split(":", 1)[1])
-                if idx >= len(infos):
-                    raise DeviceError(f"device {device!r}: only {len(infos)} {base} device(s) present")
-                dev = drv.create_device(infos[idx])
-            else:
-                dev = rt.get_device(base)
+            options = {}
+            if base == "cuda":
+                # Synchronous allocations behind IREE's caching allocator: their buffers can be exported
+                # as raw pointers to vendor libraries (cuDNN extern calls), which IREE's default pooled
+                # asynchronous ones can't, and they measured no slower (BENCHMARKS.md, external calls).
+                rt.flags.parse_flags("--cuda_async_allocations=false")
+                options["allocators"] = ["caching"]
+            drv = rt.get_driver(base)
+            infos = drv.query_available_devices()
+            idx = int(device.split(":", 1)[1]) if ":" in device else 0
+            if idx >= len(infos):
+                raise DeviceError(f"device {device!r}: only {len(infos)} {base} device(s) present")
+            dev = drv.create_device(infos[idx], **options)
         except DeviceError:
             raise
         except Exception as e:

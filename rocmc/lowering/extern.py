@@ -1,0 +1,214 @@
+"""The `miopen` implementation: library-backed nodes become calls to imported functions.
+
+Each node is lowered to `call @miopen.<op>(tensors..., i64 scalars...)` against a module-level
+`func.func private` declaration; iree-compile turns the declaration into a VM import, and at load
+time the runtime binds it to the provider of the device (MIOpen on hip, cuDNN on cuda, numpy on the
+CPU). The ABI (operand order, ranks, scalar encoding) is defined once, in
+rocmc.runtime.providers.abi, and read by both sides.
+
+On rocm targets convolutions use MIOpen by default (as MIGraphX does); every other op is opt-in,
+per op (`impl={"softmax": "miopen"}`) or compile-wide (`libraries=["miopen"]`). `supports` names what
+MIOpen cannot do (asymmetric padding, dilated or ceil-mode pooling, ...) so the registry falls back
+to the generated implementation and records why.
+"""
+from __future__ import annotations
+
+from ..runtime.providers.abi import DTYPES, NAMESPACE, SIGNATURES, import_name, to_bits
+from .emitter import Emitter, T, tensor_type
+from .registry import lowering
+
+CONV_OPS = ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "clipped_relu")
+# Storage types MIOpen accepts per op (its batch-norm and LRN kernels have no bf16 variant).
+OP_DTYPES = {"batch_norm": ("f32", "f16"), "lrn": ("f32", "f16")}
+
+
+# ---- attributes -> the ABI's i64 scalars ---------------------------------------------------------
+
+def _conv_scalars(attrs) -> dict:
+    n = len(attrs["stride"])
+    axes = ("h", "w") if n == 2 else ("",)
+    out = {}
+    for i, a in enumerate(axes):
+        sfx = f"_{a}" if a else ""
+        out["stride" + sfx] = attrs["stride"][i]
+        out["pad" + sfx] = attrs["padding"][i][0]
+        out["dilation" + sfx] = attrs["dilation"][i]
+        if "output_padding" in attrs:
+            out["output_padding" + sfx] = attrs["output_padding"][i]
+    out["groups"] = attrs["groups"]
+    return out
+
+
+def _pool_scalars(attrs) -> dict:
+    (kh, kw), (sh, sw), ((ph, _), (pw, _)) = attrs["kernel_size"], attrs["stride"], attrs["padding"]
+    out = {"kernel_h": kh, "kernel_w": kw, "stride_h": sh, "stride_w": sw, "pad_h": ph, "pad_w": pw}
+    if "count_include_pad" in attrs:
+        out["count_include_pad"] = int(attrs["count_include_pad"])
+    return out
+
+
+SCALARS = {
+    **{op: _conv_scalars for op in CONV_OPS},
+    "max_pool2d": _pool_scalars, "avg_pool2d": _pool_scalars,
+    "lrn": lambda a: {"size": a["size"], "alpha": a["alpha"], "beta": a["beta"], "k": a["k"]},
+    "batch_norm": lambda a: {"eps": a["eps"]},
+    "elu": lambda a: {"alpha": a["alpha"]},
+    "leaky_relu": lambda a: {"negative_slope": a["negative_slope"]},
+    "clipped_relu": lambda a: {"ceiling": a["ceiling"]},
+}
+
+
+def scalars_of(node) -> list[int]:
+    """The node's attributes as the ABI's i64 scalars, in call order."""
+    sig = SIGNATURES[node.op]
+    values = SCALARS.get(node.op, lambda a: {})(node.attrs)
+    return [to_bits(values[n]) if n in sig.floats else int(values[n]) for n in sig.scalars]
+
+
+# ---- what MIOpen can't do ------------------------------------------------------------------------
+
+def _asymmetric(attrs) -> str | None:
+    pads = attrs["padding"]
+    if any(lo != hi for lo, hi in pads):
+        return f"asymmetric padding {pads} (MIOpen pads both sides of a dim equally)"
+    return None
+
+
+def _pool_limits(node) -> str | None:
+    a = node.attrs
+    if any(d != 1 for d in a.get("dilation", [1, 1])):
+        return f"dilation {a['dilation']} (MIOpen pooling has no dilation)"
+    if a["ceil_mode"]:
+        return "ceil_mode=True (MIOpen pooling rounds the output size down)"
+    return _asymmetric(a)
+
+
+def _lrn_limits(node) -> str | None:
+    if node.attrs["size"] % 2 == 0:
+        return f"even size {node.attrs['size']} (the library's window is centred; torch's is not for even sizes)"
+    return None
+
+
+LIMITS = {
+    **{op: lambda n: _asymmetric(n.attrs) for op in CONV_OPS},
+    "max_pool2d": _pool_limits, "avg_pool2d": _pool_limits,
+    "lrn": _lrn_limits,
+}
+
+
+def supports(node, target) -> str | None:
+    dtype = node.inputs[0].dtype.name
+    allowed = OP_DTYPES.get(node.op, DTYPES)
+    if dtype not in allowed:
+        return f"dtype {dtype} (MIOpen {node.op} takes {', '.join(allowed)})"
+    limit = LIMITS.get(node.op)
+    return limit(node) if limit else None
+
+
+# ---- emission -------------------------------------------------------------------------------------
+
+def _dyn_dims(sizes: list) -> str:
+    return "{" + ", ".join(sizes) + "}" if sizes else ""
+
+
+def _reshaped(E: Emitter, t: T, sizes: list, elt: str) -> str:
+    """`t` reshaped to `sizes` (ints or SSA index values), as a fully dynamic tensor. IREE's own
+    reshape takes the sizes as operands, so nothing shape-like has to cross a dispatch."""
+    src_dyn = [d for d in E.dims(t) if not isinstance(d, int)]
+    dst = [E.as_index(s) for s in sizes]
+    ty = tensor_type(["?"] * len(dst), elt)
+    return E.op(f"flow.tensor.reshape {t.name} : {t.mlir}{_dyn_dims(src_dyn)} -> {ty}{_dyn_dims(dst)}", "r")
+
+
+def _product(E: Emitter, sizes: list):
+    """Product of static and dynamic sizes: an int when all are static, else an SSA index."""
+    const = 1
+    dyn = None
+    for s in sizes:
+        if isinstance(s, int):
+            const *= s
+        else:
+            dyn = s if dyn is None else E.op(f"arith.muli {dyn}, {s} : index")
+    if dyn is None:
+        return const
+    return dyn if const == 1 else E.op(f"arith.muli {dyn}, {E.index(const)} : index")
+
+
+def _view_sizes(E: Emitter, node, t: T, rank: int):
+    """Sizes of the ABI's rank-`rank` view of operand `t`, or None when `t` already is that view:
+    softmax sees (outer, axis, inner), norms (N, C, spatial), activations a flat vector."""
+    axis = node.attrs["axis"] if node.op in ("softmax", "log_softmax") else 1
+    if t.rank == rank and (rank != 3 or axis == 1):
+        return None
+    dims = E.dims(t)
+    if rank == 1:
+        return [_product(E, dims)]
+    return [_product(E, dims[:axis]), dims[axis], _product(E, dims[axis + 1:])]
+
+
+def _abi_view(E: Emitter, node, t: T, rank: int, elt: str) -> str:
+    sizes = _view_sizes(E, node, t, rank)
+    if sizes is None:
+        return E.op(f"tensor.cast {t.name} : {t.mlir} to {tensor_type(['?'] * rank, elt)}", "x")
+    return _reshaped(E, t, sizes, elt)
+
+
+def _absent(E: Emitter, elt: str) -> str:
+    """An empty rank-1 tensor: how the ABI passes an absent optional operand."""
+    e = E.op(f"tensor.empty() : tensor<0x{elt}>", "e")
+    return E.op(f"tensor.cast {e} : tensor<0x{elt}> to tensor<?x{elt}>", "x")
+
+
+def _operand_elt(node, i: int, x_elt: str) -> str:
+    # Batch-norm statistics travel in f32 whatever x's storage type (MIOpen and cuDNN want that).
+    return "f32" if node.op == "batch_norm" and i > 0 else x_elt
+
+
+def lower_extern(E: Emitter, node, ins: list, ctx) -> list:
+    sig = SIGNATURES[node.op]
+    x_elt = ins[0].mlir_elt
+    args, types = [], []
+    for i, ((_, rank), t) in enumerate(zip(sig.tensors, ins)):
+        elt = _operand_elt(node, i, x_elt)
+        if t is None:
+            args.append(_absent(E, elt))
+        else:
+            args.append(_abi_view(E, node, E.convert(t, elt), rank, elt))
+        types.append(tensor_type(["?"] * rank, elt))
+    for v in scalars_of(node):
+        args.append(E.const(v, "i64"))
+        types.append("i64")
+    out_ty = types[0]
+    name = f"{NAMESPACE}.{import_name(node.op, node.inputs[0].dtype.name)}"
+    sig_text = f"({', '.join(types)}) -> {out_ty}"
+    ctx.declare(f"extern:{name}", f"func.func private @{name}{sig_text}")
+    r = E.op(f"func.call @{name}({', '.join(args)}) : {sig_text}", "call")
+    out = node.outputs[0]
+    want = tensor_type(out.shape, x_elt)
+    if _view_sizes(E, node, ins[0], sig.tensors[0][1]) is None:
+        res = E.op(f"tensor.cast {r} : {out_ty} to {want}", "y")
+    else:
+        res = _reshape_back(E, r, out_ty, ins[0], want)
+    ctx.externs.append({"node": f"%{out.id}", "op": node.op, "import": name, "impl": "miopen",
+                        "dtype": node.inputs[0].dtype.name, "attrs": dict(node.attrs)})
+    return [T(res, out.type)]
+
+
+def _reshape_back(E: Emitter, r: str, r_ty: str, like: T, want: str) -> str:
+    """The call's result (as many elements as `like`) in `like`'s shape; its dynamic sizes are read
+    back from the result, as the provider returned it."""
+    rank = r_ty.count("?")
+    src = [E.op(f"tensor.dim {r}, {E.index(i)} : {r_ty}", "d") for i in range(rank)]
+    dst = [d for d in E.dims(like) if not isinstance(d, int)]
+    return E.op(f"flow.tensor.reshape {r} : {r_ty}{_dyn_dims(src)} -> {want}{_dyn_dims(dst)}", "y")
+
+
+def _register():
+    for op in SIGNATURES:
+        lowering(op, impl="miopen", kinds=("cpu", "rocm", "cuda"),
+                 default_on=("rocm",) if op in CONV_OPS else (), library="miopen", priority=20,
+                 supports=supports)(lower_extern)
+
+
+_register()

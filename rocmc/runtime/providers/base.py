@@ -1,0 +1,50 @@
+"""What every provider shares: decoding the ABI's arguments and building the VM module."""
+from __future__ import annotations
+
+from .abi import NAMESPACE, SIGNATURES
+
+
+class Provider:
+    """Serves `miopen.<op>` imports. Subclasses implement `run(op, tensors, attrs, out_dtype)`:
+    tensors are iree HalBufferViews in ABI order (an empty one for an absent optional operand),
+    attrs the decoded scalars; it returns the result as a HalBufferView."""
+
+    library = "?"
+
+    def __init__(self, hal_device, device_name: str):
+        self.device = hal_device
+        self.device_name = device_name
+
+    def unsupported(self, op: str, dtype: str, attrs: dict) -> str | None:
+        """Why this provider can't run `op` on `dtype` with `attrs` (None: it can)."""
+        return None
+
+    def run(self, op: str, tensors: list, attrs: dict):
+        raise NotImplementedError
+
+    def vm_module(self, imports):
+        """A PyModuleInterface module exporting each import name (`miopen.conv2d`, `miopen.conv2d.f16`)."""
+        from iree import runtime as rt
+        provider = self
+
+        class Instance:
+            def __init__(self, iface):
+                pass
+
+        iface = rt.PyModuleInterface(NAMESPACE, Instance)
+        for full in imports:
+            name = full.split(".", 1)[1]
+            op = name.split(".")[0]
+            sig = SIGNATURES[op]
+            iface.export(name, sig.cconv, _entry(provider, op, sig, rt.HalBufferView))
+        return iface.create()
+
+
+def _entry(provider: Provider, op: str, sig, view_type):
+    n = len(sig.tensors)
+
+    def call(_instance, *args):
+        tensors = [a.deref(view_type) for a in args[:n]]
+        return provider.run(op, tensors, sig.decode(args[n:])).ref
+    call.__name__ = op
+    return call

@@ -1,0 +1,536 @@
+"""One ctypes binding for MIOpen and cuDNN, driven by a small per-vendor table.
+
+MIOpen's C API was modelled on cuDNN's legacy API: the same descriptors, the same operations, with
+different function names, enum integers and argument orders. A vendor table (miopen.py, cudnn.py)
+lists, for each role the shared code needs, the C function and the names of its arguments in C
+order; `Api.call(role, **named)` puts the named values in that order. What differs beyond order
+(workspace queries, perf-result layouts, an activation cuDNN lacks) is data in the table too.
+
+Per device the provider keeps one library handle on one stream, a workspace that only grows, and
+a plan cache keyed by (op, dtype, shapes, attributes): descriptors, the algorithm the library's
+search picked and its workspace size. Search runs real kernels on scratch buffers once per key;
+every later call only launches.
+
+The compiled module calls imports with IREE's synchronous model: IREE has waited for the inputs
+before the call, and takes the result as ready when the call returns, so each call ends with a
+stream synchronize.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from ...errors import DeviceError
+from .abi import out_dim, transposed_dim
+from .base import Provider
+
+P = ctypes.c_void_p
+ACTIVE: "weakref.WeakSet" = weakref.WeakSet()   # live providers (benchmarks read their stats)
+# ctypes type of every argument name a vendor table may use.
+ARG_TYPES = {
+    **{n: P for n in ("h", "out", "stream", "desc", "xD", "wD", "yD", "bD", "bnD", "dyD", "dxD", "conv", "pool",
+                      "act", "lrn", "x", "w", "y", "b", "dy", "dx", "scale", "bias", "mean", "var", "ws", "perf",
+                      "alpha", "beta", "dims", "strides", "pads", "stride_a", "dil_a", "n_out", "size_out", "ptr",
+                      "dst", "src")},
+    **{n: ctypes.c_int for n in ("dtype", "n", "mode", "algo", "req", "groups", "math", "format", "nan", "ctype",
+                                 "wh", "ww", "ph", "pw", "sh", "sw", "sm_algo", "sm_mode", "device", "status",
+                                 "lrn_mode", "kind")},
+    **{n: ctypes.c_bool for n in ("exhaustive", "do_backward")},
+    **{n: ctypes.c_double for n in ("act_alpha", "act_beta", "act_gamma", "coef", "lrn_alpha", "lrn_beta", "lrn_k",
+                                    "eps")},
+    "lrn_n": ctypes.c_uint,
+    "ws_size": ctypes.c_size_t,
+    "size": ctypes.c_size_t,
+    "count": ctypes.c_size_t,
+}
+
+
+@dataclass(frozen=True)
+class Perf:
+    """Layout of one algorithm-search result record."""
+    size: int
+    algo: int
+    time: int
+    memory: int
+    status: int | None = None   # offset of a per-record status (cuDNN), None when absent (MIOpen)
+
+
+@dataclass(frozen=True)
+class VendorTable:
+    name: str                  # "MIOpen", "cuDNN"
+    libraries: tuple           # file names tried, in order
+    install: str               # how to get the library, for the error message
+    functions: dict            # role -> (C function name, "arg names in C order")
+    dtypes: dict               # rocmc dtype -> the library's data type enum
+    enums: dict                # named enum values the shared code uses
+    activations: dict          # op -> (mode, attribute passed as the mode's parameter or None)
+    perf: Perf
+    search_workspace: int | None   # bytes offered to the search when no query gives a size
+    runtime: "RuntimeTable"
+    dlpack_device: int         # DLPack device type of the library's device (kDLCUDA 2, kDLROCM 10)
+
+
+@dataclass(frozen=True)
+class RuntimeTable:
+    name: str
+    libraries: tuple
+    install: str
+    functions: dict
+
+
+def library_paths(names) -> list:
+    """Where to look for a shared library: the loader's own search, then wheels on sys.path
+    (nvidia-* packages, torch/lib), where pip-installed CUDA libraries live."""
+    found = list(names)
+    for base in sys.path:
+        for name in names:
+            for pattern in (f"nvidia/*/lib/{name}", f"nvidia/*/*/lib/{name}", f"torch/lib/{name}"):
+                found += sorted(glob.glob(os.path.join(base, pattern)))
+    return found
+
+
+def load_library(names, what: str, install: str):
+    tried = []
+    for path in library_paths(names):
+        try:
+            return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append(f"{path} ({str(e).split(':')[-1].strip()})")
+    raise DeviceError(f"{what} not found: looked for {', '.join(names)} on the loader path and in installed "
+                      f"wheels; {install}")
+
+
+class Api:
+    """A loaded library bound through a table: `call(role, **named_args)`, checked status."""
+
+    def __init__(self, lib, name: str, functions: dict, error_string: str | None):
+        self.lib, self.name, self.functions = lib, name, functions
+        self._fns = {}
+        self._error_string = error_string
+        for role, (cname, args) in functions.items():
+            try:
+                fn = getattr(lib, cname)
+            except AttributeError:
+                raise DeviceError(f"{name}: the library has no {cname} (needed for {role}); "
+                                  f"install a newer version") from None
+            if role == error_string:
+                fn.restype = ctypes.c_char_p
+            else:
+                fn.restype = ctypes.c_int
+            fn.argtypes = [ARG_TYPES[a] for a in args.split()]
+            self._fns[role] = (fn, args.split())
+
+    def has(self, role: str) -> bool:
+        return role in self._fns
+
+    def call(self, role: str, **named):
+        fn, args = self._fns[role]
+        status = fn(*(named[a] for a in args))
+        if status != 0:
+            msg = self._fns[self._error_string][0](status).decode() if self._error_string else ""
+            raise DeviceError(f"{self.name} {self.functions[role][0]} failed with status {status} {msg}".strip())
+
+
+# ---- DLPack: raw device pointers of IREE buffer views ---------------------------------------------
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def capsule_address(capsule) -> int:
+    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    return t.data + t.byte_offset
+
+
+# ---- descriptors -----------------------------------------------------------------------------------
+
+def _ints(values):
+    return (ctypes.c_int * len(values))(*values)
+
+
+def packed_strides(dims):
+    out, acc = [], 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
+@dataclass
+class Plan:
+    """Everything one (op, dtype, shapes, attributes) needs at call time."""
+    out_shape: tuple
+    run: object                               # fn(ptrs: list[int], y: int) -> None
+    keep: list = field(default_factory=list)   # descriptors and arrays to keep alive
+    info: dict = field(default_factory=dict)   # what the search chose (algorithm, workspace bytes)
+
+
+class DnnProvider(Provider):
+    table: VendorTable
+
+    def __init__(self, hal_device, device_name: str):
+        super().__init__(hal_device, device_name)
+        t = self.table
+        self.library = f"{t.name} ({t.libraries[0]})"
+        self.device_index = int(device_name.split(":")[1]) if ":" in device_name else 0
+        rt_lib = load_library(t.runtime.libraries, f"{t.runtime.name} runtime", t.runtime.install)
+        self.rt = Api(rt_lib, t.runtime.name, t.runtime.functions, "error_string")
+        self.api = Api(load_library(t.libraries, t.name, t.install), t.name, t.functions, "error_string")
+        self.rt.call("set_device", device=self.device_index)
+        self._check_exportable()
+        self.stream = self._out(P, "stream_create", rt=True)
+        self.handle = self._out(P, "create_handle")
+        self.api.call("set_stream", h=self.handle, stream=self.stream)
+        self._plans: dict = {}
+        self._ws = (None, 0)
+        self._lock = threading.Lock()
+        # Cumulative seconds per phase of a call (pointers of the inputs, the output buffer, the
+        # library launch, the stream synchronize): where the per-call overhead goes.
+        self.stats = dict.fromkeys(("calls", "inputs_s", "output_s", "launch_s", "sync_s"), 0)
+        ACTIVE.add(self)
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    exportable_hint = ""
+
+    def _check_exportable(self):
+        """A typed error now, not a failure inside the first call, when the device's buffers can't
+        be handed to the library (IREE's pooled asynchronous allocations can't be exported)."""
+        from iree import runtime as rt
+        buf = self.device.allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL,
+                                                    allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=64)
+        view = rt.HalBufferView(buf, [16], rt.HalElementType.FLOAT_32)
+        try:
+            self.device.create_dlpack_capsule(view, self.table.dlpack_device, self.device_index)
+        except Exception as e:
+            raise DeviceError(f"{self.device_name!r}: the device's buffers can't be handed to {self.table.name} "
+                              f"({e}); {self.exportable_hint}") from None
+
+    # ---- plumbing --------------------------------------------------------------------------------
+    def _out(self, ctype, role, rt=False, **kw):
+        v = ctype()
+        (self.rt if rt else self.api).call(role, out=ctypes.byref(v), **kw)
+        return v.value
+
+    def _malloc(self, nbytes: int) -> int:
+        return self._out(P, "malloc", rt=True, size=max(nbytes, 1))
+
+    def workspace(self, nbytes: int):
+        ptr, size = self._ws
+        if nbytes > size:
+            if ptr:
+                self.rt.call("free", ptr=ptr)
+            self._ws = (self._malloc(nbytes), nbytes)
+        return self._ws[0]
+
+    def release_workspace(self):
+        if self._ws[0]:
+            self.rt.call("free", ptr=self._ws[0])
+        self._ws = (None, 0)
+
+    def tensor(self, dims, dtype, keep, filter=False):
+        """A packed NCHW tensor (or filter) descriptor."""
+        kind = "filter" if filter else "tensor"
+        d = self._out(P, f"create_{kind}")
+        keep.append((f"destroy_{kind}", d))
+        dims = list(dims)
+        self.api.call(f"set_{kind}", desc=d, dtype=self.table.dtypes[dtype], n=len(dims), dims=_ints(dims),
+                      strides=_ints(packed_strides(dims)), format=self.table.enums.get("nchw", 0))
+        return d
+
+    def unsupported(self, op, dtype, attrs):
+        if dtype not in self.table.dtypes:
+            return f"dtype {dtype} (takes {', '.join(self.table.dtypes)})"
+        return self.table_limits(op, attrs)
+
+    def table_limits(self, op, attrs):
+        return None
+
+    # ---- calls -----------------------------------------------------------------------------------
+    def run(self, op, tensors, attrs):
+        from iree import runtime as rt
+        t0 = time.perf_counter()
+        x = tensors[0]
+        dtype = _DTYPE_OF[int(x.element_type)]
+        key = (op, dtype, tuple(tuple(t.shape) for t in tensors), tuple(sorted(attrs.items())))
+        with self._lock:
+            plan = self._plans.get(key)
+            capsules = [self.device.create_dlpack_capsule(t, self.table.dlpack_device, self.device_index)
+                        if t.shape and all(t.shape) else None for t in tensors]
+            ptrs = [capsule_address(c) if c is not None else None for c in capsules]
+            if plan is None:
+                plan = self._plans[key] = self.plan(op, dtype, [tuple(t.shape) for t in tensors], attrs, ptrs)
+            t1 = time.perf_counter()
+            nbytes = _size(plan.out_shape) * _ITEMSIZE[dtype]
+            buf = self.device.allocator.allocate_buffer(
+                memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+                allocation_size=max(nbytes, 1))
+            out = rt.HalBufferView(buf, list(plan.out_shape), x.element_type)
+            ycap = self.device.create_dlpack_capsule(out, self.table.dlpack_device, self.device_index)
+            y = capsule_address(ycap)
+            t2 = time.perf_counter()
+            plan.run(ptrs, y)
+            t3 = time.perf_counter()
+            self.rt.call("stream_sync", stream=self.stream)
+            del capsules, ycap
+            t4 = time.perf_counter()
+        st = self.stats
+        st["calls"] += 1
+        st["inputs_s"] += t1 - t0
+        st["output_s"] += t2 - t1
+        st["launch_s"] += t3 - t2
+        st["sync_s"] += t4 - t3
+        return out
+
+    def plan(self, op, dtype, shapes, attrs, ptrs) -> Plan:
+        return PLANNERS[op](self, op, dtype, shapes, attrs, ptrs)
+
+    def close(self):
+        for plan in self._plans.values():
+            for item in plan.keep:
+                if isinstance(item, tuple):
+                    role, d = item
+                    if role == "free":
+                        self.rt.call("free", ptr=d)
+                    else:
+                        self.api.call(role, desc=d)
+        self._plans.clear()
+        self.release_workspace()
+        self.api.call("destroy_handle", h=self.handle)
+        self.rt.call("stream_destroy", stream=self.stream)
+
+
+_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+# HalElementType integers (FLOAT_32, FLOAT_16, BFLOAT_16)
+_DTYPE_OF = {553648160: "f32", 553648144: "f16", 570425360: "bf16"}
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ---- planners: one per op family -------------------------------------------------------------------
+
+def _as4d(shape):
+    """Rank-3 (N, C, L) -> (N, C, 1, L): 1D ops run as 2D with a unit height."""
+    return tuple(shape) if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
+
+
+def _conv_geometry(attrs, nsp, transpose):
+    axes = ["_h", "_w"] if nsp == 2 else [""]
+    get = lambda k, unit: [a for a in ([unit] if nsp == 1 else []) + [attrs[k + s] for s in axes]]  # noqa: E731
+    return (get("stride", 1), get("pad", 0), get("dilation", 1),
+            get("output_padding", 0) if transpose else [0, 0])
+
+
+def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    t, api, keep = p.table, p.api, []
+    transpose = op.startswith("conv_transpose")
+    nsp = 1 if op.endswith("1d") else 2
+    xs, ws = _as4d(shapes[0]), _as4d(shapes[1])
+    stride, pad, dil, opad = _conv_geometry(attrs, nsp, transpose)
+    g = attrs["groups"]
+    if transpose:
+        out_c = ws[1] * g
+        spatial = [transposed_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], opad[i], dil[i]) for i in range(2)]
+    else:
+        out_c = ws[0]
+        spatial = [out_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], dil[i]) for i in range(2)]
+    ys = (xs[0], out_c, *spatial)
+    xD, yD = p.tensor(xs, dtype, keep), p.tensor(ys, dtype, keep)
+    wD = p.tensor(ws, dtype, keep, filter=True)
+    conv = p._out(P, "create_conv")
+    keep.append(("destroy_conv", conv))
+    api.call("set_conv", desc=conv, n=2, pads=_ints(pad), stride_a=_ints(stride), dil_a=_ints(dil),
+             mode=t.enums["cross_correlation"], ctype=t.dtypes["f32"])
+    api.call("set_conv_groups", desc=conv, groups=g)
+    if api.has("set_conv_math"):
+        api.call("set_conv_math", desc=conv, math=t.enums["fma_math" if dtype == "f32" else "tensor_op_math"])
+    # Backward data computes dx (the transposed conv's output) from dy (its input): the library's
+    # x descriptor is our output, its y descriptor our input.
+    kind = "conv_bwd_data" if transpose else "conv_fwd"
+    src, dst = ("dyD", "dxD") if transpose else ("xD", "yD")
+    descs = {src: xD, "wD": wD, dst: yD, "conv": conv}
+    search_bytes = t.search_workspace
+    if search_bytes is None:
+        size = ctypes.c_size_t()
+        api.call(f"{kind}_ws", h=p.handle, size_out=ctypes.byref(size), **descs)
+        search_bytes = size.value
+    y_scratch = p._malloc(_size(ys) * _ITEMSIZE[dtype])
+    try:
+        algo, need = _search(p, kind, descs, ptrs, y_scratch, search_bytes, transpose)
+    finally:
+        p.rt.call("free", ptr=y_scratch)
+        p.release_workspace()   # the search's scratch is larger than any one algorithm needs
+    bias_ptr_index = 2 if ptrs[2] is not None else None
+    bD = p.tensor((1, out_c, 1, 1), dtype, keep) if bias_ptr_index else None
+    alpha, beta, one = ctypes.byref(p.one), ctypes.byref(p.zero), ctypes.byref(p.one)
+    names = ("dy", "dx") if transpose else ("x", "y")
+
+    def run(ptrs, y):
+        ws = p.workspace(need) if need else None
+        api.call(kind, h=p.handle, alpha=alpha, beta=beta, algo=algo, ws=ws, ws_size=need,
+                 **descs, **{names[0]: ptrs[0], "w": ptrs[1], names[1]: y})
+        if bD is not None:
+            api.call("add_tensor", h=p.handle, alpha=one, bD=bD, b=ptrs[2], beta=one, yD=yD, y=y)
+    return Plan(ys if nsp == 2 else (ys[0], ys[1], ys[3]), run, keep, {"algo": algo, "workspace": need})
+
+
+def _search(p: DnnProvider, kind, descs, ptrs, y_scratch, search_bytes, transpose):
+    """The library's algorithm search on scratch output; returns (algo, workspace bytes)."""
+    t = p.table
+    perf = (ctypes.c_byte * (t.perf.size * 8))()
+    count = ctypes.c_int()
+    names = ("dy", "dx") if transpose else ("x", "y")
+    p.api.call(f"{kind}_find", h=p.handle, req=8, n_out=ctypes.byref(count), perf=perf,
+               ws=p.workspace(search_bytes) if search_bytes else None, ws_size=search_bytes, exhaustive=False,
+               **descs, **{names[0]: ptrs[0], "w": ptrs[1], names[1]: y_scratch})
+    base = ctypes.addressof(perf)
+    for i in range(count.value):
+        rec = base + i * t.perf.size
+        if t.perf.status is not None and ctypes.c_int.from_address(rec + t.perf.status).value != 0:
+            continue
+        return (ctypes.c_int.from_address(rec + t.perf.algo).value,
+                ctypes.c_size_t.from_address(rec + t.perf.memory).value)
+    raise DeviceError(f"{t.name}: no {kind.replace('_', ' ')} algorithm for this problem")
+
+
+def _pool_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    t, api, keep = p.table, p.api, []
+    xs = shapes[0]
+    kh, kw, sh, sw, ph, pw = (attrs[k] for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w"))
+    ys = (xs[0], xs[1], out_dim(xs[2], kh, sh, ph, 1), out_dim(xs[3], kw, sw, pw, 1))
+    mode = t.enums["pool_max"] if op == "max_pool2d" else \
+        t.enums["pool_avg_include" if attrs["count_include_pad"] else "pool_avg_exclude"]
+    pool = p._out(P, "create_pool")
+    keep.append(("destroy_pool", pool))
+    api.call("set_pool", desc=pool, mode=mode, nan=t.enums.get("propagate_nan", 0), wh=kh, ww=kw, ph=ph, pw=pw,
+             sh=sh, sw=sw)
+    xD, yD = p.tensor(xs, dtype, keep), p.tensor(ys, dtype, keep)
+    alpha, beta = ctypes.byref(p.one), ctypes.byref(p.zero)
+
+    def run(ptrs, y):
+        api.call("pool_fwd", h=p.handle, desc=pool, alpha=alpha, xD=xD, x=ptrs[0], beta=beta, yD=yD, y=y,
+                 do_backward=False, ws=None, ws_size=0)
+    return Plan(ys, run, keep)
+
+
+def _softmax_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    """x arrives as (outer, axis, inner): the library's channel mode over a (outer, axis, inner, 1) tensor."""
+    t, keep = p.table, []
+    xs = shapes[0]
+    xD = p.tensor((*xs, 1), dtype, keep)
+    algo = t.enums["softmax_log" if op == "log_softmax" else "softmax_accurate"]
+    alpha, beta = ctypes.byref(p.one), ctypes.byref(p.zero)
+
+    def run(ptrs, y):
+        p.api.call("softmax_fwd", h=p.handle, alpha=alpha, xD=xD, x=ptrs[0], beta=beta, yD=xD, y=y,
+                   sm_algo=algo, sm_mode=t.enums["softmax_channel"])
+    return Plan(xs, run, keep)
+
+
+def _activation_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    """x arrives flat; it runs as an (n, 1, 1, 1) tensor. A leaky relu the library lacks is
+    y = slope*x, then y += (1 - slope) * relu(x)."""
+    t, api, keep = p.table, p.api, []
+    n = shapes[0][0]
+    xD = p.tensor((n, 1, 1, 1), dtype, keep)
+    leaky_by_parts = op == "leaky_relu" and op not in t.activations
+    mode, param = t.activations["relu" if leaky_by_parts else op]
+    value = attrs[param] if param else 1.0
+    act = p._out(P, "create_act")
+    keep.append(("destroy_act", act))
+    api.call("set_act", desc=act, mode=mode, nan=t.enums.get("propagate_nan", 0), coef=value if param else 0.0,
+             act_alpha=value, act_beta=1.0, act_gamma=0.0)
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    if leaky_by_parts:
+        slope = attrs["negative_slope"]
+        scale, rest = ctypes.c_float(slope), ctypes.c_float(1.0 - slope)
+        keep += [scale, rest]
+
+        def run(ptrs, y):
+            api.call("add_tensor", h=p.handle, alpha=ctypes.byref(scale), bD=xD, b=ptrs[0],
+                     beta=ctypes.byref(zero), yD=xD, y=y)
+            api.call("act_fwd", h=p.handle, desc=act, alpha=ctypes.byref(rest), xD=xD, x=ptrs[0],
+                     beta=ctypes.byref(one), yD=xD, y=y)
+    else:
+        def run(ptrs, y):
+            api.call("act_fwd", h=p.handle, desc=act, alpha=ctypes.byref(one), xD=xD, x=ptrs[0],
+                     beta=ctypes.byref(zero), yD=xD, y=y)
+    keep += [one, zero]
+    return Plan(tuple(shapes[0]), run, keep)
+
+
+def _batch_norm_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    """x arrives as (N, C, spatial); statistics in f32. Absent weight/bias become ones/zeros."""
+    t, api, keep = p.table, p.api, []
+    xs = shapes[0]
+    c = xs[1]
+    xD = p.tensor((*xs, 1), dtype, keep)
+    bnD = p._out(P, "create_tensor")
+    keep.append(("destroy_tensor", bnD))
+    api.call("derive_bn", bnD=bnD, xD=xD, mode=t.enums["bn_spatial"])
+    defaults = []
+    for i, fill in ((3, 1.0), (4, 0.0)):
+        if ptrs[i] is None:
+            buf = p._malloc(4 * c)
+            host = (ctypes.c_float * c)(*([fill] * c))
+            api_rt = p.rt
+            api_rt.call("memcpy", dst=buf, src=ctypes.addressof(host), count=4 * c, kind=1)
+            defaults.append((i, buf))
+            keep.append(("free", buf))
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    keep += [one, zero]
+    eps = attrs["eps"]
+
+    def run(ptrs, y):
+        ptrs = list(ptrs)
+        for i, buf in defaults:
+            ptrs[i] = buf
+        api.call("bn_infer", h=p.handle, mode=t.enums["bn_spatial"], alpha=ctypes.byref(one),
+                 beta=ctypes.byref(zero), xD=xD, x=ptrs[0], yD=xD, y=y, bnD=bnD, scale=ptrs[3], bias=ptrs[4],
+                 mean=ptrs[1], var=ptrs[2], eps=eps)
+    return Plan(tuple(xs), run, keep)
+
+
+def _lrn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    t, api, keep = p.table, p.api, []
+    xs = shapes[0]
+    xD = p.tensor((*xs, 1), dtype, keep)
+    lrn = p._out(P, "create_lrn")
+    keep.append(("destroy_lrn", lrn))
+    api.call("set_lrn", desc=lrn, lrn_mode=t.enums["lrn_cross_channel"], lrn_n=attrs["size"],
+             lrn_alpha=attrs["alpha"], lrn_beta=attrs["beta"], lrn_k=attrs["k"])
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    keep += [one, zero]
+
+    def run(ptrs, y):
+        api.call("lrn_fwd", h=p.handle, desc=lrn, lrn_mode=t.enums["lrn_cross_channel"], alpha=ctypes.byref(one),
+                 xD=xD, x=ptrs[0], beta=ctypes.byref(zero), yD=xD, y=y, do_backward=False, ws=None)
+    return Plan(tuple(xs), run, keep)
+
+
+PLANNERS = {
+    **{op: _conv_plan for op in ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")},
+    "max_pool2d": _pool_plan, "avg_pool2d": _pool_plan,
+    "softmax": _softmax_plan, "log_softmax": _softmax_plan,
+    **{op: _activation_plan for op in ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "clipped_relu")},
+    "batch_norm": _batch_norm_plan,
+    "lrn": _lrn_plan,
+}
