@@ -139,7 +139,10 @@ _EXEC = re.compile(r"^\s*flow\.executable (?:private |public )?@([\w$.-]+)", re.
 
 
 def dispatch_nodes(flow_text: str) -> list[tuple[str, list[str]]]:
-    """Resolve IREE's location aliases to find which rocmc nodes each flow.executable came from."""
+    """Resolve IREE's location aliases to find which rocmc nodes each flow.executable computes.
+
+    IREE deduplicates identical executables, so a dispatch reused by several nodes lists the first.
+    """
     aliases = {m.group(1): m.group(2) for m in _LOC_DEF.finditer(flow_text)}
     memo: dict[str, set] = {}
 
@@ -153,15 +156,26 @@ def dispatch_nodes(flow_text: str) -> list[tuple[str, list[str]]]:
                 found |= memo[ref]
         return found
 
-    starts = [(m.start(), m.group(1)) for m in _EXEC.finditer(flow_text)]
     out = []
-    for i, (pos, name) in enumerate(starts):
-        end = starts[i + 1][0] if i + 1 < len(starts) else len(flow_text)
-        block = flow_text[pos:end]
+    for m in _EXEC.finditer(flow_text):
+        end = flow_text.find("\n  }", m.end())           # the executable's closing brace (2-space indent)
+        block = flow_text[m.start():end if end >= 0 else len(flow_text)]
         exports = re.findall(r"flow\.executable\.export public @([\w$.-]+)", block)
-        nodes = sorted(nodes_in(block), key=lambda s: int(s[1:]))
-        out.append((exports[0] if exports else name, nodes))
+        # Only compute ops say which nodes a dispatch computes; loads, stores and shape ties carry the
+        # locations of the producers and consumers around it.
+        compute = "\n".join(line for line in block.splitlines() if _is_compute(line))
+        nodes = sorted(nodes_in(compute), key=lambda s: int(s[1:]))
+        out.append((exports[0] if exports else m.group(1), nodes))
     return out
+
+
+def _is_compute(line: str) -> bool:
+    s = line.strip()
+    if s.startswith("} -> tensor<"):
+        return True
+    if "arith.constant" in s or "dispatch.tensor." in s or "tie_shape" in s or "tensor.empty" in s:
+        return False
+    return any(k in s for k in ("linalg.", "iree_linalg_ext.", "arith.", "math.", "tensor.extract", "tensor.insert"))
 
 
 def read_metadata(data: bytes, what: str = "artifact") -> dict:
