@@ -97,10 +97,17 @@ def test_scalar_operands_and_operators():
     check(g, rand(rng, (6,), "f32"))
 
 
-def test_gpu_targets_compile():
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_every_elementwise_op_compiles_for_gpu_targets(dtype):
+    """Compile-only (no GPU here): one graph with every elementwise op, for gfx942 and cuda:sm_80."""
     g = rocmc.Graph("t")
-    x = g.input("x", (2, "n", 64), "f16")
-    g.output(ops.gelu(ops.silu(x) * x + 1.0))
+    x, y = g.input("x", (2, "n", 64), dtype), g.input("y", (64,), dtype)
+    outs = [getattr(ops, name)(x, y) for name in BINARY]
+    outs += [getattr(ops, name)(x) for name in UNARY if name != "logical_not"]
+    cmp = [getattr(ops, name)(x, y) for name in COMPARE]
+    outs += [ops.where(ops.logical_not(ops.logical_xor(cmp[0], cmp[1])), x, y), ops.cast(cmp[2], dtype),
+             ops.cast(ops.cast(x, "i32"), dtype)]
+    g.output(*outs)
     compile_gpu(g)
 
 
