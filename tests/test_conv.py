@@ -167,6 +167,65 @@ def test_avg_pool_divisor_at_edges():
     np.testing.assert_allclose(exc, np.ones((1, 1, 3, 3)), rtol=1e-6)
 
 
+# ceil_mode keeps a last partial window only if it starts inside the input or the low padding
+# (torch's and ONNX's rule): (size, kernel, stride, padding, output size in ceil mode).
+CEIL_LAST_WINDOW = [
+    (2, 3, 3, 1, 1),    # a second window would start at 3 = size + padding: dropped
+    (5, 2, 2, 1, 3),    # a fourth window would start at 6 = size + padding: dropped
+    (4, 3, 2, 1, 3),    # the third starts at 4 < 5: kept, half in the padding
+    (6, 3, 2, 0, 3),    # the third starts at 4 and overhangs the input by one: kept
+]
+
+
+@pytest.mark.parametrize("size,k,s,p,n_out", CEIL_LAST_WINDOW)
+def test_pool_ceil_mode_last_window(size, k, s, p, n_out):
+    g, (x,) = _graph("f32", ("n", 2, size, size + 1))
+    pools = [ops.max_pool2d(x, k, s, p, ceil_mode=True), ops.avg_pool2d(x, k, s, p, ceil_mode=True),
+             ops.avg_pool2d(x, k, s, p, ceil_mode=True, count_include_pad=False)]
+    for y in pools:
+        assert y.shape[2] == n_out
+    g.output(*pools)
+    a = rand(np.random.default_rng(), (3, 2, size, size + 1))
+    for y in check(g, a, impl="generated"):
+        assert y.shape[2] == n_out
+
+
+def test_avg_pool_ceil_last_window_starts_on_pad():
+    # One 3x3 window over a 2x2 input padded by 1: its sum over a divisor of 9 (the padding counts).
+    # A second window would start on the padding and is dropped, so the output is 1x1.
+    rng = np.random.default_rng()
+    a = rand(rng, (1, 3, 2, 2))
+    for shape in [(1, 3, 2, 2), ("n", 3, "h", "w")]:
+        g, (x,) = _graph("f32", shape)
+        g.output(ops.avg_pool2d(x, 3, 3, 1, ceil_mode=True), ops.max_pool2d(x, 3, 3, 1, ceil_mode=True))
+        avg, top = check(g, a, impl="generated")
+        np.testing.assert_allclose(avg, a.sum(axis=(2, 3), keepdims=True) / 9, rtol=1e-5)
+        np.testing.assert_array_equal(top, a.max(axis=(2, 3), keepdims=True))
+
+
+def _single_window(x):
+    # A single window per output that leaves trailing input elements unread (4 = 3 + 1, stride 3).
+    return [ops.max_pool2d(x, 3, 3), ops.avg_pool2d(x, 3, 3, count_include_pad=False),
+            ops.avg_pool2d(x, (3, 2), (3, 3), padding=((1, 0), (0, 1)))]
+
+
+def test_single_window_pool_and_conv_with_unread_tail():
+    rng = np.random.default_rng()
+    g, (x, w, s, w1) = _graph("f32", (2, 3, 4, 4), (5, 3, 3, 3), (2, 3, 4), (5, 3, 3))
+    g.output(*_single_window(x), ops.conv2d(x, w, stride=3), ops.conv1d(s, w1, stride=3),
+             ops.conv2d(x, w, stride=(3, 1), padding=((0, 0), (1, 1))))
+    got = check(g, *_data(rng, "f32", (2, 3, 4, 4), (5, 3, 3, 3), (2, 3, 4), (5, 3, 3)), impl="generated")
+    assert [y.shape for y in got[:4]] == [(2, 3, 1, 1), (2, 3, 1, 1), (2, 3, 1, 2), (2, 5, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_single_window_and_ceil_pools_compile_for_gpu(dtype):
+    g, (x, y, w) = _graph(dtype, (2, 3, 4, 4), (1, 3, 2, 2), (5, 3, 3, 3))
+    g.output(*_single_window(x), ops.avg_pool2d(y, 3, 3, 1, ceil_mode=True),
+             ops.max_pool2d(y, 3, 3, 1, ceil_mode=True), ops.conv2d(x, w, stride=3))
+    compile_gpu(g, impl="generated")
+
+
 # ---- normalization and dropout ------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])

@@ -28,20 +28,9 @@ def _load_runner():
 conformance = _load_runner()
 CASES = conformance.supported_cases()
 
-# Cases that fail because of a known defect outside the importer (the case still runs: a fix passes).
-_EMPTY_SLICE = "slice lowering: a result with a zero-size dim emits an out-of-bounds tensor.extract_slice"
-KNOWN_FAILURES = {
-    "test_slice_start_out_of_bounds": _EMPTY_SLICE,
-    "test_split_zero_size_splits_opset13": _EMPTY_SLICE,
-    "test_split_zero_size_splits_opset18": _EMPTY_SLICE,
-    "test_rotary_embedding_expanded": _EMPTY_SLICE,
-    "test_rotary_embedding_3d_input_expanded": _EMPTY_SLICE,
-    "test_rotary_embedding_interleaved_expanded": _EMPTY_SLICE,
-    "test_rotary_embedding_no_position_ids_expanded": _EMPTY_SLICE,
-    "test_rotary_embedding_no_position_ids_interleaved_expanded": _EMPTY_SLICE,
-    "test_averagepool_2d_ceil_last_window_starts_on_pad":
-        "avg_pool2d lowering: ceil_mode window that starts in the padding gives a mis-shaped linalg.generic",
-}
+# Cases that fail because of a known defect outside the importer, name -> defect (the case still
+# runs: a fix passes). None at present.
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 # ---- ONNX backend node tests ------------------------------------------------------------------

@@ -228,6 +228,49 @@ def test_slice_symbolic_result_sizes():
     assert ops.slice(x, [0, 2], [4, -2], [0, 1]).shape[1] == 4
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "i64"])
+def test_slice_empty_result_static(dtype):
+    # A start clamped to the end of the axis gives a zero-size dim; nothing is read, so the
+    # lowering makes an empty tensor instead of a slice whose offset sits at the edge.
+    rng = np.random.default_rng()
+    g = rocmc.Graph("t")
+    x = g.input("x", (4, 8), dtype)
+    y = ops.slice(x, [8], [100], [1], [1])
+    back = ops.slice(x, [0], [3], [0], [-1])           # negative step, start already past end
+    assert y.shape == (4, 0) and back.shape == (0, 8)
+    g.output(y, back, ops.concat([x, y], axis=1), ops.concat([back, x, back], axis=0))
+    a = rand(rng, (4, 8), dtype)
+    got = check(g, a)
+    same(got[0], a[:, 8:100])
+    same(got[1], a[0:3:-1])
+    same(got[2], a)
+    same(got[3], a)
+    assert "tensor.extract_slice" not in lower(g, "cpu").text
+
+
+@pytest.mark.parametrize("n", [8, 11])
+def test_slice_symbolic_empty_at_run_time(n):
+    # The same slice on a symbolic axis: empty when n == 8, three rows when n == 11.
+    rng = np.random.default_rng()
+    g = rocmc.Graph("t")
+    x = g.input("x", ("n", 5), "f32")
+    y = ops.slice(x, [8], [100], [0], [1])
+    g.output(y, ops.concat([y, x], axis=0), ops.slice(x, [-n - 5], [-n], [0], [-1]))
+    a = rand(rng, (n, 5))
+    got = check(g, a)
+    same(got[0], a[8:100])
+    same(got[1], np.concatenate([a[8:100], a]))
+    assert got[2].shape == (0, 5)
+
+
+def test_slice_empty_result_compiles_for_gpu():
+    g = rocmc.Graph("t")
+    x = g.input("x", (4, 8), "f16")
+    s = g.input("s", ("b", 8), "f16")
+    g.output(ops.concat([x, ops.slice(x, [8], [100], [1], [1])], axis=1), ops.slice(s, [8], [100], [0], [2]))
+    compile_gpu(g)
+
+
 def test_slice_errors():
     g = rocmc.Graph("t")
     x = g.input("x", (4, 5), "f32")

@@ -9,6 +9,8 @@
 - pools: `linalg.pooling_nchw_max` over -inf padding, `pooling_nchw_sum` over zero padding divided
   by each window's count (a compile-time table when spatial dims are static, index arithmetic in
   the body otherwise). ceil_mode pads the high side so the last partial window exists.
+- static inputs are cropped to the extent the windows read: IREE rewrites a single-window conv or
+  pool into a reduction that expects the window to cover the whole (padded) input.
 - batch norm and LRN compute in f32 whatever the storage type; dropout is the identity.
 
 The batch and spatial dims may be dynamic: output sizes are computed with index arithmetic that
@@ -128,8 +130,11 @@ def _conv(E: Emitter, xp: T, w: T, bias: T | None, strides, dilations, groups) -
     nsp = xp.rank - 2
     acc = acc_elt(xp.mlir_elt)
     dims = E.dims(xp)
+    geometry = list(zip(w.shape[2:], strides, dilations))
     out = [_ix(E, "addi", _ix(E, "divsi", _ix(E, "subi", dims[2 + i], d * (k - 1) + 1), s), 1)
-           for i, (k, s, d) in enumerate(zip(w.shape[2:], strides, dilations))]
+           for i, (k, s, d) in enumerate(geometry)]
+    xp = _crop(E, xp, [_ix(E, "addi", _ix(E, "muli", _ix(E, "subi", o, 1), s), d * (k - 1) + 1)
+                       for o, (k, s, d) in zip(out, geometry)])
     init = _init(E, [dims[0], w.shape[0], *out], xp, bias, acc)
     attrs = f"{{dilations = {_i64s(dilations)}, strides = {_i64s(strides)}}}"
     if groups == 1:
@@ -242,19 +247,35 @@ def _pool_out(E: Emitter, size, k, s, pads, d, ceil_mode):
 
 
 def _pool_input(E: Emitter, node, x: T, dilation, value):
-    """Pad for a pool (the attribute padding plus, in ceil_mode, what the last window overhangs);
-    returns the padded input and the output's spatial sizes."""
+    """The input as the windows read it: padded low by the attribute and high up to the extent the
+    last window reaches (in ceil_mode it may overhang the attribute's padding), then cropped to that
+    extent (a ceil_mode window dropped for starting in the padding, or floor mode, leaves trailing
+    elements unread). Returns the input and the output's spatial sizes."""
     a = node.attrs
-    highs, outs = [], []
+    highs, outs, reach = [], [], []
     for i in range(2):
         size, k, s, (lo, hi) = E.dim(x, 2 + i), a["kernel_size"][i], a["stride"][i], a["padding"][i]
         out = _pool_out(E, size, k, s, (lo, hi), dilation[i], a["ceil_mode"])
-        if a["ceil_mode"]:
-            need = _ix(E, "addi", _ix(E, "muli", _ix(E, "subi", out, 1), s), dilation[i] * (k - 1) + 1)
-            hi = _ix(E, "addi", _ix(E, "maxsi", _ix(E, "subi", need, _ix(E, "addi", size, lo + hi)), 0), hi)
-        highs.append(hi)
+        need = _ix(E, "addi", _ix(E, "muli", _ix(E, "subi", out, 1), s), dilation[i] * (k - 1) + 1)
+        highs.append(_ix(E, "maxsi", _ix(E, "subi", need, _ix(E, "addi", size, lo)), 0))
         outs.append(out)
-    return _pad(E, x, [0, 0] + [p[0] for p in a["padding"]], [0, 0] + highs, value), outs
+        reach.append(need)
+    xp = _pad(E, x, [0, 0] + [p[0] for p in a["padding"]], [0, 0] + highs, value)
+    return _crop(E, xp, reach), outs
+
+
+def _crop(E: Emitter, x: T, reach) -> T:
+    """x without the trailing spatial elements no window reads (`reach`: the extent the windows
+    span per spatial dim). Static dims only: the rewrite that needs an exact fit sees static shapes."""
+    dims = E.dims(x)
+    spatial = [r if isinstance(r, int) and isinstance(d, int) else d for d, r in zip(dims[2:], reach)]
+    if spatial == dims[2:]:
+        return x
+    sizes = dims[:2] + spatial
+    out = _typed(E.fresh("crop"), sizes, x)
+    E.emit(f"{out.name} = tensor.extract_slice {x.name}[{_csv([0] * x.rank)}] [{_csv(sizes)}] "
+           f"[{_csv([1] * x.rank)}] : {x.mlir} to {out.mlir}")
+    return out
 
 
 def _pool(E: Emitter, name: str, xp: T, kernel, strides, dilations, init: T) -> T:

@@ -202,6 +202,8 @@ def _lower_concat(E: Emitter, node, ins, ctx):
     ty = tensor_type(out.shape, elt)
     dest, offset = E.empty(sizes, elt), 0
     for t in ins:
+        if 0 in t.shape:
+            continue             # adds nothing, and its offset may sit at the edge (invalid in MLIR)
         offsets = [0] * out.rank
         offsets[axis] = offset
         dest = _insert(E, t, dest, ty, offsets)
@@ -262,6 +264,10 @@ def _lower_slice(E: Emitter, node, ins, ctx):
     for axis, s, e, st in zip(a["axes"], a["starts"], a["ends"], a["steps"]):
         offsets[axis], sizes[axis] = slice_bounds(E.dim(x, axis), s, e, st, ix)
         strides[axis] = st
+    if 0 in out.shape:
+        # Nothing to read; an extract_slice here would carry an offset at the edge (start clamped
+        # to the dim), which MLIR's verifier rejects as out of bounds.
+        return [T(E.empty(sizes, x.mlir_elt), out, x.elt)]
     if all(st > 0 for st in strides):
         r = E.op(f"tensor.extract_slice {x.name}[{', '.join(map(str, offsets))}][{', '.join(map(str, sizes))}]"
                  f"[{', '.join(map(str, strides))}] : {x.mlir} to {tensor_type(sizes, x.mlir_elt)}")
