@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 APTSTAMP := $(VENV)/.apt
 
-.PHONY: demo test install toolchain clean
+.PHONY: demo test install toolchain clean bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,5 +31,22 @@ demo: $(STAMP) $(APTSTAMP)
 test: $(STAMP) $(APTSTAMP)
 	$(BIN)/python -m pytest -n 2 tests
 
+# CPU benchmarks (bench/): rocmc vs ONNX Runtime vs PyTorch, compile time, plots. Their own venv keeps the
+# test venv small; torch is the CPU build.
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml bench/requirements.txt
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/pip install -q -r bench/requirements.txt
+	$(BENCH_VENV)/bin/pip install -q -e .
+	touch $@
+
+bench: $(BENCH_STAMP) $(APTSTAMP)
+	$(BENCH_VENV)/bin/python bench/run_cpu.py --out out/bench
+	$(BENCH_VENV)/bin/python bench/compile_time.py --out out/bench
+	$(BENCH_VENV)/bin/python bench/plots.py --out out/bench
+
 clean:
-	rm -rf $(VENV) build out
+	rm -rf $(VENV) $(BENCH_VENV) build out

@@ -4,7 +4,7 @@ Why the fused op and not matmul -> scale -> mask -> softmax -> matmul: it compil
 gfx942 and sm_80 with every form sdpa takes (f32/f16/bf16, symbolic sequence lengths, GQA, a bool or
 additive mask, dv != d), it matches the float64 reference within the dtype tolerances (scores and the
 online softmax run in f32), and it never materialises the (s, skv) score matrix: IREE tiles it as
-flash attention on GPUs. So the decomposition has no case left to serve and is not emitted.
+flash attention on GPUs. On llvm-cpu the decomposition is emitted instead (see below).
 
 How sdpa maps onto it (loops d0..d6 = batch, kv head, group, query, head dim, key, value dim):
 - GQA/MQA without copies: q (b, hq, s, d) is viewed as (b, hkv, g, s, d) (expand_shape, free) and
@@ -16,6 +16,11 @@ How sdpa maps onto it (loops d0..d6 = batch, kv head, group, query, head dim, ke
   smaller loop nest). A bool mask stays i1 (the op reads i1 as keep/drop); an additive one keeps q's
   dtype, causality selecting -inf.
 - The scale is an f32 scalar, so 1/sqrt(d) is not rounded to f16/bf16.
+
+On llvm-cpu the fused op is decomposed instead: IREE 3.13 tiles it there one query row at a time
+(matrix-vector code, 30-60x slower than the decomposition at sequence 128-2048, BENCHMARKS.md), while
+the two contractions of the decomposition get its matmul code generation. The (s, skv) scores are
+materialised in f32; the masks are the same operand as above.
 """
 from __future__ import annotations
 
@@ -107,10 +112,73 @@ def _mask(E: Emitter, node, mask: T | None, dims: _Dims) -> tuple[str, str, list
     return out, out_ty, loops
 
 
+def _decomposed(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> list[T]:
+    """scores = scale * q.k^T (f32) -> mask -> softmax over keys (f32) -> p.v, rounded once."""
+    elt = q.mlir_elt
+    qv, qv_ty = _split_heads(E, q, 1, dims.hkv, dims.g)
+    size = {**dims.size, N: E.dim(v, 3)}
+    rows, scores = [B, H, G, M], [B, H, G, M, K2]
+
+    def f32(x):
+        return E.cast_scalar(x, elt, "f32")
+
+    def tensor(loops, value=None, e="f32"):
+        sizes = [size[l] for l in loops]
+        init = E.empty(sizes, e) if value is None else E.filled(sizes, e, value)
+        return init, tensor_type(_shape(sizes), e)
+
+    def amap(loops, of):
+        return affine_map(len(loops), [loops.index(l) for l in of])
+
+    def run(loops, ins, out, reduce_last, body):
+        iters = ["parallel"] * (len(loops) - reduce_last) + ["reduction"] * reduce_last
+        maps = [amap(loops, of) for _, _, of in ins] + [amap(loops, out[2])]
+        return E.generic([(n, t) for n, t, _ in ins], [out[:2]], maps, iters, body)[0]
+
+    def mac(E, a):
+        p = E.op(f"arith.mulf {f32(a[0])}, {f32(a[1])} : f32")
+        return [E.op(f"arith.addf {a[2]}, {p} : f32")]
+
+    qk = run(scores + [K1], [(qv, qv_ty, rows + [K1]), (k.name, k.mlir, [B, H, K2, K1])],
+             (*tensor(scores, 0.0), scores), 1, mac)
+    m = _mask(E, node, mask, dims)
+    ins = [(qk, tensor_type(_shape([size[l] for l in scores]), "f32"), scores)] + ([m] if m else [])
+    scores_ty = ins[0][1]
+
+    def masked(E, a):
+        x = E.op(f"arith.mulf {a[0]}, {E.const(node.attrs['scale'], 'f32')} : f32")
+        if m is None:
+            return [x]
+        if m[1].endswith("xi1>"):
+            return [E.op(f"arith.select {a[1]}, {x}, {E.const(float('-inf'), 'f32')} : f32")]
+        return [E.op(f"arith.addf {x}, {E.cast_scalar(a[1], elt, 'f32')} : f32")]
+    t = run(scores, ins, (*tensor(scores), scores), 0, masked)
+    row_ty = tensor_type(_shape([size[l] for l in rows]), "f32")
+    mx = run(scores, [(t, scores_ty, scores)], (*tensor(rows, float("-inf")), rows), 1,
+             lambda E, a: [E.op(f"arith.maximumf {a[0]}, {a[1]} : f32")])
+    e = run(scores, [(t, scores_ty, scores), (mx, row_ty, rows)], (*tensor(scores), scores), 0,
+            lambda E, a: [E.op(f"math.exp {E.op(f'arith.subf {a[0]}, {a[1]} : f32')} : f32")])
+    total = run(scores, [(e, scores_ty, scores)], (*tensor(rows, 0.0), rows), 1,
+                lambda E, a: [E.op(f"arith.addf {a[0]}, {a[1]} : f32")])
+    outs = rows + [N]
+    pv = run(outs + [K2], [(e, scores_ty, scores), (v.name, v.mlir, [B, H, K2, N])],
+             (*tensor(outs, 0.0), outs), 1,
+             lambda E, a: [E.op(f"arith.addf {a[2]}, {E.op(f'arith.mulf {a[0]}, {f32(a[1])} : f32')} : f32")])
+    out_ty = tensor_type(_shape([size[l] for l in outs]), elt)
+    y = run(outs, [(pv, tensor_type(_shape([size[l] for l in outs]), "f32"), outs), (total, row_ty, rows)],
+            (*tensor(outs, e=elt), outs), 0,
+            lambda E, a: [E.cast_scalar(E.op(f"arith.divf {a[0]}, {a[1]} : f32"), "f32", elt)])
+    out = node.outputs[0].type
+    y = E.op(f"tensor.collapse_shape {y} [[0], [1, 2], [3], [4]] : {out_ty} into {tensor_type(out.shape, elt)}")
+    return [T(y, out)]
+
+
 @lowering("sdpa")
 def lower_sdpa(E: Emitter, node, ins, ctx):
     q, k, v, mask = ins
     dims = _Dims(E, q, k)
+    if ctx.target.kind == "cpu":
+        return _decomposed(E, node, q, k, v, mask, dims)
     elt = q.mlir_elt
     qv, qv_ty = _split_heads(E, q, 1, dims.hkv, dims.g)
     scale = E.const(node.attrs["scale"], "f32")
