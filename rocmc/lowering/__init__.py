@@ -5,6 +5,7 @@ import threading
 from pathlib import Path
 
 from .._version import __version__
+from ..errors import CompileError
 from ..artifact import Artifact
 from ..frontend.graph import Graph
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
@@ -37,22 +38,40 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
     store = Cache(root) if root is not None else None
     hit = store.get(key) if store else None
     if hit is not None:
+        used = hit["metadata"].get("compile_flags", list(flags))
         art = Artifact(hit["vmfb"], hit["metadata"], input_mlir=hit["input_mlir"],
-                       stage_dir=_stage_producer(hit["dir"] / "module.mlirbc", target, flags, hit["dir"] / "stages"))
+                       stage_dir=_stage_producer(hit["dir"] / "module.mlirbc", target, used, hit["dir"] / "stages"))
         art.cached = True
     else:
         lowered = lower(graph, target, impl=impl, libraries=libraries)
-        vmfb = compile_bytecode(lowered.bytecode, target, flags)
+        vmfb, used, note = _compile_tuned(lowered.bytecode, target, list(flags))
+        lowered.metadata["compile_flags"] = used
+        if note:
+            lowered.metadata["compile_note"] = note
         if store is not None:
             d = store.put(key, vmfb, lowered.metadata, lowered.text, lowered.bytecode)
-            producer = _stage_producer(d / "module.mlirbc", target, flags, d / "stages")
+            producer = _stage_producer(d / "module.mlirbc", target, used, d / "stages")
         else:
-            producer = _stage_producer(lowered.bytecode, target, flags, None)
+            producer = _stage_producer(lowered.bytecode, target, used, None)
         art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=producer)
         art.cached = False
     if dump_ir is not None:
         art.dump_ir(dump_ir)
     return art
+
+
+def _compile_tuned(bytecode: bytes, target: Target, flags: list):
+    """Compile with the target's performance options; without them if IREE fails with them.
+    Returns (vmfb, flags used, note or None)."""
+    tuned = target.tuning_flags()
+    note = None
+    if tuned:
+        try:
+            return compile_bytecode(bytecode, target, [*tuned, *flags]), [*tuned, *flags], None
+        except CompileError as e:
+            first = next((l for l in e.diagnostics.splitlines() if "error:" in l), "").strip()
+            note = f"compiled without {' '.join(tuned)}: IREE failed with them ({first[:200]})"
+    return compile_bytecode(bytecode, target, flags), flags, note
 
 
 def _stage_producer(source, target: Target, flags, stage_dir: Path | None):

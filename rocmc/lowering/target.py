@@ -49,6 +49,10 @@ class Target:
         """Runtime drivers that can run this target's artifacts."""
         return {"cpu": ("local-task", "local-sync"), "rocm": ("hip",), "cuda": ("cuda",)}[self.kind]
 
+    def tuning_flags(self) -> list[str]:
+        """Options tried first; dropped when IREE cannot compile a module with them."""
+        return list(CPU_TUNING) if self.kind == "cpu" else []
+
     def iree_flags(self) -> list[str]:
         if self.kind == "cpu":
             return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -56,6 +60,13 @@ class Target:
         if self.kind == "rocm":
             return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
         return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}"]
+
+
+# Performance options tried first on CPU targets: data tiling (packed matmul layouts, ukernel-style
+# inner loops) and im2col for convolutions measured 2x on matmuls and 3-4x on ResNet-18 (BENCHMARKS.md).
+# IREE 3.13 fails to compile some graphs with them (e.g. a decomposed attention feeding a matmul:
+# "all stack allocations need to be hoisted"); those are compiled without them.
+CPU_TUNING = ("--iree-opt-data-tiling", "--iree-global-opt-use-im2col-for-convs")
 
 
 def known_targets() -> list[str]:
