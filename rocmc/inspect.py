@@ -37,9 +37,12 @@ def describe(art: Artifact) -> dict:
     exports = []
     m = section("Exported Functions")
     if m:
-        exports = [l.split("]", 1)[1].strip() for l in m.group(1).splitlines() if "]" in l and "(" in l]
+        exports = [f.group(1) for f in re.finditer(r"^\s*\[\s*\d+\]\s+(\S+\(.*\) -> .*)$", m.group(1), re.M)]
     formats = sorted(set(re.findall(r"`((?:rocm-hsaco|cuda-nvptx|embedded-elf|system-elf|vmvx)[\w-]*)`", dump)))
-    executables = sorted(set(re.findall(r"`(\w+_dispatch_\d+[\w$.-]*)", dump)))
+    # The dump shortens long strings to 32 characters and marks them with "...".
+    executables = sorted({n + ("..." if cut else "") for n, cut in
+                          re.findall(r"`(\w+_dispatch_\d+[\w$.-]*)`(\.\.\.)?", dump)},
+                         key=lambda n: int(re.search(r"_dispatch_(\d+)", n).group(1)))
     meta = art.metadata
     return {
         "graph": meta.get("graph"), "graph_hash": meta.get("graph_hash"), "target": meta.get("target"),
