@@ -95,7 +95,13 @@ def test_miopen_filters_are_tensor_descriptors():
 def test_cudnn_twin_differences():
     """Same roles, the differences vendor-dnn.md lists: cross-correlation is 1, average modes swapped,
     workspace arguments before beta, w before dy in backward data, no leaky relu mode."""
-    assert set(MIOPEN.functions) - {"conv_fwd_ws", "conv_bwd_data_ws"} <= set(CUDNN.functions)
+    # MIOpen-only roles: workspace queries, RNN weights set by the library (cuDNN hands out addresses
+    # instead: rnn_weight_params) and the MHA problem (cuDNN's legacy API has no attention).
+    miopen_only = {"conv_fwd_ws", "conv_bwd_data_ws", "rnn_params_desc", "rnn_get_param", "rnn_get_bias",
+                   "rnn_set_param", "rnn_set_bias", "create_mha", "set_mha", "create_mha_problem",
+                   "set_problem_tensor", "find_solutions", "solution_ws", "run_solution", "destroy_problem",
+                   "destroy_solution"}
+    assert set(MIOPEN.functions) - miopen_only <= set(CUDNN.functions)
     assert CUDNN.enums["cross_correlation"] == 1
     assert (CUDNN.enums["pool_avg_include"], CUDNN.enums["pool_avg_exclude"]) == (1, 2)
     assert CUDNN.dtypes == {"f32": 0, "f16": 2, "bf16": 9}
@@ -120,3 +126,105 @@ def test_every_argument_has_a_c_type(table):
     for a in ("act_alpha", "lrn_alpha", "lrn_beta", "lrn_k", "eps", "coef"):
         assert ARG_TYPES[a] is ctypes.c_double
     assert ARG_TYPES["lrn_n"] is ctypes.c_uint and ARG_TYPES["ws_size"] is ctypes.c_size_t
+
+
+# ---- RNN and multi-head attention ---------------------------------------------------------------
+
+# miopen.h's RNN and MHA calls in the header's argument names -> the table's names, position by position.
+MIOPEN_SEQ_API = {
+    "miopenSetRNNDescriptor_V2": ("rnnDesc hsize nlayers dropoutDesc inMode direction rnnMode biasMode algo dataType",
+                                  "desc hsize nlayers dropout in_mode direction rnn_mode bias_mode rnn_algo dtype"),
+    "miopenSetRNNDataSeqTensorDescriptor": (
+        "seqTensorDesc dataType layout maxSequenceLen batchSize vectorSize sequenceLenArray paddingMarker",
+        "desc dtype layout max_seq batch vec seq_lens pad_fill"),
+    "miopenGetRNNTempSpaceSizes": ("handle rnnDesc xDesc fwdMode workSpaceSize reserveSpaceSize",
+                                   "h desc xS fwd_mode size_out size_out2"),
+    # vendor-dnn.md: (h, r, fwdMode, xS, x, hD, hx, hy, cD, cx, cy, yS, y, w, wSz, ws, wsSz, rs, rsSz)
+    "miopenRNNForward": ("h r fwdMode xS x hD hx hy cD cx cy yS y w wSz ws wsSz rs rsSz",
+                         "h desc fwd_mode xS x hD hx hy cD cx cy yS y w w_size ws ws_size rs rs_size"),
+    "miopenSetRNNLayerParam": ("handle rnnDesc layer xDesc wDesc w paramID paramDesc layerParam",
+                               "h desc layer xD wD w lin_id mD src"),
+    "miopenSetRNNLayerBias": ("handle rnnDesc layer xDesc wDesc w biasID biasDesc layerBias",
+                              "h desc layer xD wD w lin_id mD src"),
+    "miopenGetRNNLayerParam": ("handle rnnDesc layer xDesc wDesc w paramID paramDesc layerParam",
+                               "h desc layer xD wD w lin_id mD src"),
+    "miopenGetRNNParamsSize": ("handle rnnDesc xDesc numBytes dtype", "h desc xD size_out dtype"),
+    "miopenSetDropoutDescriptor": (
+        "dropoutDesc handle dropout states stateSizeInBytes seed use_mask state_evo rng_mode",
+        "desc h drop_p states state_size seed use_mask state_evo rng_mode"),
+    "miopenCreateMhaDescriptor": ("&m", "out"),
+    "miopenSetMhaDescriptor": ("m scale", "desc mha_scale"),
+    "miopenCreateMhaProblem": ("&p m direction", "out desc direction"),
+    "miopenSetProblemTensorDescriptor": ("p id descriptor", "problem tensor_id desc"),
+    "miopenFindSolutions": ("handle problem options solutions &numSolutions maxSolutions",
+                            "h problem options solutions n_out max_solutions"),
+    "miopenRunSolution": ("handle solution nInputs tensors workspace workspaceSize",
+                          "h solution n_args args ws ws_size"),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(MIOPEN_SEQ_API))
+def test_miopen_rnn_and_mha_calls(fn):
+    header, table_names = MIOPEN_SEQ_API[fn]
+    table = _by_name(MIOPEN)
+    assert fn in table, f"{fn} missing from the MIOpen table"
+    n = len(header.split())
+    assert len(table[fn]) == n, f"{fn}: {len(table[fn])} arguments, the header has {n}"
+    assert table[fn] == table_names.split()
+
+
+def test_rnn_sizes_follow_buffers_in_miopen_and_precede_them_in_cudnn():
+    miopen = MIOPEN.functions["rnn_fwd"][1].split()
+    cudnn = CUDNN.functions["rnn_fwd"][1].split()
+    for buf, size in (("w", "w_size"), ("ws", "ws_size"), ("rs", "rs_size")):
+        assert miopen.index(size) == miopen.index(buf) + 1
+        assert cudnn.index(size) == cudnn.index(buf) - 1
+    assert "dev_seq_lens" in cudnn and "dev_seq_lens" not in miopen   # cuDNN wants device lengths
+    assert CUDNN.functions["rnn_fwd"][0] == "cudnnRNNForward" and len(cudnn) == 20
+    assert MIOPEN.functions["rnn_fwd"][0] == "miopenRNNForward" and len(miopen) == 19
+
+
+def test_rnn_enums_and_gate_orders():
+    m, c = MIOPEN.enums, CUDNN.enums
+    assert (m["rnn_training"], m["rnn_inference"]) == (0, 1)     # miopenRNNFWDMode_t
+    assert (c["rnn_inference"], c["rnn_training"]) == (0, 1)     # cudnnForwardMode_t: swapped
+    assert (m["rnn_lstm"], m["rnn_gru"]) == (c["rnn_lstm"], c["rnn_gru"]) == (2, 3)
+    assert (m["rnn_no_bias"], m["rnn_bias"]) == (0, 1)           # miopenRNNwithBias
+    assert (c["rnn_no_bias"], c["rnn_bias"]) == (0, 2)           # CUDNN_RNN_DOUBLE_BIAS
+    assert MIOPEN.gate_order == {"lstm": "ifog", "gru": "zrn"}
+    assert CUDNN.gate_order == {"lstm": "ifgo", "gru": "rzn"}
+    assert (MIOPEN.rnn_weights, CUDNN.rnn_weights) == ("library_copies", "address_copies")
+
+
+def test_cudnn_v8_rnn_calls():
+    f = CUDNN.functions
+    assert f["set_rnn"][0] == "cudnnSetRNNDescriptor_v8" and len(f["set_rnn"][1].split()) == 15
+    assert f["set_rnn_data"][0] == "cudnnSetRNNDataDescriptor" and len(f["set_rnn_data"][1].split()) == 8
+    assert f["rnn_temp_sizes"] == ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode xS size_out size_out2")
+    assert f["rnn_weight_params"] == ("cudnnGetRNNWeightParams",
+                                      "h desc layer w_size w lin_id mD m_addr bD b_addr")
+    assert "create_mha" not in f    # no legacy attention: sdpa is refused on cuda devices
+
+
+def test_rnn_weight_slots_repack_gates():
+    """MIOpen's LSTM param ids are i, f, o, g: id 2 (output gate) reads torch's block 3 of w_ih and id
+    4 + 3 (new memory, recurrent) torch's block 2 of w_hh; cuDNN's ids are torch's order."""
+    from rocmc.runtime.providers.recurrent import slots
+    inp, hidden, item = 5, 7, 4
+    mi = {(s.lib_id, s.operand): s for s in slots("lstm", "ifog", inp, hidden, item, True)}
+    assert mi[(2, 1)].offset == 3 * hidden * inp * item and mi[(2, 1)].nbytes == hidden * inp * item
+    assert mi[(7, 2)].offset == 2 * hidden * hidden * item
+    assert mi[(7, 4)].offset == 2 * hidden * item and mi[(7, 4)].bias
+    gru = {(s.lib_id, s.operand): s for s in slots("gru", "zrn", inp, hidden, item, False)}
+    assert gru[(0, 1)].offset == 1 * hidden * inp * item and len(gru) == 6   # z is torch's block 1
+    cu = slots("lstm", "ifgo", inp, hidden, item, False)
+    assert [s.offset for s in cu if s.operand == 1] == [k * hidden * inp * item for k in range(4)]
+
+
+def test_mha_tensor_argument_layout_and_ids():
+    from rocmc.runtime.providers.miopen import MHA_TENSORS, TensorArgument
+    assert ctypes.sizeof(TensorArgument) == 24
+    assert (TensorArgument.id.offset, TensorArgument.descriptor.offset, TensorArgument.buffer.offset) == (0, 8, 16)
+    assert (MHA_TENSORS["k"], MHA_TENSORS["q"], MHA_TENSORS["v"], MHA_TENSORS["o"]) == (4, 5, 6, 16)
+    assert sorted(MHA_TENSORS.values()) == list(range(4, 21))
+    assert MIOPEN.enums["problem_forward"] == 0 and MIOPEN.enums["int64"] == 9

@@ -6,6 +6,10 @@ time the runtime binds it to the provider of the device (MIOpen on hip, cuDNN on
 CPU). The ABI (operand order, ranks, scalar encoding) is defined once, in
 rocmc.runtime.providers.abi, and read by both sides.
 
+LSTM/GRU return their results packed along the time dim (y's rows, then h_n, c_n) and are sliced
+apart here; attention (sdpa) maps to MIOpen's MHA and stays generated on cuda targets, where the
+cuDNN provider has no such call.
+
 On rocm targets convolutions use MIOpen by default (as MIGraphX does); every other op is opt-in,
 per op (`impl={"softmax": "miopen"}`) or compile-wide (`libraries=["miopen"]`). `supports` names what
 MIOpen cannot do (asymmetric padding, dilated or ceil-mode pooling, ...) so the registry falls back
@@ -13,14 +17,15 @@ to the generated implementation and records why.
 """
 from __future__ import annotations
 
-from ..runtime.providers.abi import DTYPES, NAMESPACE, SIGNATURES, import_name, to_bits
+from ..runtime.providers.abi import DTYPES, NAMESPACE, NO_CUDNN_CALL, RNN_STATES, SIGNATURES, import_name, to_bits
 from .emitter import Emitter, T, tensor_type
 from .registry import lowering
 
 CONV_OPS = ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "clipped_relu")
-# Storage types MIOpen accepts per op (its batch-norm and LRN kernels have no bf16 variant).
-OP_DTYPES = {"batch_norm": ("f32", "f16"), "lrn": ("f32", "f16")}
+RNN_OPS = ("lstm", "gru")
+# Storage types MIOpen accepts per op (its batch-norm, LRN and RNN kernels have no bf16 variant).
+OP_DTYPES = {"batch_norm": ("f32", "f16"), "lrn": ("f32", "f16"), "lstm": ("f32", "f16"), "gru": ("f32", "f16")}
 
 
 # ---- attributes -> the ABI's i64 scalars ---------------------------------------------------------
@@ -56,6 +61,7 @@ SCALARS = {
     "elu": lambda a: {"alpha": a["alpha"]},
     "leaky_relu": lambda a: {"negative_slope": a["negative_slope"]},
     "clipped_relu": lambda a: {"ceiling": a["ceiling"]},
+    "sdpa": lambda a: {"scale": a["scale"]},
 }
 
 
@@ -90,14 +96,29 @@ def _lrn_limits(node) -> str | None:
     return None
 
 
+def _mha_limits(node) -> str | None:
+    """MIOpen's MHA forward takes q, k, v of one head count, no mask tensor and no causal mode."""
+    q, k = node.inputs[0], node.inputs[1]
+    if node.inputs[3] is not None:
+        return "a mask tensor (MIOpen's MHA forward takes none)"
+    if node.attrs["is_causal"]:
+        return "is_causal=True (MIOpen's MHA forward has no causal mode)"
+    if q.shape[1] != k.shape[1]:
+        return f"grouped kv heads ({q.shape[1]} q heads, {k.shape[1]} kv heads; MIOpen's MHA needs equal counts)"
+    return None
+
+
 LIMITS = {
     **{op: lambda n: _asymmetric(n.attrs) for op in CONV_OPS},
     "max_pool2d": _pool_limits, "avg_pool2d": _pool_limits,
     "lrn": _lrn_limits,
+    "sdpa": _mha_limits,
 }
 
 
 def supports(node, target) -> str | None:
+    if target.kind == "cuda" and node.op in NO_CUDNN_CALL:
+        return NO_CUDNN_CALL[node.op]    # cuda devices get the cuDNN provider, which has no such call
     dtype = node.inputs[0].dtype.name
     allowed = OP_DTYPES.get(node.op, DTYPES)
     if dtype not in allowed:
@@ -154,10 +175,10 @@ def _abi_view(E: Emitter, node, t: T, rank: int, elt: str) -> str:
     return _reshaped(E, t, sizes, elt)
 
 
-def _absent(E: Emitter, elt: str) -> str:
-    """An empty rank-1 tensor: how the ABI passes an absent optional operand."""
-    e = E.op(f"tensor.empty() : tensor<0x{elt}>", "e")
-    return E.op(f"tensor.cast {e} : tensor<0x{elt}> to tensor<?x{elt}>", "x")
+def _absent(E: Emitter, elt: str, rank: int = 1) -> str:
+    """An empty tensor of the operand's rank: how the ABI passes an absent optional operand."""
+    e = E.op(f"tensor.empty() : {tensor_type([0] * rank, elt)}", "e")
+    return E.op(f"tensor.cast {e} : {tensor_type([0] * rank, elt)} to {tensor_type(['?'] * rank, elt)}", "x")
 
 
 def _operand_elt(node, i: int, x_elt: str) -> str:
@@ -172,7 +193,7 @@ def lower_extern(E: Emitter, node, ins: list, ctx) -> list:
     for i, ((_, rank), t) in enumerate(zip(sig.tensors, ins)):
         elt = _operand_elt(node, i, x_elt)
         if t is None:
-            args.append(_absent(E, elt))
+            args.append(_absent(E, elt, rank))
         else:
             args.append(_abi_view(E, node, E.convert(t, elt), rank, elt))
         types.append(tensor_type(["?"] * rank, elt))
@@ -185,14 +206,37 @@ def lower_extern(E: Emitter, node, ins: list, ctx) -> list:
     ctx.declare(f"extern:{name}", f"func.func private @{name}{sig_text}")
     r = E.op(f"func.call @{name}({', '.join(args)}) : {sig_text}", "call")
     out = node.outputs[0]
+    ctx.externs.append({"node": f"%{out.id}", "op": node.op, "import": name, "impl": "miopen",
+                        "dtype": node.inputs[0].dtype.name, "attrs": dict(node.attrs)})
+    if node.op in RNN_STATES:
+        return _unpack_rnn(E, node, r, out_ty, ins[0])
     want = tensor_type(out.shape, x_elt)
     if _view_sizes(E, node, ins[0], sig.tensors[0][1]) is None:
         res = E.op(f"tensor.cast {r} : {out_ty} to {want}", "y")
     else:
         res = _reshape_back(E, r, out_ty, ins[0], want)
-    ctx.externs.append({"node": f"%{out.id}", "op": node.op, "import": name, "impl": "miopen",
-                        "dtype": node.inputs[0].dtype.name, "attrs": dict(node.attrs)})
     return [T(res, out.type)]
+
+
+def _unpack_rnn(E: Emitter, node, r: str, r_ty: str, x: T) -> list:
+    """y, h_n[, c_n] sliced out of the packed (seq + states, batch, hidden) result."""
+    seq, batch = E.dim(x, 0), E.dim(x, 1)
+    hidden = node.outputs[0].shape[2]
+    outs = []
+    for i, out in enumerate(node.outputs):
+        first, rows = (0, seq) if i == 0 else (_row(E, seq, i - 1), 1)
+        sizes = ", ".join(str(s) for s in (rows, batch, hidden))
+        ty = tensor_type(out.shape, x.mlir_elt)
+        outs.append(T(E.op(f"tensor.extract_slice {r}[{first}, 0, 0] [{sizes}] [1, 1, 1] : {r_ty} to {ty}", "y"),
+                      out.type))
+    return outs
+
+
+def _row(E: Emitter, seq, k: int):
+    """Index of the k-th state row: seq + k (an int when seq is static)."""
+    if isinstance(seq, int):
+        return seq + k
+    return seq if k == 0 else E.op(f"arith.addi {seq}, {E.index(k)} : index")
 
 
 def _reshape_back(E: Emitter, r: str, r_ty: str, like: T, want: str) -> str:

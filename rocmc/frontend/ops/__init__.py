@@ -1,2 +1,2 @@
 """Op definitions by family; importing registers them."""
-from . import attention, conv, elementwise, linalg, norm, reduce, rope, shape  # noqa: F401
+from . import attention, conv, elementwise, linalg, norm, reduce, rnn, rope, shape  # noqa: F401

@@ -1,3 +1,3 @@
 """The `generated` implementation of every op: linalg / tensor / arith / math / iree_linalg_ext,
 leaving code generation to IREE. One module per op family; importing registers them."""
-from . import attention, conv, elementwise, linalg, norm, reduce, rope, shape  # noqa: F401
+from . import attention, conv, elementwise, linalg, norm, reduce, rnn, rope, shape  # noqa: F401

@@ -8,6 +8,11 @@ per tensor, so one declaration serves every shape: softmax, batch norm and LRN s
 reshaped to (outer, axis, inner) / (N, C, spatial), activations see it flattened. The result's
 shape is computed by the provider from the operands and attributes.
 
+Every import returns one tensor. The recurrent ops, which have several results, return them packed
+along the time dim: (seq + states, batch, hidden) holding y's seq rows, then h_n, then c_n (LSTM);
+the module slices them apart. Recurrent weights arrive in torch's layout and gate order (LSTM i, f,
+g, o; GRU r, z, n): each provider repacks them into its library's order (`gate_blocks`).
+
 This module is plain data so that both the lowering and the runtime can read it.
 """
 from __future__ import annotations
@@ -43,6 +48,9 @@ def _conv(n, transpose=False):
     return (("x", n + 2), ("w", n + 2), ("b", 1)), scal + ("groups",)
 
 
+# x (seq, batch, input), w_ih (G*hidden, input), w_hh (G*hidden, hidden), b_ih, b_hh (G*hidden,),
+# h0 (1, batch, hidden); absent biases and states are empty tensors (zeros).
+_RNN = (("x", 3), ("w_ih", 2), ("w_hh", 2), ("b_ih", 1), ("b_hh", 1), ("h0", 3))
 _POOL = ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w")
 
 SIGNATURES = {s.op: s for s in [
@@ -62,7 +70,18 @@ SIGNATURES = {s.op: s for s in [
     Signature("clipped_relu", (("x", 1),), ("ceiling",), ("ceiling",)),
     Signature("batch_norm", (("x", 3), ("mean", 1), ("var", 1), ("weight", 1), ("bias", 1)), ("eps",), ("eps",)),
     Signature("lrn", (("x", 3),), ("size", "alpha", "beta", "k"), ("alpha", "beta", "k")),
+    Signature("lstm", _RNN + (("c0", 3),)),
+    Signature("gru", _RNN),
+    Signature("sdpa", (("q", 4), ("k", 4), ("v", 4)), ("scale",), ("scale",)),
 ]}
+
+# Packed gate order of torch's recurrent weights (rows of w_ih / w_hh, entries of the biases).
+TORCH_GATES = {"lstm": "ifgo", "gru": "rzn"}
+# Result rows after y: the final states.
+RNN_STATES = {"lstm": 2, "gru": 1}
+# Ops MIOpen serves that cuDNN's legacy API can't: compiled for cuda they stay generated, and a
+# module that imports them anyway is refused at load on cuda devices.
+NO_CUDNN_CALL = {"sdpa": "cuDNN has no legacy multi-head attention (its fused attention is in the graph API only)"}
 
 
 def import_name(op: str, dtype: str) -> str:
@@ -85,3 +104,12 @@ def out_dim(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int
 
 def transposed_dim(size: int, kernel: int, stride: int, pad: int, output_padding: int, dilation: int) -> int:
     return (size - 1) * stride - 2 * pad + dilation * (kernel - 1) + output_padding + 1
+
+
+def gate_blocks(op: str, order: str) -> list:
+    """For each gate of a library's packed `order` (e.g. MIOpen's LSTM 'ifog'), the index of that
+    gate's block in torch's packing: weights repack as `blocks[gate_blocks(op, order)[j]]`."""
+    torch = TORCH_GATES[op]
+    if sorted(order) != sorted(torch):
+        raise ValueError(f"{op}: gate order {order!r} is not a permutation of {torch!r}")
+    return [torch.index(g) for g in order]

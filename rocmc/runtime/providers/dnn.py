@@ -37,15 +37,30 @@ ARG_TYPES = {
     **{n: P for n in ("h", "out", "stream", "desc", "xD", "wD", "yD", "bD", "bnD", "dyD", "dxD", "conv", "pool",
                       "act", "lrn", "x", "w", "y", "b", "dy", "dx", "scale", "bias", "mean", "var", "ws", "perf",
                       "alpha", "beta", "dims", "strides", "pads", "stride_a", "dil_a", "n_out", "size_out", "ptr",
-                      "dst", "src")},
+                      "dst", "src",
+                      # recurrent layers and attention problems
+                      "xS", "yS", "hD", "cD", "mD", "hx", "hy", "cx", "cy", "rs", "seq_lens", "pad_fill", "dropout",
+                      "size_out2", "m_addr", "b_addr", "problem", "options", "solutions", "solution", "args",
+                      "dev_seq_lens", "states")},
     **{n: ctypes.c_int for n in ("dtype", "n", "mode", "algo", "req", "groups", "math", "format", "nan", "ctype",
                                  "wh", "ww", "ph", "pw", "sh", "sw", "sm_algo", "sm_mode", "device", "status",
-                                 "lrn_mode", "kind")},
-    **{n: ctypes.c_bool for n in ("exhaustive", "do_backward")},
+                                 "lrn_mode", "kind",
+                                 "hsize", "nlayers", "in_mode", "direction", "rnn_mode", "bias_mode", "rnn_algo",
+                                 "math_prec", "input_size", "proj_size", "aux_flags", "fwd_mode", "layout", "max_seq",
+                                 "batch", "vec", "layer", "lin_id", "value", "tensor_id", "rng_mode")},
+    **{n: ctypes.c_bool for n in ("exhaustive", "do_backward", "use_mask", "state_evo")},
     **{n: ctypes.c_double for n in ("act_alpha", "act_beta", "act_gamma", "coef", "lrn_alpha", "lrn_beta", "lrn_k",
                                     "eps")},
     "lrn_n": ctypes.c_uint,
+    "mha_scale": ctypes.c_float,
+    "drop_p": ctypes.c_float,
+    "seed": ctypes.c_ulonglong,
+    "state_size": ctypes.c_size_t,
+    "n_args": ctypes.c_size_t,
+    "max_solutions": ctypes.c_size_t,
     "ws_size": ctypes.c_size_t,
+    "w_size": ctypes.c_size_t,
+    "rs_size": ctypes.c_size_t,
     "size": ctypes.c_size_t,
     "count": ctypes.c_size_t,
 }
@@ -74,6 +89,8 @@ class VendorTable:
     search_workspace: int | None   # bytes offered to the search when no query gives a size
     runtime: "RuntimeTable"
     dlpack_device: int         # DLPack device type of the library's device (kDLCUDA 2, kDLROCM 10)
+    gate_order: dict = field(default_factory=dict)   # op -> the library's packed gate order ("ifog")
+    rnn_weights: str = ""      # how weights enter the library's weight space (see recurrent.py)
 
 
 @dataclass(frozen=True)
@@ -254,7 +271,10 @@ class DnnProvider(Provider):
     def unsupported(self, op, dtype, attrs):
         if dtype not in self.table.dtypes:
             return f"dtype {dtype} (takes {', '.join(self.table.dtypes)})"
-        return self.table_limits(op, attrs)
+        limit = self.table_limits(op, attrs)
+        if limit is None and op not in (self.planners or PLANNERS):
+            return f"{self.table.name} has no {op} call in this binding"
+        return limit
 
     def table_limits(self, op, attrs):
         return None
@@ -295,8 +315,10 @@ class DnnProvider(Provider):
         st["sync_s"] += t4 - t3
         return out
 
+    planners: dict = {}        # op -> planner, set by each vendor (PLANNERS plus what it adds)
+
     def plan(self, op, dtype, shapes, attrs, ptrs) -> Plan:
-        return PLANNERS[op](self, op, dtype, shapes, attrs, ptrs)
+        return (self.planners or PLANNERS)[op](self, op, dtype, shapes, attrs, ptrs)
 
     def close(self):
         for plan in self._plans.values():

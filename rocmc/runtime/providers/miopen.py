@@ -5,12 +5,17 @@ integers. Where MIOpen differs from cuDNN beyond names: filters are plain tensor
 mode 0 (miopenConvolution) is cross-correlation, the workspace query takes w before x and no
 algorithm and must precede the (mandatory) search, which takes an `exhaustive` flag; workspace
 arguments come last in the convolution calls; the average pooling modes are swapped; softmax,
-pooling and LRN take their extra arguments in other positions. tests/test_miopen_table.py checks
-this table against those facts.
+pooling and LRN take their extra arguments in other positions; the RNN API packs gates in another
+order (recurrent.py); multi-head attention exists only here, as a Find 2.0 problem. tests/test_miopen_table.py
+checks this table against those facts.
 """
 from __future__ import annotations
 
-from .dnn import DnnProvider, Perf, RuntimeTable, VendorTable
+import ctypes
+
+from ...errors import DeviceError
+from .dnn import PLANNERS, DnnProvider, P, Perf, Plan, RuntimeTable, VendorTable, _ints, packed_strides
+from .recurrent import PLANNERS as RNN_PLANNERS
 
 HIP = RuntimeTable(
     name="HIP", libraries=("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"),
@@ -23,6 +28,8 @@ HIP = RuntimeTable(
         "malloc": ("hipMalloc", "out size"),
         "free": ("hipFree", "ptr"),
         "memcpy": ("hipMemcpy", "dst src count kind"),
+        "memcpy_async": ("hipMemcpyAsync", "dst src count kind stream"),
+        "memset_async": ("hipMemsetAsync", "ptr value count stream"),
         "error_string": ("hipGetErrorString", "status"),
     })
 
@@ -66,6 +73,36 @@ FUNCTIONS = {
     "set_lrn": ("miopenSetLRNDescriptor", "desc lrn_mode lrn_n lrn_alpha lrn_beta lrn_k"),
     "destroy_lrn": ("miopenDestroyLRNDescriptor", "desc"),
     "lrn_fwd": ("miopenLRNForward", "h desc alpha xD x beta yD y do_backward ws"),
+    # RNN (ROCm >= 6.0): sequence-data descriptors and miopenRNNForward, sizes after their buffers
+    "create_dropout": ("miopenCreateDropoutDescriptor", "out"),
+    "set_dropout": ("miopenSetDropoutDescriptor",
+                    "desc h drop_p states state_size seed use_mask state_evo rng_mode"),
+    "destroy_dropout": ("miopenDestroyDropoutDescriptor", "desc"),
+    "create_rnn": ("miopenCreateRNNDescriptor", "out"),
+    "set_rnn": ("miopenSetRNNDescriptor_V2",
+                "desc hsize nlayers dropout in_mode direction rnn_mode bias_mode rnn_algo dtype"),
+    "destroy_rnn": ("miopenDestroyRNNDescriptor", "desc"),
+    "create_rnn_data": ("miopenCreateSeqTensorDescriptor", "out"),
+    "set_rnn_data": ("miopenSetRNNDataSeqTensorDescriptor", "desc dtype layout max_seq batch vec seq_lens pad_fill"),
+    "destroy_rnn_data": ("miopenDestroySeqTensorDescriptor", "desc"),
+    "rnn_weight_size": ("miopenGetRNNParamsSize", "h desc xD size_out dtype"),
+    "rnn_params_desc": ("miopenGetRNNParamsDescriptor", "h desc xD wD dtype"),
+    "rnn_get_param": ("miopenGetRNNLayerParam", "h desc layer xD wD w lin_id mD src"),
+    "rnn_get_bias": ("miopenGetRNNLayerBias", "h desc layer xD wD w lin_id mD src"),
+    "rnn_set_param": ("miopenSetRNNLayerParam", "h desc layer xD wD w lin_id mD src"),
+    "rnn_set_bias": ("miopenSetRNNLayerBias", "h desc layer xD wD w lin_id mD src"),
+    "rnn_temp_sizes": ("miopenGetRNNTempSpaceSizes", "h desc xS fwd_mode size_out size_out2"),
+    "rnn_fwd": ("miopenRNNForward", "h desc fwd_mode xS x hD hx hy cD cx cy yS y w w_size ws ws_size rs rs_size"),
+    # multi-head attention (ROCm >= 6.2), through the Find 2.0 problem/solution API
+    "create_mha": ("miopenCreateMhaDescriptor", "out"),
+    "set_mha": ("miopenSetMhaDescriptor", "desc mha_scale"),
+    "create_mha_problem": ("miopenCreateMhaProblem", "out desc direction"),
+    "set_problem_tensor": ("miopenSetProblemTensorDescriptor", "problem tensor_id desc"),
+    "find_solutions": ("miopenFindSolutions", "h problem options solutions n_out max_solutions"),
+    "solution_ws": ("miopenGetSolutionWorkspaceSize", "solution size_out"),
+    "run_solution": ("miopenRunSolution", "h solution n_args args ws ws_size"),
+    "destroy_problem": ("miopenDestroyProblem", "desc"),
+    "destroy_solution": ("miopenDestroySolution", "desc"),
 }
 
 MIOPEN = VendorTable(
@@ -76,7 +113,13 @@ MIOPEN = VendorTable(
     enums={"cross_correlation": 0,
            "pool_max": 0, "pool_avg_exclude": 1, "pool_avg_include": 2,
            "softmax_accurate": 1, "softmax_log": 2, "softmax_channel": 1,
-           "bn_spatial": 1, "lrn_cross_channel": 1},
+           "bn_spatial": 1, "lrn_cross_channel": 1,
+           # miopenRNNMode_t, miopenRNNInputMode_t, miopenRNNDirectionMode_t, miopenRNNBiasMode_t,
+           # miopenRNNAlgo_t, miopenRNNFWDMode_t (Training=0, Inference=1), miopenRNNBaseLayout_t
+           "rnn_lstm": 2, "rnn_gru": 3, "rnn_linear_input": 0, "rnn_unidirectional": 0,
+           "rnn_no_bias": 0, "rnn_bias": 1, "rnn_algo_standard": 0, "rnn_training": 0, "rnn_inference": 1,
+           "rnn_seq_major_packed": 1,
+           "problem_forward": 0, "int64": 9},
     # op -> (miopenActivationMode_t, attribute given as activAlpha). TANH computes beta*tanh(alpha*x),
     # so it gets alpha = beta = 1 like every mode without a parameter.
     activations={"sigmoid": (1, None), "tanh": (2, None), "relu": (3, None), "clipped_relu": (7, "ceiling"),
@@ -85,9 +128,89 @@ MIOPEN = VendorTable(
     search_workspace=None,
     runtime=HIP,
     dlpack_device=10,
+    # paramID / biasID order of miopenSetRNNLayerParam / Bias: input, forget, output, new memory
+    # (LSTM); update, reset, new memory (GRU). Ids 0..g-1 act on x, g..2g-1 on h.
+    gate_order={"lstm": "ifog", "gru": "zrn"},
+    rnn_weights="library_copies",
 )
+
+# miopenTensorArgumentId_t of the MHA forward problem's tensors.
+MHA_TENSORS = {"k": 4, "q": 5, "v": 6, "descale_k": 7, "descale_q": 8, "descale_v": 9, "descale_s": 10,
+               "scale_s": 11, "scale_o": 12, "dropout_probability": 13, "dropout_seed": 14, "dropout_offset": 15,
+               "o": 16, "amax_o": 17, "amax_s": 18, "m": 19, "z_inv": 20}
+
+
+class TensorArgument(ctypes.Structure):
+    """miopenTensorArgument_t: 24 bytes, {id@0, miopenTensorDescriptor_t* descriptor@8, buffer@16};
+    a NULL descriptor means the one the problem was given."""
+    _fields_ = [("id", ctypes.c_int), ("descriptor", ctypes.c_void_p), ("buffer", ctypes.c_void_p)]
+
+
+def _device_values(p: DnnProvider, ctype, values, keep) -> int:
+    host = (ctype * len(values))(*values)
+    buf = p._malloc(ctypes.sizeof(host))
+    keep.append(("free", buf))
+    p.rt.call("memcpy", dst=buf, src=ctypes.addressof(host), count=ctypes.sizeof(host), kind=1)
+    return buf
+
+
+def _raw_tensor(p: DnnProvider, dims, dtype_enum: int, keep) -> int:
+    d = p._out(P, "create_tensor")
+    keep.append(("destroy_tensor", d))
+    p.api.call("set_tensor", desc=d, dtype=dtype_enum, n=len(dims), dims=_ints(dims),
+               strides=_ints(packed_strides(dims)))
+    return d
+
+
+def mha_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    """softmax(q k^T * scale) v as MIOpen's MHA forward problem. The fp8 scaling tensors are ones,
+    dropout is off; the row statistics (m, z_inv) and the amax outputs go to scratch buffers."""
+    t, api, keep = p.table, p.api, []
+    (b, h, s, _), (_, _, s_kv, _), (_, _, _, dv) = shapes[:3]
+    out = (b, h, s, dv)
+    mha = p._out(P, "create_mha")
+    keep.append(mha)   # kept for the plan's lifetime, like the problem built on it
+    api.call("set_mha", desc=mha, mha_scale=attrs["scale"])
+    problem = p._out(P, "create_mha_problem", desc=mha, direction=t.enums["problem_forward"])
+    keep.append(("destroy_problem", problem))
+    f32, main, unit = t.dtypes["f32"], t.dtypes[dtype], (1, 1, 1, 1)
+    dims = {"q": (shapes[0], main), "k": (shapes[1], main), "v": (shapes[2], main), "o": (out, main),
+            "m": ((b, h, s, 1), f32), "z_inv": ((b, h, s, 1), f32),
+            "dropout_seed": (unit, t.enums["int64"]), "dropout_offset": (unit, t.enums["int64"])}
+    for name, tid in MHA_TENSORS.items():
+        shape, dt = dims.get(name, (unit, f32))
+        api.call("set_problem_tensor", problem=problem, tensor_id=tid, desc=_raw_tensor(p, shape, dt, keep))
+    found = (P * 4)()
+    count = ctypes.c_size_t()
+    api.call("find_solutions", h=p.handle, problem=problem, options=None, solutions=found,
+             n_out=ctypes.byref(count), max_solutions=4)
+    if count.value == 0:
+        raise DeviceError(f"MIOpen: no MHA forward solution for q {shapes[0]}, k {shapes[1]}, {dtype}")
+    keep += [("destroy_solution", found[i]) for i in range(count.value)]
+    solution = found[0]
+    ws_size = ctypes.c_size_t()
+    api.call("solution_ws", solution=solution, size_out=ctypes.byref(ws_size))
+    ones, zero = _device_values(p, ctypes.c_float, [1.0], keep), _device_values(p, ctypes.c_float, [0.0], keep)
+    zero64 = _device_values(p, ctypes.c_int64, [0, 0], keep)
+    stats = p._malloc(2 * b * h * s * 4 + 8)
+    keep.append(("free", stats))
+    fixed = {"descale_k": ones, "descale_q": ones, "descale_v": ones, "descale_s": ones, "scale_s": ones,
+             "scale_o": ones, "dropout_probability": zero, "dropout_seed": zero64, "dropout_offset": zero64 + 8,
+             "amax_o": stats, "amax_s": stats + 4, "m": stats + 8, "z_inv": stats + 8 + b * h * s * 4}
+    args = (TensorArgument * len(MHA_TENSORS))(*[TensorArgument(tid, None, fixed.get(n))
+                                                 for n, tid in MHA_TENSORS.items()])
+    slot = {n: i for i, n in enumerate(MHA_TENSORS)}
+    keep.append(args)
+
+    def run(ptrs, y):
+        for name, ptr in zip(("q", "k", "v", "o"), (ptrs[0], ptrs[1], ptrs[2], y)):
+            args[slot[name]].buffer = ptr
+        api.call("run_solution", h=p.handle, solution=solution, n_args=len(MHA_TENSORS), args=args,
+                 ws=p.workspace(ws_size.value) if ws_size.value else None, ws_size=ws_size.value)
+    return Plan(out, run, keep, {"solutions": count.value, "workspace": ws_size.value, "kv_length": s_kv})
 
 
 class MiopenProvider(DnnProvider):
     table = MIOPEN
+    planners = {**PLANNERS, **RNN_PLANNERS, "sdpa": mha_plan}
     exportable_hint = "call iree.runtime.flags.parse_flags('--hip_async_allocations=false') before the first hip device is opened"

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .abi import out_dim, transposed_dim
+from .abi import gate_blocks, out_dim, transposed_dim
 from .base import Provider
+from .miopen import MIOPEN
+
+# The reference computes recurrences in MIOpen's packed gate order (LSTM i, f, o, g; GRU z, r, n),
+# so the repacking every library provider must do is exercised on the CPU too.
+LIBRARY_GATES = MIOPEN.gate_order
 
 
 def _conv_nd(x, w, b, stride, pad, dil, groups):
@@ -98,6 +103,53 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def _by_gate(op, v, order):
+    """Torch-packed rows (or entries) of `v` -> {gate letter: block}, via the library's packing."""
+    blocks = np.split(v, len(order)) if v.size else [0.0] * len(order)
+    repacked = [blocks[b] for b in gate_blocks(op, order)]
+    return dict(zip(order, repacked))
+
+
+def _lstm_cell(gx, gh, h, c):
+    pre = {k: gx[k] + gh[k] for k in gx}
+    c = _sigmoid(pre["f"]) * c + _sigmoid(pre["i"]) * np.tanh(pre["g"])
+    return _sigmoid(pre["o"]) * np.tanh(c), c
+
+
+def _gru_cell(gx, gh, h, c):
+    r, z = _sigmoid(gx["r"] + gh["r"]), _sigmoid(gx["z"] + gh["z"])
+    n = np.tanh(gx["n"] + r * gh["n"])
+    return (1.0 - z) * n + z * h, c
+
+
+_CELLS = {"lstm": _lstm_cell, "gru": _gru_cell}
+
+
+def _rnn(op, t):
+    """The ABI's packed result: y's rows, then h_n (and c_n) along the time dim."""
+    x, w_ih, w_hh, b_ih, b_hh, h0, *c0 = t
+    order = LIBRARY_GATES[op]
+    seq, batch, _ = x.shape
+    hidden = w_hh.shape[1]
+    wi, wh, bi, bh = (_by_gate(op, v, order) for v in (w_ih, w_hh, b_ih, b_hh))
+    h = h0[0] if h0.size else np.zeros((batch, hidden))
+    c = c0[0][0] if c0 and c0[0].size else np.zeros((batch, hidden))
+    rows = []
+    for step in range(seq):
+        gx = {k: x[step] @ wi[k].T + bi[k] for k in order}
+        gh = {k: h @ wh[k].T + bh[k] for k in order}
+        h, c = _CELLS[op](gx, gh, h, c)
+        rows.append(h)
+    states = [h, c][:2 if op == "lstm" else 1]
+    return np.stack(rows + states)
+
+
+def _sdpa(q, k, v, scale):
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.matmul(p / p.sum(axis=-1, keepdims=True), v)
+
+
 OPS = {
     "conv1d": lambda t, a: _conv_nd(*t, *_conv_args(a, 1, False)),
     "conv2d": lambda t, a: _conv_nd(*t, *_conv_args(a, 2, False)),
@@ -115,6 +167,9 @@ OPS = {
     "clipped_relu": lambda t, a: np.clip(t[0], 0.0, a["ceiling"]),
     "batch_norm": lambda t, a: _batch_norm(*t, a),
     "lrn": lambda t, a: _lrn(t[0], a),
+    "lstm": lambda t, a: _rnn("lstm", t),
+    "gru": lambda t, a: _rnn("gru", t),
+    "sdpa": lambda t, a: _sdpa(*t, a["scale"]),
 }
 
 

@@ -1,0 +1,191 @@
+"""LSTM, GRU and attention as extern calls (the `miopen` implementation): the packed ABI result,
+the reference provider (which computes in MIOpen's gate order), what falls back to generated."""
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+import rocmc
+from rocmc import ops
+from rocmc.lowering import registry
+from rocmc.lowering.target import Target
+from rocmc.runtime.providers.abi import SIGNATURES
+
+from helpers import TOL, check, rand
+from test_extern import _dump_imports
+from test_rnn import _graph
+
+
+@pytest.mark.parametrize("op, dtype", [("lstm", "f32"), ("gru", "f32"), ("lstm", "f16"), ("gru", "f16")])
+def test_rnn_through_the_reference_provider(op, dtype):
+    rng = np.random.default_rng()
+    g, feeds = _graph(op, rng, dtype=dtype, batch="b", inp=6, hidden=5)
+    art = rocmc.compile(g, "cpu", libraries=["miopen"])
+    assert [x["import"] for x in art.metadata["externs"]] == [f"miopen.{op}" + ("" if dtype == "f32" else ".f16")]
+    rtol, atol = TOL[dtype]
+    lib = check(g, *feeds, tol=(2 * rtol, 2 * atol), libraries=["miopen"])
+    gen = rocmc.load(rocmc.compile(g, "cpu", impl="generated"))(*feeds)
+    for a, b in zip(lib, gen):
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=2 * rtol, atol=2 * atol)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+def test_rnn_without_biases_or_states_and_one_bias(op):
+    rng = np.random.default_rng()
+    g, feeds = _graph(op, rng, biases=False, states=False)
+    check(g, *feeds, libraries=["miopen"])
+    g = rocmc.Graph("t")
+    x = g.input("x", ("s", 2, 4), "f32")
+    gates = {"lstm": 4, "gru": 3}[op] * 3
+    g.output(*getattr(ops, op)(x, rand(rng, (gates, 4)), rand(rng, (gates, 3)), b_hh=rand(rng, (gates,))))
+    check(g, rand(rng, (5, 2, 4)), libraries=["miopen"])
+
+
+def test_sdpa_through_the_reference_provider_f16():
+    rng = np.random.default_rng()
+    g = rocmc.Graph("t")
+    q, k, v = (g.input(n, ("b", 3, s, 8), "f16") for n, s in (("q", 5), ("k", 9), ("v", 9)))
+    g.output(ops.sdpa(q, k, v))
+    art = rocmc.compile(g, "cpu", libraries=["miopen"])
+    assert [x["import"] for x in art.metadata["externs"]] == ["miopen.sdpa.f16"]
+    check(g, *(rand(rng, (2, 3, s, 8), "f16", -1, 1) for s in (5, 9, 9)), tol=(1e-2, 1e-2), libraries=["miopen"])
+
+
+def test_gfx942_module_imports_half_rnn_and_attention(tmp_path):
+    g = rocmc.Graph("t")
+    rng = np.random.default_rng()
+    x = g.input("x", ("s", "b", 6), "f16")
+    y, h = ops.gru(x, rand(rng, (12, 6), "f16"), rand(rng, (12, 4), "f16"))
+    q = g.input("q", (2, 2, 5, 8), "f16")
+    g.output(y, h, ops.sdpa(q, q, q))
+    art = rocmc.compile(g, "gfx942", libraries=["miopen"])
+    imports = dict(re.findall(r"vm\.import @(miopen\.[\w.]+) cconv \"(\w+)\"", _dump_imports(art.vmfb, tmp_path)))
+    assert imports == {"miopen.gru.f16": SIGNATURES["gru"].cconv, "miopen.sdpa.f16": SIGNATURES["sdpa"].cconv}
+    assert SIGNATURES["gru"].cconv == "0rrrrrr_r" and SIGNATURES["sdpa"].cconv == "0rrrI_r"
+    assert [c["name"] for c in art.dispatches() if c["kind"] == "extern call"] == ["miopen.gru.f16", "miopen.sdpa.f16"]
+
+
+def _choice(build, target="gfx942"):
+    g = rocmc.Graph("t")
+    node = build(g).producer
+    return registry.choose(node, Target.parse(target), libraries=("miopen",))
+
+
+@pytest.mark.parametrize("build, reason", [
+    (lambda g: ops.sdpa(*(g.input(n, (1, 2, 4, 8), "f32") for n in "qkv"), is_causal=True), "causal"),
+    (lambda g: ops.sdpa(*(g.input(n, (1, 2, 4, 8), "f32") for n in "qkv"), mask=np.ones((4, 4), bool)), "mask"),
+    (lambda g: ops.sdpa(g.input("q", (1, 4, 4, 8), "f32"), g.input("k", (1, 2, 4, 8), "f32"),
+                        g.input("v", (1, 2, 4, 8), "f32")), "grouped kv heads"),
+    (lambda g: ops.lstm(g.input("x", (3, 1, 2), "bf16"), np.ones((8, 2), np.float32).astype(rocmc.dtype("bf16").np),
+                        np.ones((8, 2), np.float32).astype(rocmc.dtype("bf16").np))[0], "dtype bf16"),
+])
+def test_what_miopen_cannot_do_stays_generated(build, reason):
+    choice = _choice(build)
+    assert choice.impl.name == "generated"
+    assert any(name == "miopen" and reason in why for name, why in choice.skipped), choice.skipped
+
+
+def test_attention_stays_generated_on_cuda_and_cudnn_refuses_it():
+    from rocmc.runtime.providers.cudnn import CudnnProvider
+    choice = _choice(lambda g: ops.sdpa(*(g.input(n, (1, 2, 4, 8), "f32") for n in "qkv")), "cuda:sm_80")
+    assert choice.impl.name == "generated" and "no legacy multi-head attention" in choice.skipped[0][1]
+    assert "graph API" in CudnnProvider.table_limits(None, "sdpa", {"scale": 0.5})
+    assert _choice(lambda g: ops.gru(g.input("x", (3, 1, 2), "f32"), np.ones((6, 2), np.float32),
+                                     np.ones((6, 2), np.float32))[0], "cuda:sm_80").impl.name == "miopen"
+
+
+class _FakeLibrary:
+    """Records every library and runtime call of a planner; hands out increasing handles and, for
+    cuDNN's weight-params query, addresses inside the weight space (base + 1000 * id)."""
+
+    def __init__(self, table):
+        self.table, self.calls, self.handle, self.stream, self._next = table, [], 7, 8, 100
+        self.api = self.rt = self
+
+    def call(self, role, **named):
+        names = {**self.table.functions, **self.table.runtime.functions}[role][1].split()
+        self.calls.append((role, {a: named.get(a) for a in names}))
+        if role == "rnn_weight_params":
+            base = named["w"] + 1000 * named["lin_id"]
+            named["m_addr"]._obj.value, named["b_addr"]._obj.value = base, base + 500
+        if role == "find_solutions":
+            named["n_out"]._obj.value, named["solutions"][0] = 1, 0x77
+        for out in ("size_out", "size_out2"):
+            if out in named and named[out] is not None:
+                named[out]._obj.value = 4096
+        if "out" in named:
+            self._next += 1
+            named["out"]._obj.value = self._next
+
+    def _out(self, ctype, role, rt=False, **kw):
+        v = ctype()
+        self.call(role, out=ctypes.byref(v), **kw)
+        return v.value
+
+    def _malloc(self, nbytes):
+        return self._out(ctypes.c_void_p, "malloc", rt=True, size=nbytes)
+
+    def tensor(self, dims, dtype, keep, filter=False):
+        return self._out(ctypes.c_void_p, "create_tensor")
+
+    def workspace(self, nbytes):
+        return 0xAB000
+
+    def roles(self, role):
+        return [a for r, a in self.calls if r == role]
+
+
+@pytest.mark.parametrize("vendor", ["miopen", "cudnn"])
+def test_rnn_planner_drives_the_library_in_its_gate_order(vendor):
+    """LSTM (seq 5, batch 2, input 3, hidden 4) with both biases and h0, no c0: the forward call gets
+    the inference mode of the vendor, y then h_n, c_n behind it, and each gate block lands in the
+    library slot of its gate."""
+    from rocmc.runtime.providers.cudnn import CUDNN
+    from rocmc.runtime.providers.miopen import MIOPEN
+    from rocmc.runtime.providers.recurrent import rnn_plan
+    table = {"miopen": MIOPEN, "cudnn": CUDNN}[vendor]
+    p = _FakeLibrary(table)
+    shapes = [(5, 2, 3), (16, 3), (16, 4), (16,), (16,), (1, 2, 4), (0,)]
+    ptrs = [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, None]
+    plan = rnn_plan(p, "lstm", "f32", shapes, {}, ptrs)
+    assert plan.out_shape == (7, 2, 4)
+    (rnn,) = p.roles("set_rnn")
+    assert (rnn["rnn_mode"], rnn["bias_mode"], rnn["hsize"]) == (2, table.enums["rnn_bias"], 4)
+    p.calls.clear()
+    plan.run(ptrs, 0x9000)
+    (fwd,) = p.roles("rnn_fwd")
+    assert fwd["fwd_mode"] == {"miopen": 1, "cudnn": 0}[vendor]
+    assert (fwd["x"], fwd["hx"], fwd["cx"], fwd["y"]) == (0x1000, 0x6000, None, 0x9000)
+    assert (fwd["hy"], fwd["cy"]) == (0x9000 + 5 * 2 * 4 * 4, 0x9000 + 6 * 2 * 4 * 4)
+    # the output gate (torch block 3) of w_ih, and the new-memory gate (torch block 2) of b_hh
+    order = table.gate_order["lstm"]
+    o, g = order.index("o"), 4 + order.index("g")
+    if vendor == "miopen":
+        params = {(a["lin_id"], "bias" if r == "rnn_set_bias" else "w"): a["src"] for r, a in p.calls
+                  if r in ("rnn_set_param", "rnn_set_bias")}
+        assert params[(o, "w")] == 0x2000 + 3 * 4 * 3 * 4 and o == 2
+        assert params[(g, "bias")] == 0x5000 + 2 * 4 * 4 and g == 7
+    else:
+        copies = {a["dst"]: a["src"] for a in p.roles("memcpy_async")}
+        wspace = next(a["w"] for r, a in p.calls if r == "rnn_fwd")
+        assert copies[wspace + 1000 * o] == 0x2000 + 3 * 4 * 3 * 4 and o == 3
+        assert copies[wspace + 1000 * g + 500] == 0x5000 + 2 * 4 * 4 and g == 6
+        assert len(copies) == 16
+
+
+def test_mha_planner_passes_q_k_v_and_the_output_by_tensor_id():
+    from rocmc.runtime.providers.miopen import MHA_TENSORS, MIOPEN, mha_plan
+    p = _FakeLibrary(MIOPEN)
+    shapes = [(2, 3, 5, 8), (2, 3, 9, 8), (2, 3, 9, 6)]
+    plan = mha_plan(p, "sdpa", "f16", shapes, {"scale": 0.25}, [0x1000, 0x2000, 0x3000])
+    assert plan.out_shape == (2, 3, 5, 6)
+    assert p.roles("set_mha")[0]["mha_scale"] == 0.25
+    assert sorted(a["tensor_id"] for a in p.roles("set_problem_tensor")) == list(range(4, 21))
+    p.calls.clear()
+    plan.run([0x1000, 0x2000, 0x3000], 0x9000)
+    (run,) = p.roles("run_solution")
+    assert run["solution"] == 0x77 and run["n_args"] == 17 and run["ws_size"] == 4096
+    by_id = {a.id: a.buffer for a in run["args"]}
+    assert [by_id[MHA_TENSORS[n]] for n in ("q", "k", "v", "o")] == [0x1000, 0x2000, 0x3000, 0x9000]
+    assert all(by_id[i] for i in range(4, 21))    # every scale, statistic and dropout tensor has a buffer
