@@ -62,10 +62,22 @@ class _Dims:
         self.size = {B: self.b, H: self.hkv, G: self.g, M: self.s, K2: self.skv}
 
 
-def _mask(E: Emitter, node, mask: T | None, dims: _Dims) -> tuple[str, str, list] | None:
-    """The mask operand (name, type, loops it is indexed by), or None when there is nothing to mask."""
+# IREE 3.13 GPU workaround (seen on an H100 and an H200 with sm_80 code, 2026-11-26; bench/gpu_check.py
+# shows it, turning this off): with a symbolic key length and no mask operand, the attention code
+# evidently lets the keys past skv in the partial last key tile count, so the output is NaN, or off by ~10x where the stray
+# memory happens to be finite. Seen for non-causal sdpa whenever skv is symbolic (s symbolic or not,
+# f16 and f32, MHA and GQA); a static skv, or any mask operand (causal, bool, additive), is correct.
+# So on GPUs a symbolic skv always gets a mask operand, keep = (j < skv): the mask's padding then drops
+# the stray keys. It costs an (s, skv) i1 tensor, as causal masking already does.
+GUARD_SYMBOLIC_KEYS = True
+
+
+def _mask(E: Emitter, node, mask: T | None, dims: _Dims, guard: bool = False) -> tuple[str, str, list] | None:
+    """The mask operand (name, type, loops it is indexed by), or None when there is nothing to mask.
+    `guard`: without a mask or causality, still emit one keeping keys j < skv, i.e. all of them
+    (see GUARD_SYMBOLIC_KEYS)."""
     causal = node.attrs["is_causal"]
-    if mask is None and not causal:
+    if mask is None and not causal and not guard:
         return None
     lead = (1,) * (4 - mask.rank) + tuple(mask.shape) if mask is not None else (1, 1, 1, 1)
     varies_b, varies_h = lead[0] != 1, lead[1] != 1
@@ -90,10 +102,13 @@ def _mask(E: Emitter, node, mask: T | None, dims: _Dims) -> tuple[str, str, list
     out_ty = tensor_type(_shape(sizes), elt)
     maps.append(affine_map(rank, range(rank)))
     # Query i keeps key j when j <= i + (skv - s), i.e. j + s <= i + skv (no negative offsets).
-    s_idx, skv_idx = (E.as_index(dims.s), E.as_index(dims.skv)) if causal else (None, None)
+    s_idx, skv_idx = (E.as_index(dims.s), E.as_index(dims.skv)) if causal or guard else (None, None)
 
     def body(E: Emitter, a):
         keep = a[0] if mask is not None else None
+        if not causal and keep is None:
+            j = E.op(f"linalg.index {loops.index(K2)} : index")
+            return [E.op(f"arith.cmpi ult, {j}, {skv_idx} : index")]
         if not causal:
             return [keep]
         i = E.op(f"linalg.index {loops.index(M)} : index")
@@ -185,7 +200,7 @@ def lower_sdpa(E: Emitter, node, ins, ctx):
     operands = [(qv, qv_ty), (k.name, k.mlir), (v.name, v.mlir), (scale, "f32")]
     maps = [affine_map(NLOOPS, [B, H, G, M, K1]), affine_map(NLOOPS, [B, H, K2, K1]),
             affine_map(NLOOPS, [B, H, K2, N]), affine_map(NLOOPS, [])]
-    m = _mask(E, node, mask, dims)
+    m = _mask(E, node, mask, dims, guard=GUARD_SYMBOLIC_KEYS and not isinstance(dims.skv, int))
     if m is not None:
         operands.append(m[:2])
         maps.append(affine_map(NLOOPS, m[2]))

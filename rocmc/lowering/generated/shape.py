@@ -171,11 +171,40 @@ def _lower_reshape(E: Emitter, node, ins, ctx):
 
 # ---- transpose -----------------------------------------------------------------------------
 
+# IREE 3.13 GPU workaround (seen on an H100 and an H200 with sm_80 code, 2026-11-26; bench/gpu_check.py
+# shows it, turning this off): with static shapes IREE folds a transpose of a matmul result into the
+# contraction, which then writes the transposed result directly. That contraction keeps its operands in
+# their old order, so its first input carries the result's column loop: ins(x: (n, k), w: (k, m)) ->
+# out (m, n). Its CUDA code is wrong: permute(x @ w, (0, 2, 1)) with x (1, 2048, 1024) f16 and w
+# (1024, 256) (a 256x2048x1024 "matmul_like" dispatch) has relative error 1.0, and the llama block,
+# whose v projection is transposed into head-major order this way, 0.1. The same contraction with its
+# inputs in (m, k), (k, n) roles (matmul's transpose flags) is right, as are symbolic sizes and the CPU.
+# So on GPUs the transposed result of a static matmul/linear (through reshapes) goes through
+# util.optimization_barrier: the contraction keeps its natural layout and the transpose stays a separate
+# copy (or folds into its consumer). Not for symbolic shapes: IREE cannot resolve tensor.dim through the
+# barrier ("dynamic dimensions must have been resolved prior to leaving the flow dialect").
+PIN_CONTRACTION_TRANSPOSES = True
+_CONTRACTIONS, _VIEWS = ("matmul", "linear"), ("reshape",)
+
+
+def _transposes_contraction(node, ctx) -> bool:
+    """Whether this transpose's static input is a matmul/linear result (through reshapes) on a GPU."""
+    if not PIN_CONTRACTION_TRANSPOSES or ctx.target.kind == "cpu":
+        return False
+    v = node.inputs[0]
+    while v.producer is not None and v.producer.op in _VIEWS:
+        v = v.producer.inputs[0]
+    return (v.producer is not None and v.producer.op in _CONTRACTIONS
+            and all(isinstance(d, int) for d in node.inputs[0].shape))
+
+
 @lowering("transpose")
 def _lower_transpose(E: Emitter, node, ins, ctx):
     x, perm, out = ins[0], node.attrs["perm"], node.outputs[0].type
     if perm == sorted(perm):
         return [x]
+    if _transposes_contraction(node, ctx):
+        x = T(E.op(f"util.optimization_barrier {x.name} : {x.mlir}"), x.type, x.elt)
     init = E.empty([E.dim(x, p) for p in perm], x.mlir_elt)
     ty = tensor_type(out.shape, x.mlir_elt)
     r = E.op(f"linalg.transpose ins({x.name} : {x.mlir}) outs({init} : {ty}) permutation = {perm}")
