@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -27,6 +26,8 @@ if str(ROOT) not in sys.path:
 
 import rocmc  # noqa: E402
 from rocmc import ops  # noqa: E402
+
+import extern_gpu  # noqa: E402  (bench/ is the script's directory: shares its timing helper)
 
 TARGET = "cuda:sm_80"
 SEED = 4321
@@ -72,15 +73,8 @@ def compile_all(out: Path):
             print(f"{name}_{impl}: {len(art.vmfb)} bytes, imports {[x['import'] for x in art.metadata['externs']]}")
 
 
-def _median_ms(fn, warmup=3, reps=20):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
+def _median_ms(fn):
+    return extern_gpu._median_ms(fn, warmup=3, reps=20)
 
 
 def _rel_err(got, want):

@@ -111,7 +111,6 @@ class Artifact:
         """Each dispatch of the compiled module: name, the graph nodes fused into it, implementation."""
         flow = self.ir("flow")
         impl_of = {c["node"]: c for c in self.implementations}
-        kernels = {k["node"]: k for k in self.metadata.get("kernels", [])}
         out = []
         for name, nodes in dispatch_nodes(flow):
             impls = sorted({impl_of[n]["impl"] for n in nodes if n in impl_of})

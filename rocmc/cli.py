@@ -67,7 +67,7 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _read_input(spec: str, sig_inputs: list):
+def _read_input(spec: str):
     if "=" not in spec:
         raise RocmcError(f"--input {spec!r}: expected NAME=@file.npy")
     name, val = spec.split("=", 1)
@@ -85,7 +85,7 @@ def _read_input(spec: str, sig_inputs: list):
 def cmd_run(args) -> int:
     from . import load
     mod = load(args.module, device=args.device)
-    feeds = dict(_read_input(s, mod.signature["inputs"]) for s in args.input)
+    feeds = dict(_read_input(s) for s in args.input)
     outs = mod(**feeds)
     outs = outs if isinstance(outs, tuple) else (outs,)
     for spec, o in zip(mod.signature["outputs"], outs):

@@ -1,7 +1,5 @@
 """Core behaviour: graph IR, targets, compile cache, artifacts and stages, runtime validation, errors."""
-import json
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 

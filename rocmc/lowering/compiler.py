@@ -1,8 +1,6 @@
 """The iree-compile driver: one call per (module, target), typed errors, optional stage dumps."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import tempfile
 from functools import lru_cache

@@ -12,7 +12,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..frontend.dtypes import DType
 from ..frontend.graph import TensorType
 
 

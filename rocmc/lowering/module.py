@@ -9,7 +9,7 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import CompileError, LoweringError, RocmcError
-from ..frontend.graph import Graph, Node, TensorType
+from ..frontend.graph import Graph, TensorType
 from . import registry
 from .emitter import Emitter, T, tensor_type
 from .compiler import iree_version

@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import GraphError
 from .. import dtypes as dt
 from ..graph import TensorType, Value
-from ..opdef import (OPS, as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype)
+from ..opdef import (as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype)
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..emitter import Emitter, T
+from ..emitter import Emitter
 from ..registry import lowering
 
 
