@@ -43,7 +43,7 @@ def one(model: str, target: str) -> dict:
     t = time.perf_counter()
     art = rocmc.compile(g, target)
     dt = time.perf_counter() - t
-    return {"seconds": dt, "graph_build_s": build, "cached": art.cached, "vmfb_mb": len(art.vmfb) / 2**20,
+    return {"seconds": dt, "graph_build_s": build, "cached": art.cached, "vmfb_mb": art.size / 2**20,
             "peak_rss_mb": vm_hwm_mb(),
             "iree_compile_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 

@@ -21,15 +21,32 @@ _VMFB_MAGIC = b"IREE"
 
 
 class Artifact:
-    def __init__(self, vmfb: bytes, metadata: dict, *, input_mlir: str | None = None,
+    def __init__(self, vmfb: bytes | None, metadata: dict, *, input_mlir: str | Path | None = None,
                  stage_dir: Callable[[], Path] | None = None, path: str | None = None):
-        self.vmfb = vmfb
+        """vmfb None: the module is the file at `path`, read only when its bytes are asked for (a cache
+        hit or a module of large weights is mapped by the runtime, not copied)."""
+        if vmfb is None and path is None:
+            raise ArtifactError("an Artifact needs the module's bytes or its file")
+        self._vmfb = vmfb
         self.metadata = metadata
         self._input_mlir = input_mlir
         self._stage_dir = stage_dir    # produces (once) a directory of phase dumps
         self.path = path
 
     # ---- what it is -----------------------------------------------------------------------
+    @property
+    def vmfb(self) -> bytes:
+        if self._vmfb is None:
+            try:
+                self._vmfb = Path(self.path).read_bytes()
+            except OSError as e:
+                raise ArtifactError(f"the module file {self.path!r} can't be read ({e.strerror})") from None
+        return self._vmfb
+
+    @property
+    def size(self) -> int:
+        return len(self._vmfb) if self._vmfb is not None else os.path.getsize(self.path)
+
     @property
     def target(self) -> str:
         return self.metadata["target"]
@@ -44,7 +61,7 @@ class Artifact:
 
     def __repr__(self) -> str:
         return (f"<rocmc.Artifact {self.metadata.get('graph')} target={self.target} "
-                f"{len(self.vmfb)} bytes hash={self.metadata.get('graph_hash', '')[:12]}>")
+                f"{self.size} bytes hash={self.metadata.get('graph_hash', '')[:12]}>")
 
     # ---- files ----------------------------------------------------------------------------
     def save(self, path) -> Path:
@@ -71,6 +88,8 @@ class Artifact:
         if stage == "graph":
             return self.metadata.get("graph_text", "")
         if stage == "input" and self._input_mlir is not None:
+            if isinstance(self._input_mlir, Path):
+                self._input_mlir = self._input_mlir.read_text()
             return self._input_mlir
         d = self.stage_dir()
         if stage.startswith("dispatch:"):

@@ -61,7 +61,7 @@ def cmd_compile(args) -> int:
     dt = time.perf_counter() - t0
     out = args.output or str(Path(args.model).with_suffix(".vmfb").name)
     art.save(out)
-    print(f"wrote {out} ({len(art.vmfb)} bytes, target {art.target}, {dt:.2f} s{', cached' if art.cached else ''})")
+    print(f"wrote {out} ({art.size} bytes, target {art.target}, {dt:.2f} s{', cached' if art.cached else ''})")
     if args.dump_ir:
         print(f"stages in {args.dump_ir}/")
     return 0

@@ -46,7 +46,7 @@ def describe(art: Artifact) -> dict:
     meta = art.metadata
     return {
         "graph": meta.get("graph"), "graph_hash": meta.get("graph_hash"), "target": meta.get("target"),
-        "rocmc": meta.get("rocmc"), "iree": meta.get("iree"), "size": len(art.vmfb),
+        "rocmc": meta.get("rocmc"), "iree": meta.get("iree"), "size": art.size,
         "signature": meta.get("signature"), "functions": exports, "executable_formats": formats,
         "executables": executables, "kernels": meta.get("kernels", []), "imports": imports,
         "implementations": meta.get("implementations", []),

@@ -159,6 +159,49 @@ def test_cache_hit_miss_and_corrupt_entry(tmp_path, monkeypatch):
     assert rocmc.compile(g, "cpu").cached
 
 
+def test_cache_hit_maps_the_module_and_detects_a_damaged_header(tmp_path, monkeypatch):
+    from rocmc.lowering.cache import Cache
+    monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path / "cache"))
+    a = rocmc.compile(small_graph("mapped"), "cpu")
+    b = rocmc.compile(small_graph("mapped"), "cpu")
+    assert b.cached and b._vmfb is None and b.size == len(a.vmfb)    # nothing read on a hit
+    x = rand(np.random.default_rng(), (2, 5, 8))
+    np.testing.assert_array_equal(rocmc.load(b)(x), rocmc.load(a)(x))  # the runtime maps the cached file
+    assert b._vmfb is None
+    (entry,) = (tmp_path / "cache").glob("*/*/module.vmfb")
+    assert Cache(tmp_path / "cache").verify(entry.parent.name)
+    data = bytearray(entry.read_bytes())
+    data[5] ^= 0xFF                                                   # same size, damaged header
+    entry.write_bytes(bytes(data))
+    assert not Cache(tmp_path / "cache").verify(entry.parent.name)
+    c = rocmc.compile(small_graph("mapped"), "cpu")
+    assert not c.cached and c.vmfb == a.vmfb
+
+
+def test_constants_are_owned_read_only_copies_hashed_once():
+    w = np.linspace(-1, 1, 8).astype(np.float32)
+    g = rocmc.Graph("owned")
+    x = g.input("x", (8,), "f32")
+    g.output(x * g.constant("w", w))
+    h = g.hash()
+    w[0] = 7.0                                      # the caller's array is not the graph's
+    assert g.constants["w"][0] == -1.0 and g.hash() == h
+    with pytest.raises(ValueError):
+        g.constants["w"][0] = 7.0
+    other = rocmc.Graph("owned")
+    other.output(other.input("x", (8,), "f32") * other.constant("w", w))
+    assert other.hash() != h                        # content, not identity, makes the hash
+
+
+def test_large_constant_digest_is_chunked_and_content_addressed():
+    from rocmc.frontend.graph import content_digest
+    big = np.random.default_rng(0).standard_normal(9 << 20).astype(np.float32)   # 36 MiB: three chunks
+    d = content_digest(big)
+    assert content_digest(big.copy()) == d
+    big[-1] += 1.0
+    assert content_digest(big) != d
+
+
 def test_cache_can_be_disabled(tmp_path, monkeypatch):
     monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("ROCMC_CACHE", "0")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
@@ -19,6 +20,34 @@ from .dtypes import DType
 
 Dim = Union[int, str]
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+_CHUNK = 16 << 20
+
+
+def content_digests(arrays) -> list[bytes]:
+    """sha256 of each array's bytes. Arrays over 32 MiB are hashed as 16 MiB chunks whose digests are
+    hashed again; all chunks of all arrays go to one thread pool (hashlib releases the GIL), so big
+    weights cost what the cores can hash together, not one core's speed."""
+    views = [memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a in arrays]
+    jobs = [[v] if len(v) <= 2 * _CHUNK else [v[i:i + _CHUNK] for i in range(0, len(v), _CHUNK)]
+            for v in views]
+    flat = [c for parts in jobs for c in parts]
+    if len(flat) > 1 and sum(len(c) for c in flat) > 2 * _CHUNK:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(len(flat), os.cpu_count() or 1)) as pool:
+            done = iter(list(pool.map(lambda c: hashlib.sha256(c).digest(), flat)))
+    else:
+        done = iter([hashlib.sha256(c).digest() for c in flat])
+    out = []
+    for parts in jobs:
+        ds = [next(done) for _ in parts]
+        out.append(ds[0] if len(parts) == 1 else hashlib.sha256(b"".join(ds)).digest())
+    return out
+
+
+def content_digest(a: np.ndarray) -> bytes:
+    return content_digests([a])[0]
 
 
 def format_dim(d: Dim) -> str:
@@ -144,6 +173,7 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
+        self._digests: dict[str, tuple] = {}
         self._ids = 0
         self._names: set[str] = set()
 
@@ -183,7 +213,11 @@ class Graph:
         if name in self._names:
             raise GraphError(f"constant {name!r}: the name is already used in graph {self.name!r}")
         self._names.add(name)
-        self.constants[name] = np.array(arr, order="C", copy=True)  # (ascontiguousarray makes 0-d arrays 1-d)
+        # The graph owns a read-only copy (ascontiguousarray would make 0-d arrays 1-d): later edits of
+        # the caller's array can't change the graph, and each constant's digest is computed once.
+        const = np.array(arr, order="C", copy=True)
+        const.flags.writeable = False
+        self.constants[name] = const
         node = Node("constant", [], {"name": name}, id=len(self.nodes))
         v = Value(self, TensorType(tuple(int(d) for d in arr.shape), dt), node, 0, name)
         node.outputs = [v]
@@ -240,11 +274,16 @@ class Graph:
 
     def hash(self) -> str:
         """Stable content hash: structure, attributes and every constant's bytes."""
+        names = sorted(self.constants)
+        # Each constant's digest is computed once (constants are read-only copies owned by the graph).
+        stale = [n for n in names if self._digests.get(n, (None,))[0] is not self.constants[n]]
+        for n, d in zip(stale, content_digests([self.constants[n] for n in stale])):
+            self._digests[n] = (self.constants[n], d)
         h = hashlib.sha256(str(self).encode())
-        for name in sorted(self.constants):
+        for name in names:
             a = self.constants[name]
-            h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
-            h.update(a.tobytes())
+            h.update(f"{name}:{a.dtype.str}:{a.shape}:".encode())
+            h.update(self._digests[name][1])
         return h.hexdigest()
 
     def validate(self) -> None:

@@ -39,7 +39,7 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
     hit = store.get(key) if store else None
     if hit is not None:
         used = hit["metadata"].get("compile_flags", list(flags))
-        art = Artifact(hit["vmfb"], hit["metadata"], input_mlir=hit["input_mlir"],
+        art = Artifact(None, hit["metadata"], input_mlir=hit["input_mlir"], path=str(hit["path"]),
                        stage_dir=_stage_producer(hit["dir"] / "module.mlirbc", target, used, hit["dir"] / "stages"))
         art.cached = True
     else:

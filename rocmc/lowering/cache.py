@@ -1,8 +1,11 @@
 """Content-addressed compile cache: (graph hash, target, options, versions) -> compiled artifact.
 
 Layout: <root>/<key[:2]>/<key>/{module.vmfb, input.mlir, module.mlirbc, entry.json}. Entries are
-written to a temporary directory and renamed into place (atomic); entry.json holds the vmfb's
-sha256, so a truncated or corrupted entry is detected, removed and rebuilt.
+written to a temporary directory and renamed into place (atomic), so a reader never sees a half-written
+entry. A hit costs the entry.json read and a check of the module's size and header, not a read of the
+module: the Artifact maps the file when it is loaded (large modules are mostly weights). A truncated or
+damaged entry (size or header wrong, files missing) is removed and rebuilt; entry.json also keeps the
+module's sha256, which `Cache.verify` checks in full.
 """
 from __future__ import annotations
 
@@ -54,6 +57,9 @@ def cache_key(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+VMFB_HEADER_PROBE = b"\0" * 64     # how many leading bytes of the module an entry records
+
+
 class Cache:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -65,11 +71,15 @@ class Cache:
         d = self.entry_dir(key)
         try:
             entry = json.loads((d / "entry.json").read_text())
-            vmfb = (d / "module.vmfb").read_bytes()
-            if hashlib.sha256(vmfb).hexdigest() != entry["sha256"]:
-                raise ValueError("checksum mismatch")
-            return {"vmfb": vmfb, "metadata": entry["metadata"], "input_mlir": (d / "input.mlir").read_text(),
-                    "dir": d}
+            module = d / "module.vmfb"
+            with open(module, "rb") as f:
+                header = f.read(len(VMFB_HEADER_PROBE))
+                size = os.fstat(f.fileno()).st_size
+            if size != entry["size"] or header != entry["header"].encode("latin-1"):
+                raise ValueError("size or header mismatch")
+            if not (d / "input.mlir").is_file() or not (d / "module.mlirbc").is_file():
+                raise FileNotFoundError(d)
+            return {"path": module, "metadata": entry["metadata"], "input_mlir": d / "input.mlir", "dir": d}
         except FileNotFoundError:
             if d.exists():
                 shutil.rmtree(d, ignore_errors=True)   # partial entry
@@ -85,10 +95,20 @@ class Cache:
         (tmp / "module.vmfb").write_bytes(vmfb)
         (tmp / "input.mlir").write_text(input_mlir)
         (tmp / "module.mlirbc").write_bytes(bytecode)
-        (tmp / "entry.json").write_text(json.dumps({"sha256": hashlib.sha256(vmfb).hexdigest(),
-                                                    "metadata": metadata}))
+        (tmp / "entry.json").write_text(json.dumps({
+            "sha256": hashlib.sha256(vmfb).hexdigest(), "size": len(vmfb),
+            "header": vmfb[:len(VMFB_HEADER_PROBE)].decode("latin-1"), "metadata": metadata}))
         try:
             os.rename(tmp, d)
         except OSError:          # another process won the race; its entry is as good as ours
             shutil.rmtree(tmp, ignore_errors=True)
         return d
+
+    def verify(self, key: str) -> bool:
+        """Full check of one entry: the module's sha256 against the one recorded when it was written."""
+        d = self.entry_dir(key)
+        try:
+            entry = json.loads((d / "entry.json").read_text())
+            return hashlib.sha256((d / "module.vmfb").read_bytes()).hexdigest() == entry["sha256"]
+        except (OSError, ValueError, KeyError):
+            return False

@@ -50,7 +50,7 @@ class Module:
             for m in self._providers:
                 self._ctx.add_vm_module(m)
         try:
-            self._vm_module = rt.VmModule.copy_buffer(self._ctx.instance, artifact.vmfb)
+            self._vm_module = _vm_module(self._ctx.instance, artifact)
             self._ctx.add_vm_module(self._vm_module)
         except Exception as e:
             raise DeviceError(f"could not load the module on {device!r}: {e}") from None
@@ -148,6 +148,15 @@ class Module:
         self._vm_module = None
         self._ctx = None
         self._providers = []
+
+
+def _vm_module(instance, artifact: Artifact):
+    """Map the module's file when there is one and its bytes were never read (no copy of the weights);
+    copy the bytes otherwise."""
+    from iree import runtime as rt
+    if getattr(artifact, "_vmfb", None) is None and artifact.path:
+        return rt.VmModule.mmap(instance, str(artifact.path))
+    return rt.VmModule.copy_buffer(instance, artifact.vmfb)
 
 
 def load(artifact, device: str | None = None) -> Module:
