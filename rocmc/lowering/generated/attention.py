@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from ..emitter import Emitter, T, affine_map, float_literal, tensor_type
 from ..registry import lowering
+from .padding import pad_axes, slice_to
 
 B, H, G, M, K1, K2, N = range(7)
 NLOOPS = 7
@@ -51,11 +52,14 @@ def _split_heads(E: Emitter, t: T, axis: int, heads, group) -> tuple[str, str]:
 
 
 class _Dims:
-    """Loop sizes of the attention (int or SSA index) and the group count."""
+    """Loop sizes of the attention (int or SSA index) and the group count; `real_s`/`real_skv` are the
+    sequence lengths before GPU padding (padding.py), which causality and masking are computed from."""
 
-    def __init__(self, E: Emitter, q: T, k: T):
+    def __init__(self, E: Emitter, q: T, k: T, real: tuple | None = None):
         self.b, self.s = E.dim(q, 0), E.dim(q, 2)
         self.hkv, self.skv = E.dim(k, 1), E.dim(k, 2)
+        self.real_s, self.real_skv = real or (self.s, self.skv)
+        self.keys_padded = self.real_skv != self.skv
         hq, hkv = q.shape[1], k.shape[1]
         # hq == hkv -> 1; hkv == 1 -> hq (maybe symbolic); else both static (the shape rule checked).
         self.g = 1 if hq == hkv else E.dim(q, 1) if hkv == 1 else hq // hkv
@@ -74,9 +78,10 @@ GUARD_SYMBOLIC_KEYS = True
 
 def _mask(E: Emitter, node, mask: T | None, dims: _Dims, guard: bool = False) -> tuple[str, str, list] | None:
     """The mask operand (name, type, loops it is indexed by), or None when there is nothing to mask.
-    `guard`: without a mask or causality, still emit one keeping keys j < skv, i.e. all of them
-    (see GUARD_SYMBOLIC_KEYS)."""
+    `guard`: keep only keys j < skv (the real key length): without a mask or causality that keeps all
+    of them (see GUARD_SYMBOLIC_KEYS); with keys padded it drops the padding."""
     causal = node.attrs["is_causal"]
+    guard = guard or dims.keys_padded
     if mask is None and not causal and not guard:
         return None
     lead = (1,) * (4 - mask.rank) + tuple(mask.shape) if mask is not None else (1, 1, 1, 1)
@@ -92,7 +97,7 @@ def _mask(E: Emitter, node, mask: T | None, dims: _Dims, guard: bool = False) ->
         res = []
         for d, l in zip(mask.shape, [B, "hq", M, K2][4 - mask.rank:]):
             res += [loops.index(H), loops.index(G)] if l == "hq" and varies_h else ["0" if d == 1 else loops.index(l)]
-        if not causal and res == list(range(rank)):
+        if not causal and not guard and res == list(range(rank)):
             return names, ty, loops    # already in the attention's index space: use it as it is
         ins.append((names, ty))
         maps.append(affine_map(rank, res))
@@ -102,20 +107,21 @@ def _mask(E: Emitter, node, mask: T | None, dims: _Dims, guard: bool = False) ->
     out_ty = tensor_type(_shape(sizes), elt)
     maps.append(affine_map(rank, range(rank)))
     # Query i keeps key j when j <= i + (skv - s), i.e. j + s <= i + skv (no negative offsets).
-    s_idx, skv_idx = (E.as_index(dims.s), E.as_index(dims.skv)) if causal or guard else (None, None)
+    # (For a query row i < s, causality already implies j < skv; padded query rows are sliced off.)
+    s_idx, skv_idx = (E.as_index(dims.real_s), E.as_index(dims.real_skv)) if causal or guard else (None, None)
 
     def body(E: Emitter, a):
         keep = a[0] if mask is not None else None
-        if not causal and keep is None:
-            j = E.op(f"linalg.index {loops.index(K2)} : index")
-            return [E.op(f"arith.cmpi ult, {j}, {skv_idx} : index")]
-        if not causal:
-            return [keep]
-        i = E.op(f"linalg.index {loops.index(M)} : index")
         j = E.op(f"linalg.index {loops.index(K2)} : index")
-        lhs = E.op(f"arith.addi {j}, {s_idx} : index")
-        rhs = E.op(f"arith.addi {i}, {skv_idx} : index")
-        ok = E.op(f"arith.cmpi sle, {lhs}, {rhs} : index")
+        if causal:
+            i = E.op(f"linalg.index {loops.index(M)} : index")
+            lhs = E.op(f"arith.addi {j}, {s_idx} : index")
+            rhs = E.op(f"arith.addi {i}, {skv_idx} : index")
+            ok = E.op(f"arith.cmpi sle, {lhs}, {rhs} : index")
+        elif guard:
+            ok = E.op(f"arith.cmpi ult, {j}, {skv_idx} : index")
+        else:
+            return [keep]
         if keep is None:
             return [ok]
         if elt == "i1":
@@ -127,7 +133,7 @@ def _mask(E: Emitter, node, mask: T | None, dims: _Dims, guard: bool = False) ->
     return out, out_ty, loops
 
 
-def _decomposed(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> list[T]:
+def _decomposed(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims, p_elt: str = "f32") -> list[T]:
     """scores = scale * q.k^T (f32) -> mask -> softmax over keys (f32) -> p.v, rounded once."""
     elt = q.mlir_elt
     qv, qv_ty = _split_heads(E, q, 1, dims.hkv, dims.g)
@@ -171,36 +177,117 @@ def _decomposed(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims)
     row_ty = tensor_type(_shape([size[l] for l in rows]), "f32")
     mx = run(scores, [(t, scores_ty, scores)], (*tensor(rows, float("-inf")), rows), 1,
              lambda E, a: [E.op(f"arith.maximumf {a[0]}, {a[1]} : f32")])
-    e = run(scores, [(t, scores_ty, scores), (mx, row_ty, rows)], (*tensor(scores), scores), 0,
-            lambda E, a: [E.op(f"math.exp {E.op(f'arith.subf {a[0]}, {a[1]} : f32')} : f32")])
-    total = run(scores, [(e, scores_ty, scores)], (*tensor(rows, 0.0), rows), 1,
-                lambda E, a: [E.op(f"arith.addf {a[0]}, {a[1]} : f32")])
+    # p_elt: the type the probabilities are stored in for p.v (the storage type on GPUs, as flash
+    # attention does, so p.v is a tensor-core contraction; sums and products stay in f32).
+    e = run(scores, [(t, scores_ty, scores), (mx, row_ty, rows)], (*tensor(scores, e=p_elt), scores), 0,
+            lambda E, a: [E.cast_scalar(E.op(f"math.exp {E.op(f'arith.subf {a[0]}, {a[1]} : f32')} : f32"),
+                                        "f32", p_elt)])
+    p_ty = tensor_type(_shape([size[l] for l in scores]), p_elt)
+    total = run(scores, [(e, p_ty, scores)], (*tensor(rows, 0.0), rows), 1,
+                lambda E, a: [E.op(f"arith.addf {E.cast_scalar(a[0], p_elt, 'f32')}, {a[1]} : f32")])
     outs = rows + [N]
-    pv = run(outs + [K2], [(e, scores_ty, scores), (v.name, v.mlir, [B, H, K2, N])],
-             (*tensor(outs, 0.0), outs), 1,
-             lambda E, a: [E.op(f"arith.addf {a[2]}, {E.op(f'arith.mulf {a[0]}, {f32(a[1])} : f32')} : f32")])
+    def pv_mac(E, a):
+        p = E.op(f"arith.mulf {E.cast_scalar(a[0], p_elt, 'f32')}, {f32(a[1])} : f32")
+        return [E.op(f"arith.addf {a[2]}, {p} : f32")]
+    pv = run(outs + [K2], [(e, p_ty, scores), (v.name, v.mlir, [B, H, K2, N])], (*tensor(outs, 0.0), outs), 1,
+             pv_mac)
     out_ty = tensor_type(_shape([size[l] for l in outs]), elt)
     y = run(outs, [(pv, tensor_type(_shape([size[l] for l in outs]), "f32"), outs), (total, row_ty, rows)],
             (*tensor(outs, e=elt), outs), 0,
             lambda E, a: [E.cast_scalar(E.op(f"arith.divf {a[0]}, {a[1]} : f32"), "f32", elt)])
+    return [_heads_merged(E, node, y, out_ty, elt, q, dims)]
+
+
+def _heads_merged(E: Emitter, node, y: str, y_ty: str, elt: str, q: T, dims: _Dims) -> T:
+    """(b, hkv, g, s, dv) -> the node's (b, hq, s, dv); padded query rows (GPU) sliced off."""
     out = node.outputs[0].type
-    y = E.op(f"tensor.collapse_shape {y} [[0], [1, 2], [3], [4]] : {out_ty} into {tensor_type(out.shape, elt)}")
-    return [T(y, out)]
+    padded = out.with_shape((*out.shape[:2], q.shape[2], out.shape[3]))
+    y = E.op(f"tensor.collapse_shape {y} [[0], [1, 2], [3], [4]] : {y_ty} into {tensor_type(padded.shape, elt)}")
+    return slice_to(E, T(y, padded), out, [None, None, dims.real_s, None])
+
+
+def _pad_sequences(E: Emitter, q: T, k: T, v: T, mask: T | None):
+    """GPU targets: symbolic s and skv zero-padded to a tile multiple (padding.py: without it IREE 3.13
+    gives the attention a lane-wise strategy with no MMA). Padded keys are masked out by the guard in
+    _mask; a user mask is padded with 'drop' (false / -inf) and padded query rows are sliced off."""
+    real = (E.dim(q, 2), E.dim(k, 2))
+    q, k, v = pad_axes(E, q, [2]), pad_axes(E, k, [2]), pad_axes(E, v, [2])
+    if mask is not None:
+        axes = [a for a in (mask.rank - 2, mask.rank - 1) if a >= 0 and not isinstance(mask.shape[a], int)]
+        drop = False if mask.mlir_elt == "i1" else float("-inf")
+        mask = pad_axes(E, mask, axes, value=drop)
+    return q, k, v, mask, real
+
+
+@lowering("sdpa", impl="decomposed", default_on=())
+def lower_sdpa_decomposed(E: Emitter, node, ins, ctx):
+    """sdpa as two contractions and a softmax on every target (on the CPU, what "generated" emits).
+    On GPUs: IREE 3.13 gives the fused attention a tensor-core (MMA) strategy only when the key length
+    is static; a symbolic one, even padded and hinted, gets lane-wise code. The decomposition's
+    contractions, padded, get MMA tiles, at the price of materialising the (s, skv) scores."""
+    q, k, v, mask = ins
+    if ctx.target.kind == "cpu":
+        return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
+    q, k, v, mask, real = _pad_sequences(E, q, k, v, mask)
+    return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k, real), p_elt=q.mlir_elt)
+
+
+# GPU sdpa with a symbolic key length: IREE 3.13 gives the fused attention tensor cores (MMA) only for
+# a static key length; a symbolic one, even padded and hinted, gets lane-wise code (llama block h1024,
+# seq 2048, H200: 12.8 ms fused vs 2.9 ms decomposed, BENCHMARKS.md). The decomposition materialises the
+# (s, skv) scores, so the module picks at run time: decomposed while b * hq * s * skv <= this many
+# scores (1 GiB of f32), the fused op beyond (slow, but no quadratic memory).
+DECOMPOSE_UP_TO_SCORES = 1 << 28
 
 
 @lowering("sdpa")
 def lower_sdpa(E: Emitter, node, ins, ctx):
     q, k, v, mask = ins
-    dims = _Dims(E, q, k)
     if ctx.target.kind == "cpu":
-        return _decomposed(E, node, q, k, v, mask, dims)
+        return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
+    q, k, v, mask, real = _pad_sequences(E, q, k, v, mask)
+    dims = _Dims(E, q, k, real)
+    if not dims.keys_padded:
+        return [_fused(E, node, q, k, v, mask, dims)]
+    return [_switch(E, _scores_fit(E, q, dims), node.outputs[0].type, q.mlir_elt,
+                    lambda: _decomposed(E, node, q, k, v, mask, dims, p_elt=q.mlir_elt)[0],
+                    lambda: _fused(E, node, q, k, v, mask, dims))]
+
+
+def _scores_fit(E: Emitter, q: T, dims: _Dims) -> str:
+    """i1: b * hq * s * skv (padded sizes) <= DECOMPOSE_UP_TO_SCORES."""
+    n = E.as_index(q.shape[1] if isinstance(q.shape[1], int) else E.dim(q, 1))
+    for d in (dims.b, dims.s, dims.skv):
+        n = E.op(f"arith.muli {n}, {E.as_index(d)} : index")
+    return E.op(f"arith.cmpi ule, {n}, {E.index(DECOMPOSE_UP_TO_SCORES)} : index")
+
+
+def _switch(E: Emitter, cond: str, out, elt: str, then, otherwise) -> T:
+    """scf.if cond { then() } else { otherwise() }: values made inside a branch stay inside it, so the
+    emitter's caches of dims and padded tensors are restored after each."""
+    ty = tensor_type(out.shape, elt)
+    r = E.fresh("sel")
+    E.lines.append(f"  {r} = scf.if {cond} -> ({ty}) {{")
+    for i, branch in enumerate((then, otherwise)):
+        saved = dict(E._dim_cache), dict(E.__dict__.get("_pad_cache", {}))
+        y = branch()
+        E.emit(f"  scf.yield {y.name} : {ty}")
+        E._dim_cache, E.__dict__["_pad_cache"] = saved
+        if i == 0:
+            E.lines.append("  } else {")
+    E.lines.append(f"  }} {E.loc}")
+    return T(r, out)
+
+
+def _fused(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> T:
+    """iree_linalg_ext.attention (GPU targets)."""
     elt = q.mlir_elt
     qv, qv_ty = _split_heads(E, q, 1, dims.hkv, dims.g)
     scale = E.const(node.attrs["scale"], "f32")
     operands = [(qv, qv_ty), (k.name, k.mlir), (v.name, v.mlir), (scale, "f32")]
     maps = [affine_map(NLOOPS, [B, H, G, M, K1]), affine_map(NLOOPS, [B, H, K2, K1]),
             affine_map(NLOOPS, [B, H, K2, N]), affine_map(NLOOPS, [])]
-    m = _mask(E, node, mask, dims, guard=GUARD_SYMBOLIC_KEYS and not isinstance(dims.skv, int))
+    m = _mask(E, node, mask, dims, guard=GUARD_SYMBOLIC_KEYS and not isinstance(dims.real_skv, int))
     if m is not None:
         operands.append(m[:2])
         maps.append(affine_map(NLOOPS, m[2]))
@@ -216,6 +303,4 @@ def lower_sdpa(E: Emitter, node, ins, ctx):
     E.lines.append(f"  ^bb0({score}: f32):")
     E.emit(f"  iree_linalg_ext.yield {score} : f32")
     E.lines.append(f"  }} -> {out_ty} {E.loc}")
-    out = node.outputs[0].type
-    y = E.op(f"tensor.collapse_shape {r} [[0], [1, 2], [3], [4]] : {out_ty} into {tensor_type(out.shape, elt)}")
-    return [T(y, out)]
+    return _heads_merged(E, node, r, out_ty, elt, q, dims)

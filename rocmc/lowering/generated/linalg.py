@@ -8,9 +8,11 @@ are rounded once at the end: with f16 `outs`, a K=4096 matmul loses ~1e-2 relati
 """
 from __future__ import annotations
 
+from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 from .elementwise import compute_elt
+from .padding import pad_axes, slice_to
 
 
 def _is_float(elt: str) -> bool:
@@ -53,14 +55,36 @@ def _batch_sizes(E: Emitter, out_shape, batch: int, operands) -> list:
     return sizes
 
 
-def _contract(E: Emitter, a: T, b: T, maps, nloops: int, init: tuple, out_type) -> T:
+def _contract(E: Emitter, a: T, b: T, maps, nloops: int, init: tuple, out_type, finish=lambda r: r) -> T:
     storage = a.mlir_elt
     acc = compute_elt(storage)
     name, ty = init
     iters = ["parallel"] * (nloops - 1) + ["reduction"]
     r = E.generic([(a.name, a.mlir), (b.name, b.mlir)], [(name, ty)], maps + [affine_map(nloops, range(nloops - 1))],
                   iters, _mac(storage, acc))
-    return E.convert(T(r[0], out_type, acc), storage)
+    return E.convert(finish(T(r[0], out_type, acc)), storage)
+
+
+def _gpu_padding(E: Emitter, ctx, x: T, w: T, x_rows, w_cols, k_axes, out: TensorType, out_axes):
+    """On GPU targets, the contraction's symbolic M (axis x_rows of x), N (axis w_cols of w) and a K
+    symbolic in both operands (k_axes) are zero-padded to a tile multiple (padding.py). Returns the
+    operands, the type of the result to compute and a function slicing that result back to `out`;
+    out_axes = the result axes of M and N (None where absent)."""
+    keep = (x, w, out, lambda r: r)
+    if not ctx.target.is_gpu:
+        return keep
+    xk, wk = k_axes
+    pad_k = not isinstance(x.shape[xk], int) and not isinstance(w.shape[wk], int)
+    px = pad_axes(E, x, [a for a in (x_rows,) if a is not None] + [xk] * pad_k)
+    pw = pad_axes(E, w, [a for a in (w_cols,) if a is not None] + [wk] * pad_k)
+    if px is x and pw is w:
+        return keep
+    shape, real = list(out.shape), [None] * out.rank
+    for o, (t, pt, a) in zip(out_axes, ((x, px, x_rows), (w, pw, w_cols))):
+        if o is not None:
+            shape[o] = pt.shape[a]
+            real[o] = E.dim(t, a)
+    return px, pw, out.with_shape(shape), lambda r: slice_to(E, r, out, real)
 
 
 @lowering("matmul")
@@ -71,18 +95,24 @@ def lower_matmul(E: Emitter, node, ins, ctx):
     has_m, has_n = a.rank >= 2, b.rank >= 2
     batch = out.rank - has_m - has_n
     m, n, k = batch, batch + has_m, batch + has_m + has_n
+    a_rows = (a.rank - 1 if ta else a.rank - 2) if has_m else None
+    b_cols = (b.rank - 2 if tb else b.rank - 1) if has_n else None
+    a_k = (a.rank - 2 if ta else a.rank - 1) if has_m else 0
+    b_k = (b.rank - 1 if tb else b.rank - 2) if has_n else 0
+    a, b, out_c, finish = _gpu_padding(E, ctx, a, b, a_rows, b_cols, (a_k, b_k), out,
+                                       (m if has_m else None, n if has_n else None))
     nloops = k + 1
     a_tail = ((k, m) if ta else (m, k)) if has_m else (k,)
     b_tail = ((n, k) if tb else (k, n)) if has_n else (k,)
     maps = [_operand_map(a, out.shape, nloops, batch, a_tail), _operand_map(b, out.shape, nloops, batch, b_tail)]
     sizes = _batch_sizes(E, out.shape, batch, [(a, a.rank - 2), (b, b.rank - 2)])
     if has_m:
-        sizes.append(E.dim(a, a.rank - 1 if ta else a.rank - 2))
+        sizes.append(E.dim(a, a_rows))
     if has_n:
-        sizes.append(E.dim(b, b.rank - 2 if tb else b.rank - 1))
+        sizes.append(E.dim(b, b_cols))
     acc = compute_elt(a.mlir_elt)
-    init = (E.filled(sizes, acc, 0), tensor_type(out.shape, acc))
-    return [_contract(E, a, b, maps, nloops, init, out)]
+    init = (E.filled(sizes, acc, 0), tensor_type(out_c.shape, acc))
+    return [_contract(E, a, b, maps, nloops, init, out_c, finish)]
 
 
 @lowering("linear")
@@ -90,14 +120,18 @@ def lower_linear(E: Emitter, node, ins, ctx):
     x, w, bias = ins
     out = node.outputs[0].type
     lead = x.rank - 1
+    rows = next((i for i in reversed(range(lead)) if not isinstance(x.shape[i], int)), None)
+    x, w, out_c, finish = _gpu_padding(E, ctx, x, w, rows, 0, (lead, 1), out, (rows, lead))
     n, k = lead, lead + 1
     nloops = k + 1
     maps = [affine_map(nloops, list(range(lead)) + [k]), affine_map(nloops, [n, k])]
     sizes = [E.dim(x, i) for i in range(lead)] + [E.dim(w, 0)]
     acc = compute_elt(x.mlir_elt)
-    ty = tensor_type(out.shape, acc)
+    ty = tensor_type(out_c.shape, acc)
+    if bias is not None and not isinstance(w.shape[0], int) and w.shape[0] != out.shape[-1]:
+        bias = pad_axes(E, bias, [0])
     init = _bias_init(E, bias, sizes, ty, acc) if bias is not None else E.filled(sizes, acc, 0)
-    return [_contract(E, x, w, maps, nloops, (init, ty), out)]
+    return [_contract(E, x, w, maps, nloops, (init, ty), out_c, finish)]
 
 
 def _bias_init(E: Emitter, bias: T, sizes, ty: str, acc: str) -> str:

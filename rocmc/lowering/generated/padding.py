@@ -1,0 +1,77 @@
+"""GPU targets: symbolic contraction sizes padded to a multiple of a tile, so IREE can use tensor cores.
+
+Why: IREE 3.13 picks its GPU strategy for a contraction from what it knows of the sizes. With a
+symbolic M (a sequence length), a projection matmul gets a matrix-vector strategy (VectorDistribute
+with a `partial_reduction` config: no MMA, 0.3 TFLOP/s on an H100, BENCHMARKS.md); the same matmul
+with a static M, or a symbolic one known to be a multiple of 16 (`util.assume.int ... udiv = 16`), gets
+TileAndFuse with `NV_MMA_SYNC`/MFMA tiles. A divisibility hint must be true, so rocmc makes it true:
+the operand is padded with zeros up to the next multiple (`tensor.pad`, which IREE fuses into the
+contraction's dispatch), the padded size carries the hint, and the result is sliced back to the real
+size. Zero rows/columns contribute nothing to the kept results, and zero-padding K adds zeros, so the
+values are those of the unpadded contraction. Cost: at most MULTIPLE - 1 rows of extra work.
+"""
+from __future__ import annotations
+
+from ...frontend.graph import TensorType
+from ..emitter import Emitter, T, tensor_type
+
+# The padded size's divisibility. 64 gives IREE 3.13 its 64-row MMA workgroup tiles (16 already
+# enables MMA, with 16-row tiles).
+MULTIPLE = 64
+_UMAX = 1 << 62
+
+
+def padded_size(E: Emitter, d: str, multiple: int = MULTIPLE) -> str:
+    """ceil(d / multiple) * multiple, with IREE told that it divides by `multiple`."""
+    up = E.op(f"arith.addi {d}, {E.index(multiple - 1)} : index")
+    q = E.op(f"arith.divui {up}, {E.index(multiple)} : index")
+    p = E.op(f"arith.muli {q}, {E.index(multiple)} : index")
+    return E.op(f"util.assume.int {p}<umin = 0, umax = {_UMAX}, udiv = {multiple}> : index", "d")
+
+
+def pad_axes(E: Emitter, t: T, axes, multiple: int = MULTIPLE, value=0) -> T:
+    """t with each symbolic dim in `axes` padded at the end with `value` (zeros by default) to a
+    multiple of `multiple`. The padded dims get their own symbols; E.dim of the result gives the
+    hinted sizes."""
+    axes = [a for a in axes if not isinstance(t.shape[a], int)]
+    if not axes:
+        return t
+    key = (t.name, tuple(axes), multiple, value)
+    cache = E.__dict__.setdefault("_pad_cache", {})
+    if key in cache:
+        return cache[key]
+    sizes = E.dims(t)
+    new = list(sizes)
+    high = ["0"] * t.rank
+    for a in axes:
+        new[a] = padded_size(E, sizes[a], multiple)
+        high[a] = E.op(f"arith.subi {new[a]}, {sizes[a]} : index")
+    shape = tuple(f"{d}__pad{multiple}" if i in axes else d for i, d in enumerate(t.shape))
+    out = T("", TensorType(shape, t.type.dtype), t.elt)
+    zero = E.const(value, t.mlir_elt)
+    name = E.fresh("pad")
+    E.lines.append(f"  {name} = tensor.pad {t.name} low[{', '.join('0' * t.rank)}] high[{', '.join(high)}] {{")
+    args = ", ".join(f"{E.fresh('ix')}: index" for _ in range(t.rank))
+    E.lines.append(f"  ^bb0({args}):")
+    E.emit(f"  tensor.yield {zero} : {t.mlir_elt}")
+    E.lines.append(f"  }} : {t.mlir} to {out.mlir} {E.loc}")
+    dyn = [str(new[i]) for i in range(t.rank) if not isinstance(t.shape[i], int)]
+    out.name = E.op(f"flow.tensor.tie_shape {name} : {out.mlir}{{{', '.join(dyn)}}}", "pad")
+    for i in range(t.rank):
+        if not isinstance(t.shape[i], int):
+            E._dim_cache[(out.name, i)] = new[i]
+    cache[key] = out
+    return out
+
+
+def slice_to(E: Emitter, t: T, like: TensorType, sizes) -> T:
+    """The leading `sizes` of t (padded) as a tensor of type `like`; a size None keeps t's."""
+    if tuple(t.shape) == tuple(like.shape):
+        return t
+    sizes = [E.dim(t, i) if s is None else s for i, s in enumerate(sizes)]
+    ty = tensor_type(like.shape, t.mlir_elt)
+    offsets = ", ".join("0" * t.rank)
+    ones = ", ".join("1" * t.rank)
+    r = E.op(f"tensor.extract_slice {t.name}[{offsets}] [{', '.join(str(s) for s in sizes)}] [{ones}] : "
+             f"{t.mlir} to {ty}")
+    return T(r, like, t.elt)

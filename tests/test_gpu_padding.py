@@ -1,0 +1,115 @@
+"""GPU targets pad symbolic contraction sizes to a tile multiple (rocmc/lowering/generated/padding.py) and
+pick the sdpa form at run time by the score matrix's size (attention.py). The numbers are the GPU's
+(bench/gpu_check.py on an NVIDIA GPU, BENCHMARKS.md); here: the CPU semantics of the same graphs against
+float64, the "decomposed" sdpa implementation on the CPU, and the shape of the GPU modules' IR.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import rocmc
+from rocmc import ops
+
+from helpers import check, compile_gpu, rand
+
+CUDA = "cuda:sm_80"
+
+
+def _matmul(shapes, dtype="f16", **kw):
+    g = rocmc.Graph("mm")
+    ins = [g.input(f"x{i}", sh, dtype) for i, sh in enumerate(shapes)]
+    g.output(ops.matmul(*ins, **kw))
+    return g
+
+
+def _linear(rows=("b", "s"), dtype="f32"):
+    g = rocmc.Graph("lin")
+    x = g.input("x", (*rows, 96), dtype)
+    g.output(ops.linear(x, g.input("w", (80, 96), dtype), g.input("b", (80,), dtype)))
+    return g
+
+
+def _sdpa(s="s", skv="s", causal=False, mask=None, dtype="f16"):
+    g = rocmc.Graph("sdpa")
+    q = g.input("q", (1, 4, s, 32), dtype)
+    k = g.input("k", (1, 2, skv, 32), dtype)
+    v = g.input("v", (1, 2, skv, 32), dtype)
+    m = g.input("mask", (s, skv), "bool" if mask == "bool" else dtype) if mask else None
+    g.output(ops.sdpa(q, k, v, mask=m, is_causal=causal))
+    return g
+
+
+def _input_ir(g, **kw) -> str:
+    return rocmc.compile(g, CUDA, **kw).ir("input")
+
+
+@pytest.mark.parametrize("shapes,kw,padded", [
+    (((1, "s", 64), (64, 48)), {}, 1),                                   # M
+    ((("s", "t"), ("t", "u")), {}, 2),                                  # M, N and K (both operands)
+    ((("t", "s"), (40, "t")), {"transpose_a": True, "transpose_b": True}, 2),
+    (((3, 7, 64), (64, 48)), {}, 0),                                     # static: left alone
+])
+def test_symbolic_contraction_sizes_are_padded_and_hinted_on_gpus(shapes, kw, padded):
+    ir = _input_ir(_matmul(shapes, **kw))
+    assert ir.count("tensor.pad") == padded
+    assert ir.count("udiv = 64") >= padded
+    if padded:
+        assert "tensor.extract_slice" in ir and "flow.tensor.tie_shape" in ir
+    rng = np.random.default_rng(5)
+    sizes = {"s": 37, "t": 29, "u": 53}
+    check(_matmul(shapes, **kw), *[rand(rng, tuple(sizes.get(d, d) for d in sh), "f16") for sh in shapes])
+
+
+def test_linear_pads_the_last_symbolic_row_dim_and_keeps_the_bias():
+    ir = _input_ir(_linear())
+    assert ir.count("tensor.pad") == 1 and "udiv = 64" in ir
+    rng = np.random.default_rng(6)
+    check(_linear(), rand(rng, (2, 37, 96)), rand(rng, (80, 96)), rand(rng, (80,)))
+
+
+def test_cpu_modules_are_not_padded():
+    assert "tensor.pad" not in rocmc.compile(_matmul(((1, "s", 64), (64, 48))), "cpu").ir("input")
+
+
+def test_gpu_sdpa_with_symbolic_keys_switches_on_the_score_size():
+    ir = _input_ir(_sdpa(causal=True))
+    assert "scf.if" in ir
+    then, other = ir.split("} else {")
+    assert "iree_linalg_ext.attention" not in then and "iree_linalg_ext.attention" in other
+    assert re.search(r"arith.cmpi ule, %\w+, %\w+ : index", ir)
+    assert str(1 << 28) in ir
+    # a static key length keeps the fused op alone
+    ir = _input_ir(_sdpa(s=64, skv=64))
+    assert "scf.if" not in ir and "tensor.pad" not in ir and ir.count("iree_linalg_ext.attention") == 1
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "add"])
+def test_padded_keys_are_masked_out(mask):
+    """Padded keys must be dropped in both branches: the mask operand exists and compares with skv."""
+    ir = _input_ir(_sdpa(mask=mask))
+    assert ir.count("arith.cmpi ult") >= 2          # the key guard, once per branch
+    if mask == "add":
+        assert "0xFC00" in ir                          # the user mask padded with -inf (f16)
+
+
+@pytest.mark.parametrize("causal,mask,dtype", [(True, None, "f16"), (False, "bool", "f32"), (False, "add", "f16"),
+                                               (False, None, "bf16")])
+def test_decomposed_implementation_matches_float64(causal, mask, dtype):
+    rng = np.random.default_rng(7)
+    s, skv = 37, 37
+    ins = [rand(rng, (1, 4, s, 32), dtype), rand(rng, (1, 2, skv, 32), dtype), rand(rng, (1, 2, skv, 32), dtype)]
+    if mask == "bool":
+        keep = rng.random((s, skv)) < 0.7
+        keep[:, 0] = True
+        ins.append(keep)
+    elif mask == "add":
+        ins.append(rand(rng, (s, skv), dtype))
+    g = _sdpa(causal=causal, mask=mask, dtype=dtype)
+    check(g, *ins, impl={"sdpa": "decomposed"})
+    compile_gpu(g, impl={"sdpa": "decomposed"})
+    art = rocmc.compile(g, CUDA, impl={"sdpa": "decomposed"})
+    assert [i["impl"] for i in art.implementations if i["op"] == "sdpa"] == ["decomposed"]
+    assert "iree_linalg_ext.attention" not in art.ir("input") and "scf.if" not in art.ir("input")
