@@ -9,8 +9,9 @@ and f16), the two conv2d timing cases and a ResNet-style block (extern conv and 
 
 - compares every module's outputs with the float64 reference on fresh random inputs;
 - measures the per-call overhead of an extern conv2d: median wall time of the module (inputs and
-  outputs stay on the device) minus the library kernel's own time (the same cuDNN plan launched
-  back to back from the provider, and torch's cuDNN conv for comparison);
+  outputs stay on the device) minus the library kernel's own time (the same cuDNN execution plan
+  launched back to back from the provider; torch's cuDNN conv for comparison), raw and less IREE's
+  fixed cost of any module call (the null module): overhead = module - kernel - null;
 - times the ResNet-style block three ways: cuDNN-extern conv, IREE-generated conv, torch.
 
 It prints a markdown summary and writes extern_gpu.json. Exit status 1 if any comparison fails.
@@ -86,6 +87,26 @@ def conv_case(n, c, hw, f):
     return g
 
 
+def conv_winput_case(n, c, hw, f):
+    """The same convolution with the weights as an input: no constant for IREE to copy into a
+    transient buffer before the call (what a module does with each constant it hands an import)."""
+    g = rocmc.Graph(f"conv_w_{n}x{c}x{hw}x{hw}")
+    x = g.input("x", (n, c, hw, hw), "f32")
+    w = g.input("w", (f, c, 3, 3), "f32")
+    g.output(ops.conv2d(x, w, None, padding=1))
+    return g
+
+
+def add_case(constant: bool):
+    """x + c with c a 256x256x3x3 f32 constant (the large conv's weights, 2.36 MB) or an input:
+    what reading a module constant costs a generated dispatch."""
+    rng = np.random.default_rng(SEED)
+    g = rocmc.Graph("add_const" if constant else "add_input")
+    x = g.input("x", (256, 256, 3, 3), "f32")
+    g.output(x + (_w(rng, 256, 256, 3, 3) if constant else g.input("c", (256, 256, 3, 3), "f32")))
+    return g
+
+
 def resnet_block():
     rng = np.random.default_rng(SEED)
     g = rocmc.Graph("resnet_block")
@@ -128,7 +149,10 @@ def modules():
     for name, (n, c, hw, f) in CONV_CASES.items():
         out[name] = (conv_case(n, c, hw, f), {"libraries": ["miopen"]})
         out[name + "_generated"] = (conv_case(n, c, hw, f), {"impl": "generated"})
+        out[name + "_winput"] = (conv_winput_case(n, c, hw, f), {"libraries": ["miopen"]})
     out["null"] = (null_graph(), {"impl": "generated"})
+    out["add_const"] = (add_case(True), {"impl": "generated"})
+    out["add_input"] = (add_case(False), {"impl": "generated"})
     for k in (1, 5):
         out[f"chain{k}"] = (chain_graph(k), {"libraries": ["miopen"]})
     out["resnet_extern"] = (resnet_block()[0], {"impl": {"conv2d": "miopen"}})
@@ -171,7 +195,7 @@ def check_correctness(out: Path, results: dict) -> bool:
     ok = True
     rng = np.random.default_rng()
     for name, (g, kw) in modules().items():
-        if name.startswith(tuple(CONV_CASES) + ("resnet", "null", "chain")):
+        if name.startswith(tuple(CONV_CASES) + ("resnet", "null", "chain", "add_")):
             continue
         dtype = g.inputs[0].dtype.name
         tol = 2e-3 if dtype == "f16" else 1e-4
@@ -227,7 +251,6 @@ def _phases() -> dict:
 
 def time_convs(out: Path, results: dict) -> bool:
     from iree import runtime as rt
-    from rocmc.runtime.providers.cudnn import CudnnProvider
     from rocmc.runtime.providers.dnn import capsule_address
     ok = True
     for name, (n, c, hw, f) in CONV_CASES.items():
@@ -244,7 +267,8 @@ def time_convs(out: Path, results: dict) -> bool:
             row[f"err{variant or '_extern'}"] = err
             for p in ACTIVE:
                 p.stats = dict.fromkeys(p.stats, 0)
-            row[f"module_ms{variant or '_extern'}"] = _median_ms(lambda: mod(xd, output="device"))
+            row[f"module_ms{variant or '_extern'}"] = _median_ms(lambda: mod(xd, output="device"),
+                                                                 reps=200 if n == 1 else 50)
             if not variant:
                 row["callback_us"] = _phases()
             mod.close()
@@ -253,17 +277,31 @@ def time_convs(out: Path, results: dict) -> bool:
             results["conv"][name] = row
             print(name, json.dumps(row))
             continue
-        # The library kernel alone: the same cuDNN plan, launched back to back, one synchronize.
+        # The library kernel alone: the very plan the module's calls used (the device's shared
+        # provider keeps it), launched back to back on its stream, one synchronize.
+        from rocmc.runtime.providers import provider_for
         dev = rocmc.runtime.get_device("cuda")
-        prov = CudnnProvider(dev, "cuda")
+        prov = provider_for("cuda", dev)
+        plan = next(pl for key, pl in prov._plans.items() if key[0] == "conv2d" and key[2][0] == (n, c, hw, hw))
         xv = rt.asdevicearray(dev, x)._buffer_view
-        wv = rt.asdevicearray(dev, np.random.default_rng().uniform(-1, 1, (f, c, 3, 3)).astype(np.float32))._buffer_view
+        wn = np.random.default_rng().uniform(-1, 1, (f, c, 3, 3)).astype(np.float32) * 0.05
+        wv = rt.asdevicearray(dev, wn)._buffer_view
         yv = rt.asdevicearray(dev, np.zeros((n, f, hw, hw), np.float32))._buffer_view
         caps = [dev.create_dlpack_capsule(v, 2, 0) for v in (xv, wv, yv)]
         ptrs = [capsule_address(cp) for cp in caps]
-        attrs = {"stride_h": 1, "stride_w": 1, "pad_h": 1, "pad_w": 1, "dilation_h": 1, "dilation_w": 1, "groups": 1}
-        plan = prov.plan("conv2d", "f32", [(n, c, hw, hw), (f, c, 3, 3), (0,)], attrs, ptrs[:2] + [None])
         reps = 200 if n == 1 else 20
+        # the weights as an input: the module without IREE's copy of a constant
+        mod = rocmc.load(out / f"{name}_winput.vmfb")
+        wd, xd = rt.asdevicearray(mod.device, wn), rt.asdevicearray(mod.device, x)
+        err = float(np.max(np.abs(mod(xd, wd) - rocmc.evaluate(conv_winput_case(n, c, hw, f), x, wn))))
+        row["err_winput_abs"] = err
+        ok &= err < 1e-3
+        for p in ACTIVE:
+            p.stats = dict.fromkeys(p.stats, 0)
+        row["module_ms_winput"] = _median_ms(lambda: mod(xd, wd, output="device"), reps=200 if n == 1 else 50)
+        row["callback_us_winput"] = _phases()
+        mod.close()
+        del mod, xd, wd
 
         def burst():
             for _ in range(reps):
@@ -271,7 +309,13 @@ def time_convs(out: Path, results: dict) -> bool:
             prov.rt.call("stream_sync", stream=prov.stream)
         row["kernel_ms"] = _median_ms(burst, warmup=2, reps=7) / reps
         row["search"] = plan.info
-        row["overhead_us"] = (row["module_ms_extern"] - row["kernel_ms"]) * 1e3
+        row["module_minus_kernel_us"] = (row["module_ms_extern"] - row["kernel_ms"]) * 1e3
+        row["winput_minus_kernel_us"] = (row["module_ms_winput"] - row["kernel_ms"]) * 1e3
+        null = results.get("calls", {}).get("null_us")
+        if null is not None:
+            row["null_us"] = null
+            row["overhead_us"] = row["module_minus_kernel_us"] - null
+            row["overhead_winput_us"] = row["winput_minus_kernel_us"] - null
         try:
             import torch
             torch.backends.cudnn.allow_tf32 = False
@@ -289,10 +333,36 @@ def time_convs(out: Path, results: dict) -> bool:
         except Exception as e:  # torch is a comparison only
             row["torch_ms"] = f"unavailable: {e}"
         del caps
-        prov.close()
         results["conv"][name] = row
         print(name, json.dumps(row))
     return ok
+
+
+def time_constants(out: Path, results: dict) -> bool:
+    """A generated x + c with c a 2.36 MB module constant vs an input of the same size."""
+    from iree import runtime as rt
+    rng = np.random.default_rng()
+    x, c = (rng.uniform(-1, 1, (256, 256, 3, 3)).astype(np.float32) for _ in range(2))
+    row = {}
+    for name in ("add_const", "add_input"):
+        mod = rocmc.load(out / f"{name}.vmfb")
+        args = [rt.asdevicearray(mod.device, a) for a in ((x,) if name == "add_const" else (x, c))]
+        row[f"{name}_us"] = _median_ms(lambda: mod(*args, output="device"), reps=200) * 1e3
+        mod.close()
+        del mod, args
+    results["constants"] = row
+    print("constants", json.dumps(row))
+    return True
+
+
+def _plan_infos() -> list:
+    """What each cached convolution plan chose (plan API, engine, fused bias, graph replay)."""
+    out = []
+    for prov in ACTIVE:
+        for key, plan in prov._plans.items():
+            if key[0].startswith("conv"):
+                out.append({"op": key[0], "element_type": int(key[1]), "shapes": key[2], **plan.info})
+    return out
 
 
 def time_resnet(out: Path, results: dict) -> bool:
@@ -365,7 +435,7 @@ def run_all(out: Path, json_out: Path | None, mode: str):
     except OSError:
         pass
     ok = True
-    steps = {"caching": (check_correctness, time_calls, time_convs, time_resnet),
+    steps = {"caching": (check_correctness, time_calls, time_convs, time_constants, time_resnet),
              "sync": (time_calls, time_convs), "async": (time_calls, time_convs, time_resnet)}[mode]
     for step in steps:
         try:
@@ -373,10 +443,60 @@ def run_all(out: Path, json_out: Path | None, mode: str):
         except Exception:
             traceback.print_exc()
             ok = False
+    results["versions"] = _versions()
+    results["plans"] = _plan_infos()
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=2))
+    summary(results)
     gc.collect()
     return ok
+
+
+def _versions() -> dict:
+    out = {}
+    try:
+        from rocmc.runtime.providers.cudnn import CudnnProvider
+        for prov in ACTIVE:
+            if isinstance(prov, CudnnProvider):
+                out["cudnn"] = int(prov.api.lib.cudnnGetVersion())
+                break
+    except Exception as e:  # versions are a report only
+        out["cudnn"] = f"unknown: {e}"
+    try:
+        import torch
+        out["torch"] = torch.__version__
+    except Exception:
+        pass
+    return out
+
+
+def summary(results: dict):
+    """The per-call overhead table, markdown."""
+    calls = results.get("calls", {})
+    print(f"\n{results['device']}, mode {results['mode']}, {results.get('versions')}")
+    if "null_us" in calls:
+        print(f"null module (IREE's fixed cost of a call): {calls['null_us']:.1f} us; "
+              f"per extern call (chain) {calls.get('per_extern_call_us', float('nan')):.1f} us")
+    print("| case | extern module ms | kernel alone ms | null module us | module - kernel us "
+          "| overhead (module - kernel - null) us | callback in/out/launch/sync us | w as input: module ms "
+          "/ - kernel us / overhead us | torch ms | generated ms | plan |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.get("conv", {}).items():
+        if "kernel_ms" not in r:
+            continue
+        cb = r.get("callback_us", {})
+        phases = "/".join(f"{cb.get(k, float('nan')):.1f}" for k in ("inputs", "output", "launch", "sync"))
+        torch_ms = r["torch_ms"] if isinstance(r["torch_ms"], str) else f"{r['torch_ms']:.3f}"
+        print(f"| {name} | {r['module_ms_extern']:.3f} | {r['kernel_ms']:.3f} | {r.get('null_us', float('nan')):.1f} "
+              f"| {r['module_minus_kernel_us']:.1f} | {r.get('overhead_us', float('nan')):.1f} | {phases} "
+              f"| {r['module_ms_winput']:.3f} / {r['winput_minus_kernel_us']:.1f} / "
+              f"{r.get('overhead_winput_us', float('nan')):.1f} | {torch_ms} "
+              f"| {r.get('module_ms_generated', float('nan')):.3f} | {r['search']} |")
+    rb = results.get("resnet_block")
+    if rb:
+        print("resnet block:", json.dumps(rb))
+    for info in results.get("plans", []):
+        print("plan:", json.dumps(info))
 
 
 def main(argv=None):

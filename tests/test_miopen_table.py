@@ -100,7 +100,8 @@ def test_cudnn_twin_differences():
     miopen_only = {"conv_fwd_ws", "conv_bwd_data_ws", "rnn_params_desc", "rnn_get_param", "rnn_get_bias",
                    "rnn_set_param", "rnn_set_bias", "create_mha", "set_mha", "create_mha_problem",
                    "set_problem_tensor", "find_solutions", "solution_ws", "run_solution", "destroy_problem",
-                   "destroy_solution"}
+                   "destroy_solution", "create_conv_problem", "create_find_options", "set_find_tensor",
+                   "destroy_find_options"}
     assert set(MIOPEN.functions) - miopen_only <= set(CUDNN.functions)
     assert CUDNN.enums["cross_correlation"] == 1
     assert (CUDNN.enums["pool_avg_include"], CUDNN.enums["pool_avg_exclude"]) == (1, 2)
@@ -160,6 +161,14 @@ MIOPEN_SEQ_API = {
                             "h problem options solutions n_out max_solutions"),
     "miopenRunSolution": ("handle solution nInputs tensors workspace workspaceSize",
                           "h solution n_args args ws ws_size"),
+    # convolutions through Find 2.0
+    "miopenCreateConvProblem": ("&problem operatorDesc direction", "out desc direction"),
+    "miopenCreateFindOptions": ("&options", "out"),
+    "miopenSetFindOptionPreallocatedTensor": ("options id buffer", "options tensor_id ptr"),
+    "miopenDestroyFindOptions": ("options", "desc"),
+    "miopenGetSolutionWorkspaceSize": ("solution &workspaceSize", "solution size_out"),
+    "miopenDestroyProblem": ("problem", "desc"),
+    "miopenDestroySolution": ("solution", "desc"),
 }
 
 
@@ -228,3 +237,85 @@ def test_mha_tensor_argument_layout_and_ids():
     assert (MHA_TENSORS["k"], MHA_TENSORS["q"], MHA_TENSORS["v"], MHA_TENSORS["o"]) == (4, 5, 6, 16)
     assert sorted(MHA_TENSORS.values()) == list(range(4, 21))
     assert MIOPEN.enums["problem_forward"] == 0 and MIOPEN.enums["int64"] == 9
+
+
+def test_miopen_find2_convolution_facts():
+    """miopenProblemDirection_t, miopenTensorArgumentId_t of a convolution problem."""
+    assert (MIOPEN.enums["problem_forward"], MIOPEN.enums["problem_backward_data"]) == (0, 1)
+    assert MIOPEN.conv_ids == {"x": 1, "w": 2, "y": 3}     # miopenTensorConvolutionX / W / Y
+    assert "Find 2.0" in MIOPEN.conv_api
+
+
+# ---- cuDNN's backend (graph) API, cudnn_graph.h of cuDNN 9 -----------------------------------------
+
+CUDNN_BACKEND_API = {
+    "cudnnBackendCreateDescriptor": ("descriptorType &descriptor", "desc_type out"),
+    "cudnnBackendDestroyDescriptor": ("descriptor", "desc"),
+    "cudnnBackendSetAttribute": ("descriptor attributeName attributeType elementCount arrayOfElements",
+                                 "desc attr atype n_elems values"),
+    "cudnnBackendGetAttribute": ("descriptor attributeName attributeType requestedElementCount &elementCount "
+                                 "arrayOfElements", "desc attr atype n_elems n_out values"),
+    "cudnnBackendFinalize": ("descriptor", "desc"),
+    "cudnnBackendExecute": ("handle executionPlan variantPack", "h plan vpack"),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(CUDNN_BACKEND_API))
+def test_cudnn_backend_calls(fn):
+    header, names = CUDNN_BACKEND_API[fn]
+    table = _by_name(CUDNN)
+    assert len(table[fn]) == len(header.split()) and table[fn] == names.split()
+    assert ARG_TYPES["n_elems"] is ctypes.c_int64     # int64_t elementCount
+
+
+def test_cudnn_backend_enums():
+    from rocmc.runtime.providers.cudnn import (ATTR_TYPES, ATTRS, DESCRIPTORS, FORBIDDEN_NOTES, HEUR_MODES,
+                                               NUMERICAL_NOTES, POINTWISE_ADD)
+    # cudnnBackendDescriptorType_t
+    assert (DESCRIPTORS["pointwise"], DESCRIPTORS["convolution"], DESCRIPTORS["engine"], DESCRIPTORS["engine_config"],
+            DESCRIPTORS["engine_heuristics"], DESCRIPTORS["execution_plan"]) == (0, 1, 2, 3, 4, 5)
+    assert (DESCRIPTORS["op_conv_forward"], DESCRIPTORS["op_conv_backward_data"], DESCRIPTORS["op_pointwise"]) == \
+        (10, 12, 13)
+    assert (DESCRIPTORS["operation_graph"], DESCRIPTORS["variant_pack"], DESCRIPTORS["tensor"]) == (15, 16, 17)
+    # cudnnBackendAttributeType_t, and element sizes: enums are C ints, booleans one byte
+    codes = {name: code for name, (code, _) in ATTR_TYPES.items()}
+    assert codes == {"handle": 0, "data_type": 1, "boolean": 2, "int64": 3, "float": 4, "double": 5, "void_ptr": 6,
+                     "convolution_mode": 7, "heur_mode": 8, "numerical_note": 11, "pointwise_mode": 14,
+                     "backend_descriptor": 15}
+    assert ctypes.sizeof(ATTR_TYPES["boolean"][1]) == 1 and ctypes.sizeof(ATTR_TYPES["heur_mode"][1]) == 4
+    # cudnnBackendAttributeName_t
+    enum = {name: e for name, (e, _) in ATTRS.items()}
+    assert [enum[f"conv_{k}"] for k in ("comp_type", "mode", "dilations", "filter_strides", "post_paddings",
+                                        "pre_paddings", "spatial_dims")] == list(range(100, 107))
+    assert [enum[f"fwd_{k}"] for k in ("alpha", "beta", "conv", "w", "x", "y")] == list(range(700, 706))
+    assert [enum[f"bwd_data_{k}"] for k in ("alpha", "beta", "conv", "w", "dx", "dy")] == list(range(706, 712))
+    assert [enum[f"pw_{k}"] for k in ("descriptor", "x", "b", "y")] == list(range(750, 754))
+    assert (enum["heur_mode"], enum["heur_operation_graph"], enum["heur_results"]) == (200, 201, 202)
+    assert (enum["engine_config_engine"], enum["plan_handle"], enum["plan_engine_config"],
+            enum["plan_workspace_size"]) == (300, 400, 401, 402)
+    assert (enum["graph_handle"], enum["graph_ops"]) == (800, 801)
+    assert [enum[f"tensor_{k}"] for k in ("alignment", "data_type", "dims", "strides")] == [900, 901, 902, 903]
+    assert (enum["tensor_uid"], enum["tensor_virtual"]) == (906, 907)
+    assert (enum["pack_uids"], enum["pack_pointers"], enum["pack_workspace"]) == (1000, 1001, 1003)
+    assert (enum["engine_global_index"], enum["engine_numerical_note"]) == (1301, 1303)
+    assert (enum["pointwise_mode"], enum["pointwise_math_prec"], POINTWISE_ADD) == (0, 1, 0)
+    assert (HEUR_MODES["instant"], HEUR_MODES["fallback"], HEUR_MODES["a"]) == (0, 2, 3)
+    assert (NUMERICAL_NOTES["tensor_core"], NUMERICAL_NOTES["down_convert_inputs"],
+            NUMERICAL_NOTES["reduced_precision_reduction"]) == (0, 1, 2)
+    # f32 parity: no TF32 tensor-core engines; halves accumulate in f32
+    assert FORBIDDEN_NOTES["f32"] == {0, 1} and FORBIDDEN_NOTES["f16"] == FORBIDDEN_NOTES["bf16"] == {2}
+    assert CUDNN.conv_ids == {"x": 1, "w": 2, "y": 3, "b": 4}
+
+
+def test_cuda_graph_replay_calls():
+    """cuda_runtime_api.h: cudaStreamBeginCapture(stream, mode), cudaStreamEndCapture(stream,
+    &graph), cudaGraphInstantiateWithFlags(&exec, graph, unsigned long long flags),
+    cudaGraphLaunch(exec, stream); thread-local capture mode is 1."""
+    from rocmc.runtime.providers.dnn import CAPTURE_THREAD_LOCAL
+    f = CUDNN.runtime.functions
+    assert f["capture_begin"] == ("cudaStreamBeginCapture", "stream capture_mode")
+    assert f["capture_end"] == ("cudaStreamEndCapture", "stream out")
+    assert f["graph_instantiate"] == ("cudaGraphInstantiateWithFlags", "out graph flags")
+    assert f["graph_launch"] == ("cudaGraphLaunch", "exec stream")
+    assert ARG_TYPES["flags"] is ctypes.c_ulonglong and CAPTURE_THREAD_LOCAL == 1
+    assert CUDNN.graph_launch and not MIOPEN.graph_launch    # not enabled where it never ran

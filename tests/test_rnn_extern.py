@@ -97,15 +97,60 @@ def test_attention_stays_generated_on_cuda_and_cudnn_refuses_it():
 
 class _FakeLibrary:
     """Records every library and runtime call of a planner; hands out increasing handles and, for
-    cuDNN's weight-params query, addresses inside the weight space (base + 1000 * id)."""
+    cuDNN's weight-params query, addresses inside the weight space (base + 1000 * id). For cuDNN's
+    backend API it answers the first heuristics query (mode A) with `configs` engine configs, the
+    engine of config i carrying the numerical notes `notes[i]` and the global index 40 + i, and
+    every later query (the fallback list) with none."""
 
-    def __init__(self, table):
+    def __init__(self, table, configs=2, notes=((0,), ())):
         self.table, self.calls, self.handle, self.stream, self._next = table, [], 7, 8, 100
         self.api = self.rt = self
+        self.configs, self.notes, self._engines = configs, notes, []
+        self._sync = lambda stream: self.calls.append(("stream_sync", {"stream": stream}))
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    def bound(self, role):
+        names = {**self.table.functions, **self.table.runtime.functions}[role][1].split()
+        return lambda *args: self.call(role, **dict(zip(names, args)))
+
+    def raw(self, role):
+        names = {**self.table.functions, **self.table.runtime.functions}[role][1].split()
+        return lambda *args: self.call(role, **dict(zip(names, args))) or 0
+
+    def release_workspace(self):
+        pass
+
+    def has(self, role):
+        return role in self.table.functions
+
+    def _backend_get(self, named):
+        attr, most, values = named["attr"], named["n_elems"], named["values"]
+        if attr == 202:                     # heuristics results
+            n = min(most, self.configs) if most else self.configs
+            self.configs = self.configs if not most else 0
+        elif attr == 300:                   # the engine of a config
+            self._engines.append(values[0])
+            n = 1
+        elif attr == 1303:                  # the engine's numerical notes
+            notes = self.notes[self._engines.index(named["desc"])]
+            for i, v in enumerate(notes):
+                values[i] = v
+            n = len(notes)
+        else:                               # workspace size 0, global index
+            values[0] = 0 if attr == 402 else 40 + self._engines.index(named["desc"])
+            n = 1
+        named["n_out"]._obj.value = n
 
     def call(self, role, **named):
         names = {**self.table.functions, **self.table.runtime.functions}[role][1].split()
-        self.calls.append((role, {a: named.get(a) for a in names}))
+        record = {a: named.get(a) for a in names}
+        if role == "be_set":
+            record["values"] = list(named["values"])
+        self.calls.append((role, record))
+        if role == "be_get":
+            self._backend_get(named)
+        if role.endswith("_find"):          # the legacy search: one record, algorithm 0
+            named["n_out"]._obj.value = 1
         if role == "rnn_weight_params":
             base = named["w"] + 1000 * named["lin_id"]
             named["m_addr"]._obj.value, named["b_addr"]._obj.value = base, base + 500
@@ -189,3 +234,95 @@ def test_mha_planner_passes_q_k_v_and_the_output_by_tensor_id():
     by_id = {a.id: a.buffer for a in run["args"]}
     assert [by_id[MHA_TENSORS[n]] for n in ("q", "k", "v", "o")] == [0x1000, 0x2000, 0x3000, 0x9000]
     assert all(by_id[i] for i in range(4, 21))    # every scale, statistic and dropout tensor has a buffer
+
+
+# ---- convolutions through the plan APIs (MIOpen's Find 2.0, cuDNN's backend graph) -----------------
+
+_CONV_ATTRS = {"stride_h": 1, "stride_w": 2, "pad_h": 1, "pad_w": 0, "dilation_h": 1, "dilation_w": 1, "groups": 2}
+_CONV_T_ATTRS = {**_CONV_ATTRS, "output_padding_h": 0, "output_padding_w": 1}
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv_transpose2d"])
+def test_miopen_conv_runs_a_find2_solution(op):
+    """The convolution problem gets the direction and the x/w/y descriptors by tensor id, the search
+    the real input and a scratch result; a call is one miopenRunSolution with x, w, y bound to
+    the ABI's pointers (a transposed convolution's input is the problem's y), then the bias."""
+    from rocmc.runtime.providers.dnn import _conv_plan
+    from rocmc.runtime.providers.miopen import MIOPEN, find2_conv
+    p = _FakeLibrary(MIOPEN)
+    p.conv_builder = find2_conv
+    shapes = [(2, 4, 9, 8), (6, 2, 3, 3) if op == "conv2d" else (4, 3, 3, 3), (6,)]
+    ptrs = [0x1000, 0x2000, 0x3000]
+    plan = _conv_plan(p, op, "f32", shapes, _CONV_ATTRS if op == "conv2d" else _CONV_T_ATTRS, ptrs)
+    assert plan.out_shape == ((2, 6, 9, 3) if op == "conv2d" else (2, 6, 9, 18))
+    (problem,) = p.roles("create_conv_problem")
+    assert problem["direction"] == {"conv2d": 0, "conv_transpose2d": 1}[op]
+    assert sorted(a["tensor_id"] for a in p.roles("set_problem_tensor")) == [1, 2, 3]
+    found = {a["tensor_id"]: a["ptr"] for a in p.roles("set_find_tensor")}
+    scratch = next(a["out"] for r, a in p.calls if r == "malloc")
+    input_id, output_id = (1, 3) if op == "conv2d" else (3, 1)
+    assert found[input_id] == 0x1000 and found[2] == 0x2000
+    assert found[output_id] != 0x1000 and ("free", {"ptr": found[output_id]}) in p.calls
+    assert scratch is not None
+    (conv,) = p.roles("set_conv")
+    assert list(conv["pads"]) == [1, 0] and list(conv["stride_a"]) == [1, 2] and conv["mode"] == 0
+    p.calls.clear()
+    plan.run(ptrs, 0x9000)
+    assert [r for r, _ in p.calls] == ["run_solution", "add_tensor"]
+    run = p.calls[0][1]
+    by_id = {a.id: a.buffer for a in run["args"]}
+    assert by_id == {input_id: 0x1000, 2: 0x2000, output_id: 0x9000}
+    assert run["n_args"] == 3 and run["ws_size"] == 4096
+    assert (p.calls[1][1]["b"], p.calls[1][1]["y"]) == (0x3000, 0x9000)
+
+
+def _backend_sets(p, attr):
+    return [a["values"] for r, a in p.calls if r == "be_set" and a["attr"] == attr]
+
+
+def test_cudnn_conv_builds_a_fused_graph_and_skips_tf32_engines():
+    """conv2d + bias in f32: tensors x, w, y, b by unique id and the conv result virtual, one
+    pointwise add; the heuristics' first engine (tensor-core note) is never finalized, the second
+    is; the first call with a set of pointers executes the plan with a variant pack of them under
+    stream capture, every call replays the captured graph."""
+    from rocmc.runtime.providers.cudnn import CUDNN
+    from rocmc.runtime.providers.dnn import _conv_plan
+    p = _FakeLibrary(CUDNN)
+    p.conv_builder = CudnnProvider_graph_conv()
+    shapes = [(2, 4, 9, 8), (6, 2, 3, 3), (6,)]
+    plan = _conv_plan(p, "conv2d", "f32", shapes, _CONV_ATTRS, [0x1000, 0x2000, 0x3000])
+    assert _backend_sets(p, 906) == [[1], [2], [3], [5], [4]]                 # tensor unique ids
+    assert _backend_sets(p, 907) == [[True]]                                  # the conv result is virtual
+    assert _backend_sets(p, 902)[:3] == [[2, 4, 9, 8], [6, 2, 3, 3], [2, 6, 9, 3]]
+    assert _backend_sets(p, 105) == [[1, 0]] and _backend_sets(p, 103) == [[1, 2]]
+    assert _backend_sets(p, 101) == [[1]]                                     # cross-correlation
+    assert _backend_sets(p, 100) == [[0]] and _backend_sets(p, 1) == [[0]]    # f32 compute, f32 add
+    assert _backend_sets(p, 750) and _backend_sets(p, 0) == [[0]]            # pointwise ADD
+    assert len(_backend_sets(p, 401)) == 1                                    # one plan finalized
+    assert plan.info["engine"] == 41 and plan.info["api"].startswith("backend graph")
+    p.calls.clear()
+    for _ in range(2):
+        plan.run([0x1000, 0x2000, 0x3000], 0x9000)
+    roles = [r for r, _ in p.calls]
+    assert roles.count("be_execute") == 1 and roles.count("graph_launch") == 2
+    assert roles.index("capture_begin") < roles.index("be_execute") < roles.index("capture_end")
+    assert roles.index("capture_end") < roles.index("graph_instantiate") < roles.index("graph_launch")
+    assert _backend_sets(p, 1001) == [[0x1000, 0x2000, 0x9000, 0x3000]]     # one pack
+    assert _backend_sets(p, 1000) == [[1, 2, 3, 4]]
+    assert "add_tensor" not in [r for r, _ in p.calls]
+
+
+def test_cudnn_conv_without_a_usable_engine_falls_back_to_the_legacy_calls():
+    from rocmc.runtime.providers.cudnn import CUDNN
+    from rocmc.runtime.providers.dnn import _conv_plan
+    p = _FakeLibrary(CUDNN, configs=1, notes=((0,),))     # only a TF32 engine: unusable for f32
+    p.conv_builder = CudnnProvider_graph_conv()
+    plan = _conv_plan(p, "conv2d", "f32", [(1, 2, 5, 5), (3, 2, 3, 3), (0,)], {**_CONV_ATTRS, "groups": 1},
+                      [0x1000, 0x2000, None])
+    assert plan.info["api"].startswith("legacy")
+    assert p.roles("conv_fwd_find")
+
+
+def CudnnProvider_graph_conv():
+    from rocmc.runtime.providers.cudnn import graph_conv
+    return graph_conv

@@ -40,11 +40,24 @@ class Provider:
         return iface.create()
 
 
+class Attrs(dict):
+    """Decoded scalars of a call, with `key`: a hashable form a provider may cache plans by."""
+    key: tuple = ()
+
+
 def _entry(provider: Provider, op: str, sig, view_type):
     n = len(sig.tensors)
+    decoded: dict = {}    # the raw i64 scalars -> Attrs: a module calls with few distinct ones
 
     def call(_instance, *args):
         tensors = [a.deref(view_type) for a in args[:n]]
-        return provider.run(op, tensors, sig.decode(args[n:])).ref
+        raw = args[n:]
+        attrs = decoded.get(raw)
+        if attrs is None:
+            attrs = Attrs(sig.decode(raw))
+            attrs.key = tuple(sorted(attrs.items()))
+            if len(decoded) < 256:
+                decoded[raw] = attrs
+        return provider.run(op, tensors, attrs).ref
     call.__name__ = op
     return call

@@ -1,14 +1,28 @@
-"""cuDNN's table for the shared DNN binding (cuDNN 9, legacy API), and the CUDA runtime's.
+"""cuDNN's table for the shared DNN binding (cuDNN 9), and the CUDA runtime's.
 
 cuDNN is the twin that proves the binding on NVIDIA hardware: same roles as miopen.py, its own
 names, argument orders and enum integers (cudnn_ops.h, cudnn_cnn.h, cudnn_adv.h, cudnn_graph.h of
 cuDNN 9). RNNs use the v8 API (the v6/v7 inference calls were removed in cuDNN 9); multi-head
 attention has no legacy call at all.
+
+Convolutions use the backend (graph) API, what cuDNN's frontend and PyTorch use: the legacy
+algorithm enum can't reach cuDNN's newer engines, and `cudnnConvolutionForward` spends tens to
+hundreds of microseconds of host time per call. Per (op, shapes, dtype) the provider builds an
+operation graph (convolution, plus the bias as a pointwise add when an engine fuses it), asks
+the heuristics for engine configs, drops those whose numerics break f32 parity (TF32 tensor cores)
+or accumulate halves below f32, finalizes execution plans for the first few and keeps the fastest
+on the real inputs. A call is then one `cudnnBackendExecute` with a variant pack, kept per set of
+device pointers (IREE's caching allocator hands the same buffers back call after call).
 """
 from __future__ import annotations
 
+import ctypes
+import math
+from time import perf_counter
+
+from ...errors import DeviceError
 from .abi import NO_CUDNN_CALL
-from .dnn import PLANNERS, DnnProvider, Perf, RuntimeTable, VendorTable
+from .dnn import PLANNERS, DnnProvider, P, Perf, RuntimeTable, TensorOp, VendorTable, packed_strides
 from .recurrent import PLANNERS as RNN_PLANNERS
 
 CUDART = RuntimeTable(
@@ -25,6 +39,13 @@ CUDART = RuntimeTable(
         "memcpy_async": ("cudaMemcpyAsync", "dst src count kind stream"),
         "memset_async": ("cudaMemsetAsync", "ptr value count stream"),
         "error_string": ("cudaGetErrorString", "status"),
+        "get_last_error": ("cudaGetLastError", ""),
+        "capture_begin": ("cudaStreamBeginCapture", "stream capture_mode"),
+        "capture_end": ("cudaStreamEndCapture", "stream out"),
+        "graph_instantiate": ("cudaGraphInstantiateWithFlags", "out graph flags"),
+        "graph_launch": ("cudaGraphLaunch", "exec stream"),
+        "graph_exec_destroy": ("cudaGraphExecDestroy", "exec"),
+        "graph_destroy": ("cudaGraphDestroy", "graph"),
     })
 
 FUNCTIONS = {
@@ -83,7 +104,62 @@ FUNCTIONS = {
     "rnn_temp_sizes": ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode xS size_out size_out2"),
     "rnn_fwd": ("cudnnRNNForward",
                 "h desc fwd_mode dev_seq_lens xS x yS y hD hx hy cD cx cy w_size w ws_size ws rs_size rs"),
+    # the backend (graph) API, cudnn_graph.h
+    "be_create": ("cudnnBackendCreateDescriptor", "desc_type out"),
+    "be_destroy": ("cudnnBackendDestroyDescriptor", "desc"),
+    "be_set": ("cudnnBackendSetAttribute", "desc attr atype n_elems values"),
+    "be_get": ("cudnnBackendGetAttribute", "desc attr atype n_elems n_out values"),
+    "be_finalize": ("cudnnBackendFinalize", "desc"),
+    "be_execute": ("cudnnBackendExecute", "h plan vpack"),
 }
+
+# cudnnBackendDescriptorType_t
+DESCRIPTORS = {"pointwise": 0, "convolution": 1, "engine": 2, "engine_config": 3, "engine_heuristics": 4,
+               "execution_plan": 5, "op_conv_forward": 10, "op_conv_backward_data": 12, "op_pointwise": 13,
+               "operation_graph": 15, "variant_pack": 16, "tensor": 17}
+# cudnnBackendAttributeType_t, and the C type of one element
+ATTR_TYPES = {"handle": (0, P), "data_type": (1, ctypes.c_int), "boolean": (2, ctypes.c_bool),
+              "int64": (3, ctypes.c_int64), "float": (4, ctypes.c_float), "double": (5, ctypes.c_double),
+              "void_ptr": (6, P), "convolution_mode": (7, ctypes.c_int), "heur_mode": (8, ctypes.c_int),
+              "numerical_note": (11, ctypes.c_int), "pointwise_mode": (14, ctypes.c_int),
+              "backend_descriptor": (15, P)}
+# cudnnBackendAttributeName_t: our name -> (enum, attribute type)
+ATTRS = {
+    "pointwise_mode": (0, "pointwise_mode"), "pointwise_math_prec": (1, "data_type"),
+    "conv_comp_type": (100, "data_type"), "conv_mode": (101, "convolution_mode"),
+    "conv_dilations": (102, "int64"), "conv_filter_strides": (103, "int64"), "conv_post_paddings": (104, "int64"),
+    "conv_pre_paddings": (105, "int64"), "conv_spatial_dims": (106, "int64"),
+    "heur_mode": (200, "heur_mode"), "heur_operation_graph": (201, "backend_descriptor"),
+    "heur_results": (202, "backend_descriptor"),
+    "engine_config_engine": (300, "backend_descriptor"),
+    "plan_handle": (400, "handle"), "plan_engine_config": (401, "backend_descriptor"),
+    "plan_workspace_size": (402, "int64"),
+    "fwd_alpha": (700, "float"), "fwd_beta": (701, "float"), "fwd_conv": (702, "backend_descriptor"),
+    "fwd_w": (703, "backend_descriptor"), "fwd_x": (704, "backend_descriptor"), "fwd_y": (705, "backend_descriptor"),
+    "bwd_data_alpha": (706, "float"), "bwd_data_beta": (707, "float"), "bwd_data_conv": (708, "backend_descriptor"),
+    "bwd_data_w": (709, "backend_descriptor"), "bwd_data_dx": (710, "backend_descriptor"),
+    "bwd_data_dy": (711, "backend_descriptor"),
+    "pw_descriptor": (750, "backend_descriptor"), "pw_x": (751, "backend_descriptor"),
+    "pw_b": (752, "backend_descriptor"), "pw_y": (753, "backend_descriptor"),
+    "graph_handle": (800, "handle"), "graph_ops": (801, "backend_descriptor"),
+    "tensor_alignment": (900, "int64"), "tensor_data_type": (901, "data_type"), "tensor_dims": (902, "int64"),
+    "tensor_strides": (903, "int64"), "tensor_uid": (906, "int64"), "tensor_virtual": (907, "boolean"),
+    "pack_uids": (1000, "int64"), "pack_pointers": (1001, "void_ptr"), "pack_workspace": (1003, "void_ptr"),
+    "engine_global_index": (1301, "int64"), "engine_numerical_note": (1303, "numerical_note"),
+}
+HEUR_MODES = {"instant": 0, "b": 1, "fallback": 2, "a": 3}             # cudnnBackendHeurMode_t
+NUMERICAL_NOTES = {"tensor_core": 0, "down_convert_inputs": 1, "reduced_precision_reduction": 2}
+POINTWISE_ADD = 0                                                      # cudnnPointwiseMode_t
+# Engines whose numerics break rocmc's rules: f32 must not run on TF32 tensor cores (parity with
+# float64 at 1e-4), f16/bf16 must accumulate in f32.
+FORBIDDEN_NOTES = {"f32": {NUMERICAL_NOTES["tensor_core"], NUMERICAL_NOTES["down_convert_inputs"]},
+                   "f16": {NUMERICAL_NOTES["reduced_precision_reduction"]},
+                   "bf16": {NUMERICAL_NOTES["reduced_precision_reduction"]}}
+CANDIDATES = 6                 # execution plans timed on the first call
+MAX_CONFIGS = 64               # engine configs looked at per heuristics mode
+MAX_WORKSPACE = 256 << 20      # engine configs needing more are skipped (what the legacy search offered)
+PACKS_PER_PLAN = 32            # variant packs kept per plan (one per set of device pointers)
+
 
 CUDNN = VendorTable(
     name="cuDNN", libraries=("libcudnn.so.9", "libcudnn.so"),
@@ -110,7 +186,212 @@ CUDNN = VendorTable(
     # linLayerID order of cudnnGetRNNWeightParams: torch's (i, f, g, o; r, z, n), x then h
     gate_order={"lstm": "ifgo", "gru": "rzn"},
     rnn_weights="address_copies",
+    # tensor unique ids of the convolution graph (the conv result before the bias add is 5, virtual)
+    conv_ids={"x": 1, "w": 2, "y": 3, "b": 4},
+    conv_api="backend graph (cudnnBackendExecute)",
+    last_error="cudnnGetLastErrorString",
+    graph_launch=True,
 )
+CONV_RESULT_UID = 5
+
+
+class Graph:
+    """Descriptors of the backend API from attribute tables. Every descriptor made is destroyed
+    with the plan that holds `keep`."""
+
+    def __init__(self, p: DnnProvider, keep: list):
+        self.p, self.api, self.keep = p, p.api, keep
+
+    def new(self, kind: str, owned: bool = True) -> int:
+        """A fresh descriptor; `owned=False`: the caller destroys it."""
+        d = ctypes.c_void_p()
+        self.api.call("be_create", desc_type=DESCRIPTORS[kind], out=ctypes.byref(d))
+        if owned:
+            self.keep.append(("be_destroy", d.value))
+        return d.value
+
+    def set(self, d: int, name: str, values):
+        enum, atype = ATTRS[name]
+        code, ctype = ATTR_TYPES[atype]
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        self.api.call("be_set", desc=d, attr=enum, atype=code, n_elems=len(values),
+                      values=(ctype * len(values))(*values))
+
+    def make(self, kind: str, **attrs) -> int:
+        """A finalized descriptor with the given attributes."""
+        d = self.new(kind)
+        for name, values in attrs.items():
+            self.set(d, name, values)
+        self.api.call("be_finalize", desc=d)
+        return d
+
+    def get(self, d: int, name: str, most: int) -> list:
+        enum, atype = ATTRS[name]
+        code, ctype = ATTR_TYPES[atype]
+        out, n = (ctype * most)(), ctypes.c_int64()
+        self.api.call("be_get", desc=d, attr=enum, atype=code, n_elems=most, n_out=ctypes.byref(n), values=out)
+        return list(out[:n.value])
+
+    def count(self, d: int, name: str) -> int:
+        enum, atype = ATTRS[name]
+        n = ctypes.c_int64()
+        self.api.call("be_get", desc=d, attr=enum, atype=ATTR_TYPES[atype][0], n_elems=0, n_out=ctypes.byref(n),
+                      values=None)
+        return n.value
+
+    def get_descriptors(self, d: int, name: str, kind: str, most: int) -> list:
+        """Descriptor-valued attributes: the library fills descriptors made beforehand."""
+        made = [self.new(kind) for _ in range(most)]
+        enum, _ = ATTRS[name]
+        n = ctypes.c_int64()
+        self.api.call("be_get", desc=d, attr=enum, atype=ATTR_TYPES["backend_descriptor"][0], n_elems=most,
+                      n_out=ctypes.byref(n), values=(P * most)(*made))
+        return made[:n.value]
+
+
+def _alignment(ptr) -> int:
+    """Byte alignment recorded in a tensor descriptor: 16, or less for a pointer inside a buffer."""
+    return 16 if not ptr or ptr % 16 == 0 else ptr & -ptr
+
+
+def _conv_graph(g: Graph, prob, bound: dict, fuse_bias: bool) -> int:
+    """The operation graph: x, w -> convolution -> y, or -> (virtual) -> + b -> y."""
+    p, ids, f32 = g.p, CUDNN.conv_ids, CUDNN.dtypes["f32"]
+    dt = CUDNN.dtypes[prob.dtype]
+
+    def tensor(uid, dims, ptr=None, virtual=False, dtype=dt):
+        return g.make("tensor", tensor_data_type=dtype, tensor_dims=dims, tensor_strides=packed_strides(dims),
+                      tensor_uid=uid, tensor_alignment=_alignment(ptr),
+                      **({"tensor_virtual": True} if virtual else {}))
+    x, w, y = (tensor(ids[r], getattr(prob, r), bound[r]) for r in ("x", "w", "y"))
+    out = prob.out
+    conv_out = {"x": x, "y": y}[out]
+    if fuse_bias:
+        conv_out = tensor(CONV_RESULT_UID, getattr(prob, out), virtual=True, dtype=f32)
+    conv = g.make("convolution", conv_comp_type=f32, conv_mode=CUDNN.enums["cross_correlation"],
+                  conv_spatial_dims=2, conv_dilations=prob.dilation, conv_filter_strides=prob.stride,
+                  conv_pre_paddings=prob.pad, conv_post_paddings=prob.pad)
+    if prob.direction == "forward":
+        op = g.make("op_conv_forward", fwd_alpha=1.0, fwd_beta=0.0, fwd_conv=conv, fwd_w=w, fwd_x=x, fwd_y=conv_out)
+    else:
+        op = g.make("op_conv_backward_data", bwd_data_alpha=1.0, bwd_data_beta=0.0, bwd_data_conv=conv,
+                    bwd_data_w=w, bwd_data_dx=conv_out, bwd_data_dy=y)
+    ops = [op]
+    if fuse_bias:
+        result = {"x": x, "y": y}[out]
+        b = tensor(ids["b"], (1, getattr(prob, out)[1], 1, 1), bound["b"])
+        add = g.make("pointwise", pointwise_mode=POINTWISE_ADD, pointwise_math_prec=f32)
+        ops.append(g.make("op_pointwise", pw_descriptor=add, pw_x=conv_out, pw_b=b, pw_y=result))
+    return g.make("operation_graph", graph_ops=ops, graph_handle=p.handle)
+
+
+def _engine_configs(g: Graph, graph: int):
+    """Engine configs of the heuristics (mode A, then the fallback list), in their order."""
+    for mode in ("a", "fallback"):
+        try:
+            heur = g.make("engine_heuristics", heur_operation_graph=graph, heur_mode=HEUR_MODES[mode])
+            n = min(g.count(heur, "heur_results"), MAX_CONFIGS)
+        except DeviceError:
+            continue
+        yield from g.get_descriptors(heur, "heur_results", "engine_config", n) if n else ()
+
+
+class _Packs:
+    """Variant packs by device pointers: a finalized pack can't be changed, and the same buffers
+    come back call after call, so each set of pointers gets one pack, built on first use."""
+
+    def __init__(self, p: DnnProvider, uids):
+        self.p, self.uids, self.cache = p, (ctypes.c_int64 * len(uids))(*uids), {}
+        self.g = Graph(p, [])
+
+    def get(self, ptrs: tuple) -> int:
+        vp = self.cache.get(ptrs)
+        if vp is None:
+            if len(self.cache) >= PACKS_PER_PLAN:
+                self._destroy(self.cache.pop(next(iter(self.cache))))
+            *data, ws = ptrs
+            vp = self.g.new("variant_pack", owned=False)
+            self.g.set(vp, "pack_uids", list(self.uids))
+            self.g.set(vp, "pack_pointers", data)
+            self.g.set(vp, "pack_workspace", [ws])
+            self.p.api.call("be_finalize", desc=vp)
+            self.cache[ptrs] = vp
+        return vp
+
+    def _destroy(self, vp):
+        self.p.api.call("be_destroy", desc=vp)
+
+    def release(self):
+        for vp in self.cache.values():
+            self._destroy(vp)
+        self.cache.clear()
+
+
+def _fastest(p: DnnProvider, g: Graph, graph: int, prob, bound: dict, roles: tuple):
+    """Execution plans of the first CANDIDATES usable engine configs, each timed on the search
+    bindings (best of 3 after a warm-up); returns (plan, workspace bytes, info) of the fastest."""
+    execute, sync = p.api.bound("be_execute"), p._sync
+    forbidden = FORBIDDEN_NOTES[prob.dtype]
+    uids = [CUDNN.conv_ids[r] for r in roles]
+    timed, seen = [], 0
+    for cfg in _engine_configs(g, graph):
+        seen += 1
+        try:
+            engine = g.get_descriptors(cfg, "engine_config_engine", "engine", 1)[0]
+            if forbidden & set(g.get(engine, "engine_numerical_note", 16)):
+                continue
+            plan = g.make("execution_plan", plan_handle=p.handle, plan_engine_config=cfg)
+            need = g.get(plan, "plan_workspace_size", 1)[0]
+            if need > MAX_WORKSPACE:
+                continue
+            packs = _Packs(p, uids)
+            ws = p.workspace(need) if need else None
+            vp = packs.get(tuple(bound[r] for r in roles) + (ws,))
+            best = math.inf
+            for rep in range(4):
+                t0 = perf_counter()
+                execute(p.handle, plan, vp)
+                sync(p.stream)
+                if rep:
+                    best = min(best, perf_counter() - t0)
+            packs.release()
+            index = g.get(engine, "engine_global_index", 1)[0]
+        except DeviceError:   # a config the library can't finalize or run for this problem
+            continue
+        timed.append((best, index, plan, need))
+        if len(timed) == CANDIDATES:
+            break
+    if not timed:
+        return None
+    best, engine, plan, need = min(timed)
+    return plan, need, {"engine": engine, "workspace": need, "configs_seen": seen,
+                        "candidates_ms": sorted(round(t[0] * 1e3, 4) for t in timed)}
+
+
+def graph_conv(p: DnnProvider, prob, bound: dict, keep: list):
+    """The convolution (and its bias, where an engine fuses it) as an execution plan; None when
+    no engine takes the problem."""
+    g = Graph(p, keep)
+    for fuse in ((True, False) if prob.bias else (False,)):
+        roles = ("x", "w", "y") + (("b",) if fuse else ())
+        try:
+            graph = _conv_graph(g, prob, bound, fuse)
+        except DeviceError:
+            continue
+        found = _fastest(p, g, graph, prob, bound, roles)
+        p.release_workspace()
+        if found is not None:
+            break
+    else:
+        return None
+    plan, need, info = found
+    packs = _Packs(p, [CUDNN.conv_ids[r] for r in roles])
+    keep.append(packs)
+    execute, handle = p.api.bound("be_execute"), p.handle
+
+    def run(ptrs, ws):
+        execute(handle, plan, packs.get(ptrs + (ws,)))
+    return TensorOp(roles, run, workspace=need, fused_bias=fuse, info=info)
 
 
 def prepare_cuda(device: str = "cuda"):
@@ -126,6 +407,7 @@ class CudnnProvider(DnnProvider):
                        "first cuda device is opened")
 
     planners = {**PLANNERS, **RNN_PLANNERS}
+    conv_builder = staticmethod(graph_conv)
 
     def table_limits(self, op, attrs):
         if op in NO_CUDNN_CALL:

@@ -11,6 +11,18 @@ a plan cache keyed by (op, dtype, shapes, attributes): descriptors, the algorith
 search picked and its workspace size. Search runs real kernels on scratch buffers once per key;
 every later call only launches.
 
+Convolutions go through each library's plan API, the one that keeps a chosen kernel as an object
+run on a list of (tensor id, device pointer): cuDNN's backend graph (an execution plan run by
+cudnnBackendExecute with a variant pack) and MIOpen's Find 2.0 (a solution run by
+miopenRunSolution with tensor arguments). The shared planner describes the problem (`ConvProblem`)
+and binds the ABI's pointers to the library's tensor roles x, w, y (b); the vendor module builds
+the `TensorOp` (`conv_builder`). The legacy algorithm-enum path remains for a provider without a
+builder and for a problem the plan API rejects.
+
+Where the vendor table enables it (`graph_launch`, cuDNN), a plan's launch is captured into a stream
+graph once per set of device pointers and replayed with one runtime call (`Replays`): the library's
+host-side launch path, tens of microseconds for a cuDNN execution plan, runs only at capture.
+
 The compiled module calls imports with IREE's synchronous model: IREE has waited for the inputs
 before the call, and takes the result as ready when the call returns, so each call ends with a
 stream synchronize.
@@ -22,9 +34,9 @@ import glob
 import os
 import sys
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
+from time import perf_counter as _now
 
 from ...errors import DeviceError
 from .abi import out_dim, transposed_dim
@@ -63,6 +75,14 @@ ARG_TYPES = {
     "rs_size": ctypes.c_size_t,
     "size": ctypes.c_size_t,
     "count": ctypes.c_size_t,
+    # cuDNN's backend (graph) API: descriptor kind, attribute name and type enums, element counts
+    **{n: ctypes.c_int for n in ("desc_type", "attr", "atype")},
+    "n_elems": ctypes.c_int64,
+    **{n: P for n in ("values", "plan", "vpack", "message")},
+    # stream capture into a graph, replayed per call (CUDA / HIP graphs)
+    **{n: P for n in ("graph", "exec")},
+    "capture_mode": ctypes.c_int,
+    "flags": ctypes.c_ulonglong,
 }
 
 
@@ -91,6 +111,12 @@ class VendorTable:
     dlpack_device: int         # DLPack device type of the library's device (kDLCUDA 2, kDLROCM 10)
     gate_order: dict = field(default_factory=dict)   # op -> the library's packed gate order ("ifog")
     rnn_weights: str = ""      # how weights enter the library's weight space (see recurrent.py)
+    conv_ids: dict = field(default_factory=dict)     # conv tensor role (x, w, y, b) -> the plan API's id
+    conv_api: str = ""         # the plan API convolutions run through (for reports)
+    last_error: str = ""       # C function describing the last failure: void f(char *msg, size_t size)
+    # replay each plan's launch as a captured stream graph (one host call instead of the library's
+    # launch path); needs the runtime's capture roles
+    graph_launch: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,10 +152,11 @@ def load_library(names, what: str, install: str):
 class Api:
     """A loaded library bound through a table: `call(role, **named_args)`, checked status."""
 
-    def __init__(self, lib, name: str, functions: dict, error_string: str | None):
+    def __init__(self, lib, name: str, functions: dict, error_string: str | None, last_error: str = ""):
         self.lib, self.name, self.functions = lib, name, functions
         self._fns = {}
         self._error_string = error_string
+        self._last_error = getattr(lib, last_error, None) if last_error else None
         for role, (cname, args) in functions.items():
             try:
                 fn = getattr(lib, cname)
@@ -150,8 +177,39 @@ class Api:
         fn, args = self._fns[role]
         status = fn(*(named[a] for a in args))
         if status != 0:
-            msg = self._fns[self._error_string][0](status).decode() if self._error_string else ""
-            raise DeviceError(f"{self.name} {self.functions[role][0]} failed with status {status} {msg}".strip())
+            self.fail(role, status)
+
+    def bound(self, role: str):
+        """The role's C function taking its arguments positionally, in C order, status checked:
+        for the per-call path, where `call`'s by-name marshalling would cost microseconds."""
+        fn = self._fns[role][0]
+
+        def call(*args):
+            status = fn(*args)
+            if status != 0:
+                self.fail(role, status)
+        return call
+
+    def raw(self, role: str):
+        """The role's C function, status unchecked."""
+        return self._fns[role][0]
+
+    def fail(self, role: str, status: int):
+        msg = self._fns[self._error_string][0](status).decode() if self._error_string else ""
+        detail = self.last_error()
+        raise DeviceError(f"{self.name} {self.functions[role][0]} failed with status {status} {msg}"
+                          f"{f' ({detail})' if detail else ''}".strip())
+
+    def last_error(self) -> str:
+        """The library's own description of its last failure, where it keeps one (the table's
+        `last_error` function: `void f(char *message, size_t size)`)."""
+        fn = self._last_error
+        if fn is None:
+            return ""
+        buf = ctypes.create_string_buffer(512)
+        fn.restype, fn.argtypes = None, [P, ctypes.c_size_t]
+        fn(buf, len(buf))
+        return buf.value.decode(errors="replace").strip()
 
 
 # ---- DLPack: raw device pointers of IREE buffer views ---------------------------------------------
@@ -168,9 +226,15 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
+_DATA = _DLTensor.data.offset
+_BYTE_OFFSET = _DLTensor.byte_offset.offset
+_read_ptr = ctypes.c_void_p.from_address
+_read_u64 = ctypes.c_uint64.from_address
+
+
 def capsule_address(capsule) -> int:
-    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    return t.data + t.byte_offset
+    t = _capsule_pointer(capsule, b"dltensor")
+    return (_read_ptr(t + _DATA).value or 0) + _read_u64(t + _BYTE_OFFSET).value
 
 
 # ---- descriptors -----------------------------------------------------------------------------------
@@ -194,6 +258,7 @@ class Plan:
     run: object                               # fn(ptrs: list[int], y: int) -> None
     keep: list = field(default_factory=list)   # descriptors and arrays to keep alive
     info: dict = field(default_factory=dict)   # what the search chose (algorithm, workspace bytes)
+    nbytes: int = 0                            # bytes of the result, set by the provider
 
 
 class DnnProvider(Provider):
@@ -206,7 +271,8 @@ class DnnProvider(Provider):
         self.device_index = int(device_name.split(":")[1]) if ":" in device_name else 0
         rt_lib = load_library(t.runtime.libraries, f"{t.runtime.name} runtime", t.runtime.install)
         self.rt = Api(rt_lib, t.runtime.name, t.runtime.functions, "error_string")
-        self.api = Api(load_library(t.libraries, t.name, t.install), t.name, t.functions, "error_string")
+        self.api = Api(load_library(t.libraries, t.name, t.install), t.name, t.functions, "error_string",
+                       t.last_error)
         self.rt.call("set_device", device=self.device_index)
         self._check_exportable()
         self.stream = self._out(P, "stream_create", rt=True)
@@ -220,6 +286,12 @@ class DnnProvider(Provider):
         self.stats = dict.fromkeys(("calls", "inputs_s", "output_s", "launch_s", "sync_s"), 0)
         ACTIVE.add(self)
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        # what every call uses, looked up once
+        from iree import runtime as hal
+        self._hal = hal
+        self._allocate = self.device.allocator.allocate_buffer
+        self._device_local, self._usage = hal.MemoryType.DEVICE_LOCAL, hal.BufferUsage.DEFAULT
+        self._sync = self.rt.bound("stream_sync")
 
     exportable_hint = ""
 
@@ -281,32 +353,36 @@ class DnnProvider(Provider):
 
     # ---- calls -----------------------------------------------------------------------------------
     def run(self, op, tensors, attrs):
-        from iree import runtime as rt
-        t0 = time.perf_counter()
+        """One extern call: pointers of the inputs, a fresh IREE buffer for the result, the cached
+        plan's launch, a stream synchronize (IREE's synchronous import model takes the result as
+        ready on return). Phases are timed into `stats`."""
+        t0 = _now()
         x = tensors[0]
-        dtype = _DTYPE_OF[int(x.element_type)]
-        key = (op, dtype, tuple(tuple(t.shape) for t in tensors), tuple(sorted(attrs.items())))
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        export, dl, index = self.device.create_dlpack_capsule, self.table.dlpack_device, self.device_index
         with self._lock:
-            plan = self._plans.get(key)
-            capsules = [self.device.create_dlpack_capsule(t, self.table.dlpack_device, self.device_index)
-                        if t.shape and all(t.shape) else None for t in tensors]
+            capsules = [export(t, dl, index) if s and all(s) else None for t, s in zip(tensors, shapes)]
             ptrs = [capsule_address(c) if c is not None else None for c in capsules]
+            # A plan may depend on the pointers' alignment (cuDNN's graph API records it): one
+            # built for 16-byte aligned buffers is not handed a sub-buffer at a smaller offset.
+            align = min(16, min((p & -p for p in ptrs if p), default=16))
+            key = (op, x.element_type, shapes, getattr(attrs, "key", None) or tuple(sorted(attrs.items())), align)
+            plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = self.plan(op, dtype, [tuple(t.shape) for t in tensors], attrs, ptrs)
-            t1 = time.perf_counter()
-            nbytes = _size(plan.out_shape) * _ITEMSIZE[dtype]
-            buf = self.device.allocator.allocate_buffer(
-                memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
-                allocation_size=max(nbytes, 1))
-            out = rt.HalBufferView(buf, list(plan.out_shape), x.element_type)
-            ycap = self.device.create_dlpack_capsule(out, self.table.dlpack_device, self.device_index)
+                dtype = _DTYPE_OF[int(x.element_type)]
+                plan = self._plans[key] = self.plan(op, dtype, [tuple(s) for s in shapes], attrs, ptrs)
+                plan.nbytes = max(_size(plan.out_shape) * _ITEMSIZE[dtype], 1)
+            t1 = _now()
+            out = self._hal.HalBufferView(self._allocate(self._device_local, self._usage, plan.nbytes),
+                                          plan.out_shape, x.element_type)
+            ycap = export(out, dl, index)
             y = capsule_address(ycap)
-            t2 = time.perf_counter()
+            t2 = _now()
             plan.run(ptrs, y)
-            t3 = time.perf_counter()
-            self.rt.call("stream_sync", stream=self.stream)
+            t3 = _now()
+            self._sync(self.stream)
             del capsules, ycap
-            t4 = time.perf_counter()
+            t4 = _now()
         st = self.stats
         st["calls"] += 1
         st["inputs_s"] += t1 - t0
@@ -316,19 +392,19 @@ class DnnProvider(Provider):
         return out
 
     planners: dict = {}        # op -> planner, set by each vendor (PLANNERS plus what it adds)
+    # fn(provider, ConvProblem, {role: device pointer}, keep) -> TensorOp | None: the vendor's
+    # plan-API convolution (None: the legacy calls)
+    conv_builder = None
 
     def plan(self, op, dtype, shapes, attrs, ptrs) -> Plan:
-        return (self.planners or PLANNERS)[op](self, op, dtype, shapes, attrs, ptrs)
+        plan = (self.planners or PLANNERS)[op](self, op, dtype, shapes, attrs, ptrs)
+        if op in REPLAYABLE and self.table.graph_launch:
+            plan.run = _replayed(self, plan)
+        return plan
 
     def close(self):
         for plan in self._plans.values():
-            for item in plan.keep:
-                if isinstance(item, tuple):
-                    role, d = item
-                    if role == "free":
-                        self.rt.call("free", ptr=d)
-                    else:
-                        self.api.call(role, desc=d)
+            _release(self, plan.keep)
         self._plans.clear()
         self.release_workspace()
         self.api.call("destroy_handle", h=self.handle)
@@ -361,7 +437,209 @@ def _conv_geometry(attrs, nsp, transpose):
             get("output_padding", 0) if transpose else [0, 0])
 
 
+@dataclass(frozen=True)
+class ConvProblem:
+    """A convolution in the library's terms: `forward` computes y from x and w; `backward_data`
+    (a transposed convolution) computes x from y and w, so there x is the ABI's result and y its
+    input. Shapes are 4-d NCHW (1-d convolutions run with a unit height)."""
+    direction: str      # "forward" | "backward_data"
+    x: tuple
+    w: tuple
+    y: tuple
+    pad: tuple
+    stride: tuple
+    dilation: tuple
+    groups: int
+    dtype: str
+    bias: bool          # a (1, C_out, 1, 1) bias is added to the result
+
+    @property
+    def out(self) -> str:
+        """The role the ABI's result binds to."""
+        return "y" if self.direction == "forward" else "x"
+
+
+@dataclass
+class TensorOp:
+    """A library plan run on device pointers bound to tensor roles: `run(pointers, ws)` takes one
+    pointer per role of `roles`, in that order, and a workspace of `workspace` bytes (None when
+    0). `fused_bias`: the plan adds the bias itself."""
+    roles: tuple
+    run: object
+    workspace: int = 0
+    fused_bias: bool = False
+    info: dict = field(default_factory=dict)
+
+
+CAPTURE_THREAD_LOCAL = 1     # cudaStreamCaptureModeThreadLocal == hipStreamCaptureModeThreadLocal
+GRAPHS_PER_PLAN = 32
+
+
+class Replays:
+    """A plan's launch captured once per set of device pointers into a stream graph, then
+    replayed with one `graph_launch`: the library's host-side launch path (tens of microseconds
+    for a cuDNN execution plan) runs only at capture. `launch(key)` must enqueue work on the
+    provider's stream and depend on nothing but `key`, which holds every pointer it uses. A launch
+    that can't be captured (the library synchronizes inside, say) runs directly, every call."""
+
+    def __init__(self, p: DnnProvider, launch):
+        self.p, self.launch, self.cache = p, launch, {}
+        self._replay = p.rt.bound("graph_launch")
+
+    def __call__(self, key: tuple):
+        g = self.cache.get(key)
+        if g is None:
+            if len(self.cache) >= GRAPHS_PER_PLAN:
+                self._destroy(self.cache.pop(next(iter(self.cache))))
+            g = self.cache[key] = self._capture(key)
+        if g:
+            self._replay(g, self.p.stream)
+        else:
+            self.launch(key)
+
+    def _capture(self, key) -> int:
+        rt, stream = self.p.rt, self.p.stream
+        rt.call("capture_begin", stream=stream, capture_mode=CAPTURE_THREAD_LOCAL)
+        graph = ctypes.c_void_p()
+        try:
+            self.launch(key)
+            captured = True
+        except DeviceError:
+            captured = False
+        finally:
+            # the capture must end whatever happened inside it; its status is looked at below
+            ended = rt.raw("capture_end")(stream, ctypes.byref(graph)) == 0
+        if not (captured and ended and graph.value):
+            rt.raw("get_last_error")()    # clear the error the failed capture left
+            if graph.value:
+                rt.call("graph_destroy", graph=graph.value)
+            return 0
+        exe = ctypes.c_void_p()
+        try:
+            rt.call("graph_instantiate", out=ctypes.byref(exe), graph=graph.value, flags=0)
+        except DeviceError:
+            return 0
+        finally:
+            rt.call("graph_destroy", graph=graph.value)
+        return exe.value
+
+    def _destroy(self, exe):
+        if exe:
+            self.p.rt.call("graph_exec_destroy", exec=exe)
+
+    def release(self):
+        for exe in self.cache.values():
+            self._destroy(exe)
+        self.cache.clear()
+
+
+def _conv_problem(op, dtype, shapes, attrs, has_bias) -> ConvProblem:
+    transpose = op.startswith("conv_transpose")
+    nsp = 1 if op.endswith("1d") else 2
+    xs, ws = _as4d(shapes[0]), _as4d(shapes[1])
+    stride, pad, dil, opad = _conv_geometry(attrs, nsp, transpose)
+    g = attrs["groups"]
+    if transpose:
+        spatial = [transposed_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], opad[i], dil[i]) for i in range(2)]
+        out = (xs[0], ws[1] * g, *spatial)
+        return ConvProblem("backward_data", out, ws, xs, tuple(pad), tuple(stride), tuple(dil), g, dtype, has_bias)
+    spatial = [out_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], dil[i]) for i in range(2)]
+    out = (xs[0], ws[0], *spatial)
+    return ConvProblem("forward", xs, ws, out, tuple(pad), tuple(stride), tuple(dil), g, dtype, has_bias)
+
+
 def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    """A convolution through the vendor's plan API (`conv_builder`), the legacy calls where the
+    provider has none or the plan API has no engine for the problem."""
+    prob = _conv_problem(op, dtype, shapes, attrs, ptrs[2] is not None)
+    out_rank = len(shapes[0])
+    out_shape = getattr(prob, prob.out)
+    out_shape = out_shape if out_rank == 4 else (out_shape[0], out_shape[1], out_shape[3])
+    builder = getattr(p, "conv_builder", None)
+    if builder is None:
+        return _legacy_conv_plan(p, op, dtype, shapes, attrs, ptrs)
+    # The search runs on the real inputs and a scratch result.
+    scratch = p._malloc(_size(getattr(prob, prob.out)) * _ITEMSIZE[dtype])
+    keep: list = []
+    try:
+        bound = {prob.out: scratch, "w": ptrs[1], "b": ptrs[2],
+                 ("x" if prob.out == "y" else "y"): ptrs[0]}
+        top = builder(p, prob, bound, keep)
+    finally:
+        p.rt.call("free", ptr=scratch)
+    if top is None:   # no engine of the plan API takes this problem
+        _release(p, keep)
+        plan = _legacy_conv_plan(p, op, dtype, shapes, attrs, ptrs)
+        plan.info["api"] = "legacy (the plan API had no engine)"
+        return plan
+    # ABI pointer (input 0, weights, bias, or the result) of each role, in the op's order
+    source = {prob.out: -1, "w": 1, "b": 2, ("x" if prob.out == "y" else "y"): 0}
+    slots = tuple(source[r] for r in top.roles)
+    execute, need, workspace = top.run, top.workspace, p.workspace
+    bias = _bias_add(p, prob, keep) if prob.bias and not top.fused_bias else None
+    out_slot = top.roles.index(prob.out)
+
+    def launch(key):
+        """key: the roles' pointers, the bias (or None), the workspace (or None)."""
+        *args, b, ws = key
+        execute(tuple(args), ws)
+        if bias is not None:
+            bias(b, args[out_slot])
+    replays = Replays(p, launch) if p.table.graph_launch else None
+    if replays is not None:
+        keep.append(replays)
+    start = replays or launch
+
+    def run(ptrs, y):
+        start(tuple(y if i < 0 else ptrs[i] for i in slots)
+              + ((ptrs[2] if bias is not None else None), workspace(need) if need else None))
+    info = {"api": p.table.conv_api, **top.info, "bias": ("fused" if top.fused_bias else "add") if prob.bias else None,
+            "graph_launch": replays is not None}
+    return Plan(out_shape, run, keep, info)
+
+
+def _replayed(p: DnnProvider, plan: Plan):
+    """A legacy plan's `run(ptrs, y)` replayed from a graph per set of pointers."""
+    launch = plan.run
+    replays = Replays(p, lambda key: launch(key[:-1], key[-1]))
+    plan.keep.append(replays)
+
+    def run(ptrs, y):
+        replays((*ptrs, y))
+    return run
+
+
+def _bias_add(p: DnnProvider, prob: ConvProblem, keep):
+    """y += b over channels, the legacy call (cudnnAddTensor / miopenConvolutionForwardBias)."""
+    out = getattr(prob, prob.out)
+    yD = p.tensor(out, prob.dtype, keep)
+    bD = p.tensor((1, out[1], 1, 1), prob.dtype, keep)
+    scale = ctypes.c_float(1.0)
+    keep.append(scale)
+    one = ctypes.byref(scale)
+
+    def add(b, y):
+        p.api.call("add_tensor", h=p.handle, alpha=one, bD=bD, b=b, beta=one, yD=yD, y=y)
+    return add
+
+
+def _release(p: DnnProvider, keep):
+    """Free what a plan holds: ("free", device pointer), (destroy role, descriptor), or an object
+    with a `release()` (a cache of descriptors); anything else is only kept alive."""
+    for item in reversed(keep):
+        if isinstance(item, tuple):
+            role, d = item
+            if role == "free":
+                p.rt.call("free", ptr=d)
+            else:
+                p.api.call(role, desc=d)
+        elif hasattr(item, "release"):
+            item.release()
+    keep.clear()
+
+
+def _legacy_conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+    """The legacy calls: descriptors, the algorithm search, cudnnConvolutionForward & co."""
     t, api, keep = p.table, p.api, []
     transpose = op.startswith("conv_transpose")
     nsp = 1 if op.endswith("1d") else 2
@@ -411,7 +689,8 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
                  **descs, **{names[0]: ptrs[0], "w": ptrs[1], names[1]: y})
         if bD is not None:
             api.call("add_tensor", h=p.handle, alpha=one, bD=bD, b=ptrs[2], beta=one, yD=yD, y=y)
-    return Plan(ys if nsp == 2 else (ys[0], ys[1], ys[3]), run, keep, {"algo": algo, "workspace": need})
+    return Plan(ys if nsp == 2 else (ys[0], ys[1], ys[3]), run, keep,
+                {"api": "legacy", "algo": algo, "workspace": need})
 
 
 def _search(p: DnnProvider, kind, descs, ptrs, y_scratch, search_bytes, transpose):
@@ -547,6 +826,11 @@ def _lrn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
                  xD=xD, x=ptrs[0], beta=ctypes.byref(zero), yD=xD, y=y, do_backward=False, ws=None)
     return Plan(tuple(xs), run, keep)
 
+
+# Ops whose legacy launch depends on nothing but the pointers it is given (no workspace, no host
+# synchronization), so a graph captured once per set of pointers replays it exactly.
+REPLAYABLE = {"max_pool2d", "avg_pool2d", "softmax", "log_softmax", "relu", "sigmoid", "tanh", "elu",
+              "leaky_relu", "clipped_relu", "batch_norm", "lrn"}
 
 PLANNERS = {
     **{op: _conv_plan for op in ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")},

@@ -6,7 +6,10 @@ mode 0 (miopenConvolution) is cross-correlation, the workspace query takes w bef
 algorithm and must precede the (mandatory) search, which takes an `exhaustive` flag; workspace
 arguments come last in the convolution calls; the average pooling modes are swapped; softmax,
 pooling and LRN take their extra arguments in other positions; the RNN API packs gates in another
-order (recurrent.py); multi-head attention exists only here, as a Find 2.0 problem. tests/test_miopen_table.py
+order (recurrent.py); multi-head attention exists only here, as a Find 2.0 problem. Convolutions run
+through Find 2.0 as well (a convolution problem, `miopenFindSolutions` on the real inputs, then
+per call only `miopenRunSolution` with the tensor arguments x, w, y), the twin of cuDNN's execution
+plans in the shared planner; the bias add stays the legacy call. tests/test_miopen_table.py
 checks this table against those facts.
 """
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import ctypes
 
 from ...errors import DeviceError
-from .dnn import PLANNERS, DnnProvider, P, Perf, Plan, RuntimeTable, VendorTable, _ints, packed_strides
+from .dnn import PLANNERS, DnnProvider, P, Perf, Plan, RuntimeTable, TensorOp, VendorTable, _ints, packed_strides
 from .recurrent import PLANNERS as RNN_PLANNERS
 
 HIP = RuntimeTable(
@@ -103,6 +106,11 @@ FUNCTIONS = {
     "run_solution": ("miopenRunSolution", "h solution n_args args ws ws_size"),
     "destroy_problem": ("miopenDestroyProblem", "desc"),
     "destroy_solution": ("miopenDestroySolution", "desc"),
+    # convolutions through Find 2.0 (ROCm >= 5.5)
+    "create_conv_problem": ("miopenCreateConvProblem", "out desc direction"),
+    "create_find_options": ("miopenCreateFindOptions", "out"),
+    "set_find_tensor": ("miopenSetFindOptionPreallocatedTensor", "options tensor_id ptr"),
+    "destroy_find_options": ("miopenDestroyFindOptions", "desc"),
 }
 
 MIOPEN = VendorTable(
@@ -119,7 +127,8 @@ MIOPEN = VendorTable(
            "rnn_lstm": 2, "rnn_gru": 3, "rnn_linear_input": 0, "rnn_unidirectional": 0,
            "rnn_no_bias": 0, "rnn_bias": 1, "rnn_algo_standard": 0, "rnn_training": 0, "rnn_inference": 1,
            "rnn_seq_major_packed": 1,
-           "problem_forward": 0, "int64": 9},
+           # miopenProblemDirection_t (a transposed convolution is the backward-data problem)
+           "problem_forward": 0, "problem_backward_data": 1, "int64": 9},
     # op -> (miopenActivationMode_t, attribute given as activAlpha). TANH computes beta*tanh(alpha*x),
     # so it gets alpha = beta = 1 like every mode without a parameter.
     activations={"sigmoid": (1, None), "tanh": (2, None), "relu": (3, None), "clipped_relu": (7, "ceiling"),
@@ -132,6 +141,9 @@ MIOPEN = VendorTable(
     # (LSTM); update, reset, new memory (GRU). Ids 0..g-1 act on x, g..2g-1 on h.
     gate_order={"lstm": "ifog", "gru": "zrn"},
     rnn_weights="library_copies",
+    # miopenTensorArgumentId_t: miopenTensorConvolutionX / W / Y
+    conv_ids={"x": 1, "w": 2, "y": 3},
+    conv_api="Find 2.0 (miopenRunSolution)",
 )
 
 # miopenTensorArgumentId_t of the MHA forward problem's tensors.
@@ -210,7 +222,50 @@ def mha_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     return Plan(out, run, keep, {"solutions": count.value, "workspace": ws_size.value, "kv_length": s_kv})
 
 
+def find2_conv(p: DnnProvider, prob, bound: dict, keep: list):
+    """The convolution as a Find 2.0 problem; the search (`miopenFindSolutions`, fastest first)
+    runs on the real inputs and a scratch result handed over as preallocated tensors. None when
+    MIOpen finds no solution."""
+    t, api = p.table, p.api
+    ids = t.conv_ids
+    descs = {"x": p.tensor(prob.x, prob.dtype, keep), "w": p.tensor(prob.w, prob.dtype, keep, filter=True),
+             "y": p.tensor(prob.y, prob.dtype, keep)}
+    conv = p._out(P, "create_conv")
+    keep.append(("destroy_conv", conv))
+    api.call("set_conv", desc=conv, n=2, pads=_ints(prob.pad), stride_a=_ints(prob.stride),
+             dil_a=_ints(prob.dilation), mode=t.enums["cross_correlation"])
+    api.call("set_conv_groups", desc=conv, groups=prob.groups)
+    problem = p._out(P, "create_conv_problem", desc=conv, direction=t.enums[f"problem_{prob.direction}"])
+    keep.append(("destroy_problem", problem))
+    options = p._out(P, "create_find_options")
+    keep.append(("destroy_find_options", options))
+    for role in ("x", "w", "y"):
+        api.call("set_problem_tensor", problem=problem, tensor_id=ids[role], desc=descs[role])
+        api.call("set_find_tensor", options=options, tensor_id=ids[role], ptr=bound[role])
+    found, count = (P * 4)(), ctypes.c_size_t()
+    api.call("find_solutions", h=p.handle, problem=problem, options=options, solutions=found,
+             n_out=ctypes.byref(count), max_solutions=4)
+    if count.value == 0:
+        return None
+    keep += [("destroy_solution", found[i]) for i in range(count.value)]
+    solution = found[0]
+    size = ctypes.c_size_t()
+    api.call("solution_ws", solution=solution, size_out=ctypes.byref(size))
+    need = size.value
+    roles = ("x", "w", "y")
+    args = (TensorArgument * 3)(*[TensorArgument(ids[r], None, None) for r in roles])
+    keep.append(args)
+    run_solution, handle = api.bound("run_solution"), p.handle
+
+    def run(ptrs, ws):
+        for arg, ptr in zip(args, ptrs):
+            arg.buffer = ptr
+        run_solution(handle, solution, 3, args, ws, need)
+    return TensorOp(roles, run, workspace=need, info={"solutions": count.value, "workspace": need})
+
+
 class MiopenProvider(DnnProvider):
     table = MIOPEN
     planners = {**PLANNERS, **RNN_PLANNERS, "sdpa": mha_plan}
+    conv_builder = staticmethod(find2_conv)
     exportable_hint = "call iree.runtime.flags.parse_flags('--hip_async_allocations=false') before the first hip device is opened"
