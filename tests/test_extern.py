@@ -214,3 +214,24 @@ def test_missing_vendor_library_names_the_file_and_the_fix():
         assert "install" in str(e)
     else:
         pytest.skip("ROCm and MIOpen are installed here")
+
+
+def test_constant_operands_are_exported_once_not_copied_per_call():
+    """Constant weights (and absent operands) reach the import as module globals exported by an
+    initializer: the call site has no per-call allocation or copy, and the results are unchanged."""
+    rng = np.random.default_rng(11)
+    g = rocmc.Graph("const_conv")
+    x = g.input("x", ("n", 6, 9, 11), "f32")
+    w = g.constant("w", rand(rng, (4, 6, 3, 3)))
+    b = g.constant("b", rand(rng, (4,)))
+    y = ops.conv2d(x, w, b, padding=1)
+    g.output(ops.conv2d(y, g.constant("w2", rand(rng, (5, 4, 1, 1)))))
+    check(g, rand(rng, (2, 6, 9, 11)), impl={"conv2d": "miopen"})
+    art = rocmc.compile(g, "cuda:sm_80", impl={"conv2d": "miopen"})
+    ir = art.ir("input")
+    assert ir.count("util.initializer") == 4          # w, b, w2, and the absent bias of the second conv
+    hal = art.ir("hal")
+    main = hal[hal.index("util.func public @main("):]
+    main = main[:main.index("util.return")]
+    assert main.count("util.call @miopen.conv2d") == 2
+    assert "queue.copy" not in main and "queue.fill" not in main
