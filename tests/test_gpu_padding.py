@@ -74,23 +74,39 @@ def test_cpu_modules_are_not_padded():
     assert "tensor.pad" not in rocmc.compile(_matmul(((1, "s", 64), (64, 48))), "cpu").ir("input")
 
 
-def test_gpu_sdpa_with_symbolic_keys_switches_on_the_score_size():
-    ir = _input_ir(_sdpa(causal=True))
-    assert "scf.if" in ir
-    then, other = ir.split("} else {")
-    assert "iree_linalg_ext.attention" not in then and "iree_linalg_ext.attention" in other
-    assert re.search(r"arith.cmpi ule, %\w+, %\w+ : index", ir)
-    assert str(1 << 28) in ir
-    # a static key length keeps the fused op alone
-    ir = _input_ir(_sdpa(s=64, skv=64))
-    assert "scf.if" not in ir and "tensor.pad" not in ir and ir.count("iree_linalg_ext.attention") == 1
+def _functions(ir: str) -> dict:
+    """func name -> body text."""
+    parts = re.split(r"^func\.func @(\w+)", ir, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def test_gpu_sdpa_with_symbolic_keys_has_a_long_form_chosen_at_run_time():
+    art = rocmc.compile(_sdpa(causal=True), CUDA)
+    fns = _functions(art.ir("input"))
+    assert "iree_linalg_ext.attention" not in fns["main"] and "iree_linalg_ext.attention" in fns["main_long"]
+    long = art.metadata["long_form"]
+    assert long["function"] == "main_long" and long["scores"] == [[1, 4, "s", "s"]] and long["limit"] == 1 << 28
+    assert {"main", "main_long"} <= set(re.findall(r"@(main\w*)\(", art.ir("vm")))
+    # a static key length keeps the fused op alone, in one function
+    art = rocmc.compile(_sdpa(s=64, skv=64), CUDA)
+    assert "long_form" not in art.metadata and "tensor.pad" not in art.ir("input")
+    assert list(_functions(art.ir("input"))) == ["main"]
+
+
+def test_long_form_choice_follows_the_score_count():
+    from rocmc.runtime.module import Module, _size_of
+    assert _size_of("s", {"s": 37}) == 37 and _size_of("(s*8)", {"s": 3}) == 24
+    assert _size_of("__import__('os')", {}) == 0           # never evaluated beyond arithmetic
+    m = Module.__new__(Module)
+    m._long = {"function": "main_long", "scores": [[1, 4, "s", "t"]], "limit": 1000}
+    assert not m._too_long({"s": 10, "t": 25}) and m._too_long({"s": 10, "t": 26})
 
 
 @pytest.mark.parametrize("mask", [None, "bool", "add"])
 def test_padded_keys_are_masked_out(mask):
     """Padded keys must be dropped in both branches: the mask operand exists and compares with skv."""
     ir = _input_ir(_sdpa(mask=mask))
-    assert ir.count("arith.cmpi ult") >= 2          # the key guard, once per branch
+    assert ir.count("arith.cmpi ult") >= 2          # the key guard, once per function
     if mask == "add":
         assert "0xFC00" in ir                          # the user mask padded with -inf (f16)
 
@@ -112,4 +128,4 @@ def test_decomposed_implementation_matches_float64(causal, mask, dtype):
     compile_gpu(g, impl={"sdpa": "decomposed"})
     art = rocmc.compile(g, CUDA, impl={"sdpa": "decomposed"})
     assert [i["impl"] for i in art.implementations if i["op"] == "sdpa"] == ["decomposed"]
-    assert "iree_linalg_ext.attention" not in art.ir("input") and "scf.if" not in art.ir("input")
+    assert "iree_linalg_ext.attention" not in art.ir("input") and "long_form" not in art.metadata

@@ -26,6 +26,12 @@ class LowerContext:
     resources: dict = field(default_factory=dict)    # resource name -> numpy array
     kernels: list = field(default_factory=list)      # hand-written code objects embedded (for metadata)
     externs: list = field(default_factory=list)      # extern call imports (for metadata)
+    # GPU sdpa with a symbolic key length (attention.py): "decomposed" in @main, which records the
+    # score count of each such node in `long_sdpa`; "fused" in @main_long, which the runtime calls
+    # when those scores would not fit.
+    sdpa_form: str = "decomposed"
+    long_sdpa: list = field(default_factory=list)
+    _resource_of: dict = field(default_factory=dict)  # (id(array), elt) -> resource name
 
     def declare(self, key: str, text: str) -> None:
         """Add a module-level op once (keyed, so several nodes can share it)."""
@@ -52,8 +58,12 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         splat = flat.size > 0 and np.all(flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8))
         raw = (flat[:1] if splat else flat).tobytes()
         return E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {ty}', "cst")
-    name = f"rocmc_{hint}{len(ctx.resources)}"
-    ctx.resources[name] = arr
+    key = (id(arr), elt, arr.shape)
+    name = ctx._resource_of.get(key)
+    if name is None or ctx.resources.get(name) is not arr:
+        name = f"rocmc_{hint}{len(ctx.resources)}"
+        ctx.resources[name] = arr
+        ctx._resource_of[key] = name
     return E.op(f"arith.constant dense_resource<{name}> : {ty}", "cst")
 
 
@@ -77,10 +87,17 @@ def signature(graph: Graph) -> dict:
     }
 
 
-def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
-    graph.validate()
-    target = Target.parse(target)
-    ctx = LowerContext(target, graph)
+@dataclass
+class _Function:
+    name: str
+    args: list
+    rets: list
+    lines: list
+    choices: list
+
+
+def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str) -> _Function:
+    """One function computing the graph: an implementation per node, emitted in order."""
     E = Emitter()
     env: dict[int, T] = {}
     args = []
@@ -97,7 +114,7 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
             out = node.outputs[0]
             env[out.id] = ctx.constant(E, graph.constants[node.attrs["name"]], out.type, "w")
             continue
-        choice = registry.choose(node, target, impl, libraries)
+        choice = registry.choose(node, ctx.target, impl, libraries)
         operands = [None if v is None else env[v.id] for v in node.inputs]
         try:
             results = choice.impl.fn(E, node, operands, ctx)
@@ -122,6 +139,22 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
         if v.dtype.kind == "bool":
             r = E.convert(r, "i8")
         rets.append(r)
+    return _Function(name, args, rets, E.lines, choices)
+
+
+def _function_text(f: _Function, attrs: str = "") -> list[str]:
+    sig_in = ", ".join(f"{a.name}: {a.mlir}" for a in f.args)
+    sig_out = ", ".join(r.mlir for r in f.rets)
+    return [f"func.func @{f.name}({sig_in}) -> ({sig_out}) {attrs}{{", *f.lines,
+            f"  return {', '.join(r.name for r in f.rets)} : {sig_out}", "}"]
+
+
+def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
+    graph.validate()
+    target = Target.parse(target)
+    ctx = LowerContext(target, graph)
+    main = _emit_function(graph, ctx, impl, libraries, "main")
+    functions = [main]
     meta = {
         "rocmc": __version__,
         "iree": iree_version(),
@@ -130,23 +163,22 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
         "graph_text": str(graph),
         "target": str(target),
         "signature": signature(graph),
-        "implementations": choices,
+        "implementations": main.choices,
         "kernels": ctx.kernels,
         "externs": ctx.externs,
     }
-    sig_in = ", ".join(f"{a.name}: {a.mlir}" for a in args)
-    sig_out = ", ".join(r.mlir for r in rets)
-    body = "\n".join(E.lines)
-    refl = f'attributes {{iree.reflection = {{rocmc.meta = "{_escape(json.dumps(meta, sort_keys=True))}"}}}}'
-    text = "\n".join([
-        "module {",
-        *ctx.decls,
-        f"func.func @main({sig_in}) -> ({sig_out}) {refl} {{",
-        body,
-        f"  return {', '.join(r.name for r in rets)} : {sig_out}",
-        "}",
-        "}",
-    ])
+    if ctx.long_sdpa:
+        # The same graph with every such sdpa fused (sharing constants, kernels and imports): what
+        # the runtime calls when a decomposed sdpa's scores would exceed the limit.
+        from .generated.attention import DECOMPOSE_UP_TO_SCORES
+        kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_sdpa)
+        ctx.sdpa_form = "fused"
+        functions.append(_emit_function(graph, ctx, impl, libraries, "main_long"))
+        ctx.kernels[:], ctx.externs[:] = kernels, externs
+        meta["long_form"] = {"function": "main_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
+    refl = f'attributes {{iree.reflection = {{rocmc.meta = "{_escape(json.dumps(meta, sort_keys=True))}"}}}} '
+    text = "\n".join(["module {", *ctx.decls, *_function_text(main, refl),
+                      *[line for f in functions[1:] for line in _function_text(f)], "}"])
     return Lowered(target, text, _to_bytecode(text, ctx.resources), meta)
 
 

@@ -1,6 +1,7 @@
 """Loading and calling compiled modules."""
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -55,6 +56,9 @@ class Module:
         except Exception as e:
             raise DeviceError(f"could not load the module on {device!r}: {e}") from None
         self._fn = self._ctx.modules.module["main"]
+        # A second function for inputs whose attention scores would not fit (lowering/module.py).
+        self._long = meta.get("long_form")
+        self._fn_long = self._ctx.modules.module[self._long["function"]] if self._long else None
 
     @property
     def signature(self) -> dict:
@@ -64,7 +68,8 @@ class Module:
         ins = ", ".join(f"{i['name']}:{i['dtype']}[{','.join(map(str, i['shape']))}]" for i in self._sig["inputs"])
         return f"<rocmc.Module {self.artifact.metadata.get('graph')}({ins}) on {self.device_name}>"
 
-    def _validate(self, args, kwargs) -> list:
+    def _validate(self, args, kwargs) -> tuple[list, dict]:
+        """The inputs as the module takes them, and the size of each symbolic dim."""
         specs = self._sig["inputs"]
         names = [s["name"] for s in specs]
         if len(args) > len(specs):
@@ -110,7 +115,7 @@ class Module:
                 elif v.dtype.name == "bfloat16":
                     v = self._bf16_view(v)
             out.append(v)
-        return out
+        return out, {d: n for d, (n, _) in symbols.items()}
 
     def _bf16_view(self, v: np.ndarray):
         """A device array with IREE's bf16 element type (numpy's asarray path maps it to a raw 16-bit type)."""
@@ -124,9 +129,10 @@ class Module:
         """Run the module. output="numpy" copies results to host; "device" keeps them on the device."""
         if output not in ("numpy", "device"):
             raise InputError(f"output={output!r}: expected 'numpy' or 'device'")
-        inputs = self._validate(args, kwargs)
+        inputs, sizes = self._validate(args, kwargs)
+        fn = self._fn_long if self._long and self._too_long(sizes) else self._fn
         with self._lock:
-            results = self._fn(*inputs)
+            results = fn(*inputs)
         if not isinstance(results, (tuple, list)):
             results = (results,)
         outs = []
@@ -142,12 +148,37 @@ class Module:
                 outs.append(r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _too_long(self, symbols: dict) -> bool:
+        """Whether some attention's b * hq * s * skv, at these sizes, exceeds the decomposition's limit."""
+        limit = self._long["limit"]
+        for term in self._long["scores"]:
+            n = 1
+            for d in term:
+                n *= d if isinstance(d, int) else _size_of(d, symbols)
+            if n > limit:
+                return True
+        return False
+
     def close(self) -> None:
         """Free runtime objects now (they are also freed when the module is collected)."""
         self._fn = None
         self._vm_module = None
         self._ctx = None
         self._providers = []
+
+
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _size_of(expr: str, symbols: dict) -> int:
+    """A symbolic dim's size: a symbol, or an arithmetic expression of symbols (from reshapes)."""
+    text = _SYMBOL.sub(lambda m: str(symbols.get(m.group(0), 0)), expr)
+    if not re.fullmatch(r"[0-9+\-*/() ]*", text):
+        return 0
+    try:
+        return int(eval(text, {"__builtins__": {}}))   # digits and + - * / ( ) only, checked above
+    except (SyntaxError, ZeroDivisionError, ValueError):
+        return 0
 
 
 def _vm_module(instance, artifact: Artifact):

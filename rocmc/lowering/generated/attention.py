@@ -234,9 +234,11 @@ def lower_sdpa_decomposed(E: Emitter, node, ins, ctx):
 
 # GPU sdpa with a symbolic key length: IREE 3.13 gives the fused attention tensor cores (MMA) only for
 # a static key length; a symbolic one, even padded and hinted, gets lane-wise code (llama block h1024,
-# seq 2048, H200: 12.8 ms fused vs 2.9 ms decomposed, BENCHMARKS.md). The decomposition materialises the
-# (s, skv) scores, so the module picks at run time: decomposed while b * hq * s * skv <= this many
-# scores (1 GiB of f32), the fused op beyond (slow, but no quadratic memory).
+# seq 2048, H200: 12.8 ms fused vs 2.9 ms decomposed, BENCHMARKS.md). The decomposition materialises
+# the (s, skv) scores, so the module gets two functions: @main with the decomposition, and @main_long
+# with the fused op (slow, but no quadratic memory), which the runtime calls when b * hq * s * skv
+# exceeds this many scores (1 GiB of f32). (A run-time scf.if between the two in one function would be
+# simpler, but inside its regions IREE 3.13 gives the decomposition's contractions no MMA either.)
 DECOMPOSE_UP_TO_SCORES = 1 << 28
 
 
@@ -247,36 +249,11 @@ def lower_sdpa(E: Emitter, node, ins, ctx):
         return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
     q, k, v, mask, real = _pad_sequences(E, q, k, v, mask)
     dims = _Dims(E, q, k, real)
-    if not dims.keys_padded:
+    if isinstance(node.inputs[1].shape[2], int) or ctx.sdpa_form == "fused":
         return [_fused(E, node, q, k, v, mask, dims)]
-    return [_switch(E, _scores_fit(E, q, dims), node.outputs[0].type, q.mlir_elt,
-                    lambda: _decomposed(E, node, q, k, v, mask, dims, p_elt=q.mlir_elt)[0],
-                    lambda: _fused(E, node, q, k, v, mask, dims))]
-
-
-def _scores_fit(E: Emitter, q: T, dims: _Dims) -> str:
-    """i1: b * hq * s * skv (padded sizes) <= DECOMPOSE_UP_TO_SCORES."""
-    n = E.as_index(q.shape[1] if isinstance(q.shape[1], int) else E.dim(q, 1))
-    for d in (dims.b, dims.s, dims.skv):
-        n = E.op(f"arith.muli {n}, {E.as_index(d)} : index")
-    return E.op(f"arith.cmpi ule, {n}, {E.index(DECOMPOSE_UP_TO_SCORES)} : index")
-
-
-def _switch(E: Emitter, cond: str, out, elt: str, then, otherwise) -> T:
-    """scf.if cond { then() } else { otherwise() }: values made inside a branch stay inside it, so the
-    emitter's caches of dims and padded tensors are restored after each."""
-    ty = tensor_type(out.shape, elt)
-    r = E.fresh("sel")
-    E.lines.append(f"  {r} = scf.if {cond} -> ({ty}) {{")
-    for i, branch in enumerate((then, otherwise)):
-        saved = dict(E._dim_cache), dict(E.__dict__.get("_pad_cache", {}))
-        y = branch()
-        E.emit(f"  scf.yield {y.name} : {ty}")
-        E._dim_cache, E.__dict__["_pad_cache"] = saved
-        if i == 0:
-            E.lines.append("  } else {")
-    E.lines.append(f"  }} {E.loc}")
-    return T(r, out)
+    qs, ks = node.inputs[0].shape, node.inputs[1].shape
+    ctx.long_sdpa.append([qs[0], qs[1], qs[2], ks[2]])
+    return _decomposed(E, node, q, k, v, mask, dims, p_elt=q.mlir_elt)
 
 
 def _fused(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> T:
