@@ -38,13 +38,22 @@ def _rand(rng, shape, dtype, lo=-2.0, hi=2.0):
 
 # ---- cases: name -> (graph, inputs(rng)) -----------------------------------------------------------------
 
-def norm_case(op, dtype, shape, sym=None, axis=-1, weight=True, bias=True, shift=0.0):
-    """rms_norm / layer_norm over x.shape[axis:]; `sym` makes dim 0 symbolic ("all": every dim)."""
+def _with_first(x, first):
+    """x with the first element of every row set to `first` (None: unchanged)."""
+    if first is not None:
+        x = x.copy()
+        x.reshape(-1, x.shape[-1])[:, 0] = first
+    return x
+
+
+def norm_case(op, dtype, shape, sym=None, axis=-1, weight=True, bias=True, shift=0.0, first=None):
+    """rms_norm / layer_norm over x.shape[axis:]; `sym` makes dim 0 symbolic ("all": every dim); `first`: the
+    value of every row's first element (an outlier: the one-pass LayerNorm shifts by that element)."""
     g = rocmc.Graph("n")
     xs = tuple(f"d{i}" for i in range(len(shape))) if sym == "all" else (sym,) + tuple(shape[1:]) if sym else shape
     x = g.input("x", xs, dtype)
     ax = axis % len(shape)
-    inputs = [lambda rng: _rand(rng, shape, dtype, -2 + shift, 2 + shift)]
+    inputs = [lambda rng: _with_first(_rand(rng, shape, dtype, -2 + shift, 2 + shift), first)]
     w = b = None
     if weight:
         w = g.input("w", xs[ax:], dtype)
@@ -94,6 +103,7 @@ def cases() -> dict:
             out[f"{op}_{dt}_dyncols"] = norm_case(op, dt, (5, 3000), sym="all")
             out[f"{op}_{dt}_noaffine"] = norm_case(op, dt, (5, 777), weight=False, bias=False)
         out[f"layer_norm_{dt}_shifted"] = norm_case("layer_norm", dt, (4, 2048), shift=300.0 if dt == "f32" else 8.0)
+        out[f"layer_norm_{dt}_outlier"] = norm_case("layer_norm", dt, (4, 2048), first=1000.0 if dt == "f32" else 200.0)
         out[f"layer_norm_{dt}_nobias"] = norm_case("layer_norm", dt, (4, 512), bias=False)
         for inter in (False, True):
             v = "i" if inter else "h"

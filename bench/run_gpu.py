@@ -31,7 +31,7 @@ TARGET = "cuda:sm_80"
 # batch norm and activations to cuDNN through the extern-call path; "cudnn_conv" only the convolutions.
 # "+static" fixes the symbolic sequence length to the case's (2048): with a dynamic M, IREE 3.13 gives
 # every matmul a GEMV-style reduction strategy on CUDA instead of tensor-core MMA (BENCHMARKS.md).
-_LLAMA = {"kernels": {}, "generated": {"impl": "generated"}, "kernels+decomposed": {"impl": {"sdpa": "decomposed"}},
+_LLAMA = {"kernels": {}, "generated": {"impl": "generated"},
           "kernels+static": {"static": True}, "generated+static": {"impl": "generated", "static": True}}
 CASES = {
     "llama_h1024_s2048_f16": _LLAMA,

@@ -11,39 +11,36 @@
 
 template <typename T, int N, int C>
 DEVICE void rms_norm_rows(const T* x, const T* w, T* y, u32 rows, u32 cols, u32 group, float eps, bool has_w,
-                          float* smem) {
-  RowSlot s = row_slot(rows, group);
-  const T* xr = x + (u64)s.row * cols;
-  RowCache<T, N, C> c;
-  c.load(xr, cols, group, s.lane, s.active);
-  float ss = row_pass(c, xr, cols, group, s.lane, s.active, [](const Vec<T, N>& v) { return sumsq_vec(v, 0.0f); });
-  ss = group_sum(ss, group, smem);
-  float scale = rsqrt_f32(ss / (float)cols + eps);
-  row_write(c, xr, y + (u64)s.row * cols, cols, group, s.lane, s.active, [&](const Vec<T, N>& v, u32 i) {
-    float wf[N];
-    column_f32<T, N>(w, has_w, i, 1.0f, wf);
-    Vec<T, N> o;
+                          SumSlots<1>* slots) {
+  for_rows<T, N, C>(x, rows, cols, group, slots, [&](const RowSlot& s, const RowCache<T, N, C>& c, SumSlots<1>* sl) {
+    const T* xr = x + (u64)s.row * cols;
+    float ss = row_pass(c, xr, cols, group, s.lane, s.active, [](const Vec<T, N>& v) { return sumsq_vec(v, 0.0f); });
+    float scale = rsqrt_f32(group_sum(ss, group, sl) / (float)cols + eps);
+    row_write(c, xr, y + (u64)s.row * cols, cols, group, s.lane, s.active, [&](const Vec<T, N>& v, u32 i) {
+      float wf[N], o[N];
+      column_f32<T, N>(w, has_w, i, 1.0f, wf);
 #pragma unroll
-    for (int j = 0; j < N; ++j) o.v[j] = from_f32<T>(to_f32(v.v[j]) * scale * wf[j]);
-    return o;
+      for (int j = 0; j < N; ++j) o[j] = to_f32(v.v[j]) * scale * wf[j];
+      return round_vec<T, N>(o);
+    });
   });
 }
 
 template <typename T, int C>
 DEVICE void rms_norm(const T* x, const T* w, T* y, u32 rows, u32 cols, u32 group, u32 eps_bits, u32 flags) {
-  SHARED float smem[BLOCK / WAVE];
+  SHARED SumSlots<1> slots[2];
   constexpr int W = Wide<T>::N;
   float eps = __builtin_bit_cast(float, eps_bits);
   bool has_w = flags & 1u;
   if (cols % W == 0 && aligned16(x, w, y))
-    rms_norm_rows<T, W, C>(x, w, y, rows, cols, group, eps, has_w, smem);
+    rms_norm_rows<T, W, C>(x, w, y, rows, cols, group, eps, has_w, slots);
   else
-    rms_norm_rows<T, 1, C>(x, w, y, rows, cols, group, eps, has_w, smem);
+    rms_norm_rows<T, 1, C>(x, w, y, rows, cols, group, eps, has_w, slots);
 }
 
 #define RMS_NORM(name, T, C)                                                                                  \
-  KERNEL(BLOCK) void name(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, u32 rows, \
-                          u32 cols, u32 group, u32 eps, u32 flags) {                                       \
+  ROW_KERNEL(C) void name(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, u32 rows,         \
+                          u32 cols, u32 group, u32 eps, u32 flags) {                                             \
     rms_norm<T, C>(x, w, y, rows, cols, group, eps, flags);                                                   \
   }
 RMS_NORM(rms_norm_f32, float, 8)

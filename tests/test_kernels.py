@@ -91,6 +91,40 @@ def test_workgroup_size_and_no_spills(built):
             assert ".local" not in body, f"{spec.symbol} uses local memory (a stack or spills)"
 
 
+def test_nvptx_rounds_bf16_in_hardware():
+    """sm_80+ rounds f32 to bf16 with cvt (two at a time in the norms' vector stores), not integer arithmetic."""
+    for arch in ("sm_80", "sm_90"):
+        norms = kernels.build("rms_norm.hip", arch).data + kernels.build("layer_norm.hip", arch).data
+        assert b"cvt.rn.bf16x2.f32" in norms
+        assert b"cvt.rn.bf16.f32" in kernels.build("rope.hip", arch).data
+
+
+# Non-default values of every tuning switch (custom_kernels/rows.h, rocmc_gpu.h) that bench/kernel_sweep.py
+# builds: they must keep building, with no spills, wherever the defaults do.
+SWITCHES = (("ROCMC_STREAM=2", "ROCMC_SYNC1=0", "ROCMC_PREFETCH=1", "ROCMC_LN_ONEPASS=2", "ROCMC_HW_BF16=0",
+             "ROCMC_SHORT_MIN_BLOCKS=4"),
+            ("ROCMC_STREAM=1", "ROCMC_LN_ONEPASS=0", "ROCMC_HW_BF16=1", "ROCMC_LOAD_NC=1"))
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "sm_90"])
+@pytest.mark.parametrize("switches", SWITCHES, ids=["stream-prefetch", "two-pass-nc"])
+def test_tuning_switches_build(arch, switches):
+    flags = [f"-D{s}" for s in switches]
+    for source in ("rms_norm.hip", "layer_norm.hip"):
+        obj = kernels.build(source, arch, flags)
+        want = {s.symbol for s in kernels.KERNELS.values() if s.source == source}
+        assert want <= set(obj.symbols)
+        if arch.startswith("gfx"):
+            assert all(r["ScratchSize"] == 0 and r["VGPRs Spill"] == 0 for r in obj.resources.values())
+            continue
+        text = obj.data.decode()
+        assert ".local" not in text
+        assert "st.global.cs.v4.u32" in text                                  # streaming stores: both sets
+        streamed_loads = "ld.global.cs" in text or "L1::no_allocate" in text
+        assert streamed_loads == ("ROCMC_STREAM=2" in switches)
+        assert ("cvt.rn.bf16" in text) == ("ROCMC_HW_BF16=0" not in switches)
+
+
 def test_build_is_cached(monkeypatch):
     first = kernels.build("rope.hip", "gfx942")
     monkeypatch.setattr(kernels, "_run_clang", lambda *a: pytest.fail("rebuilt a cached kernel"))

@@ -5,7 +5,8 @@ product of the others. The host picks how many threads share a row (`group`) fro
 mirroring the kernels' register cache: each thread holds up to `cache` 16-byte vectors, so a row of up
 to group * cache * width elements is read once; short rows share a 256-thread workgroup. Rows that fit
 4 vectors a thread use the `_short` kernels (cache 4): measured on an H100, their lower register count
-(40 vs 75) beats the larger cache up to 4096 f32 / 8192 bf16 columns (BENCHMARKS.md).
+(40-48 vs 57-64 on sm_90) beats the larger cache up to 4096 f32 / 8192 bf16 columns (BENCHMARKS.md; the
+4096-column rows were measured again with bench/kernel_sweep.py, halving the threads per row for cache 8).
 """
 from __future__ import annotations
 
