@@ -23,31 +23,47 @@ _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 _CHUNK = 16 << 20
+_pool = None
 
 
-def content_digests(arrays) -> list[bytes]:
-    """sha256 of each array's bytes. Arrays over 32 MiB are hashed as 16 MiB chunks whose digests are
-    hashed again; all chunks of all arrays go to one thread pool (hashlib releases the GIL), so big
-    weights cost what the cores can hash together, not one core's speed."""
-    views = [memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a in arrays]
-    jobs = [[v] if len(v) <= 2 * _CHUNK else [v[i:i + _CHUNK] for i in range(0, len(v), _CHUNK)]
-            for v in views]
-    flat = [c for parts in jobs for c in parts]
-    if len(flat) > 1 and sum(len(c) for c in flat) > 2 * _CHUNK:
+def _hash_pool():
+    global _pool
+    if _pool is None:
         from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(len(flat), os.cpu_count() or 1)) as pool:
-            done = iter(list(pool.map(lambda c: hashlib.sha256(c).digest(), flat)))
-    else:
-        done = iter([hashlib.sha256(c).digest() for c in flat])
-    out = []
-    for parts in jobs:
-        ds = [next(done) for _ in parts]
-        out.append(ds[0] if len(parts) == 1 else hashlib.sha256(b"".join(ds)).digest())
-    return out
+        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="rocmc-hash")
+    return _pool
+
+
+def _sha256(data) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+class ContentDigest:
+    """sha256 of an array's bytes, computed in the background: arrays over 32 MiB as 16 MiB chunks on a
+    shared thread pool (hashlib releases the GIL) whose digests are hashed again. A constant's digest
+    starts when the constant is added, so it overlaps the building of the rest of the graph, and a
+    compile (or a cache hit) only waits for what is left."""
+
+    def __init__(self, a: np.ndarray):
+        data = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        self._value = None
+        if len(data) <= 2 * _CHUNK:
+            self._value = _sha256(data) if len(data) <= (1 << 20) else None
+            self._parts = None if self._value else [_hash_pool().submit(_sha256, data)]
+        else:
+            self._parts = [_hash_pool().submit(_sha256, data[i:i + _CHUNK]) for i in range(0, len(data), _CHUNK)]
+        self._chunked = len(data) > 2 * _CHUNK
+
+    def result(self) -> bytes:
+        if self._value is None:
+            ds = [f.result() for f in self._parts]
+            self._value = _sha256(b"".join(ds)) if self._chunked else ds[0]
+            self._parts = None
+        return self._value
 
 
 def content_digest(a: np.ndarray) -> bytes:
-    return content_digests([a])[0]
+    return ContentDigest(a).result()
 
 
 def format_dim(d: Dim) -> str:
@@ -218,6 +234,7 @@ class Graph:
         const = np.array(arr, order="C", copy=True)
         const.flags.writeable = False
         self.constants[name] = const
+        self._digests[name] = (const, ContentDigest(const))
         node = Node("constant", [], {"name": name}, id=len(self.nodes))
         v = Value(self, TensorType(tuple(int(d) for d in arr.shape), dt), node, 0, name)
         node.outputs = [v]
@@ -274,16 +291,15 @@ class Graph:
 
     def hash(self) -> str:
         """Stable content hash: structure, attributes and every constant's bytes."""
-        names = sorted(self.constants)
-        # Each constant's digest is computed once (constants are read-only copies owned by the graph).
-        stale = [n for n in names if self._digests.get(n, (None,))[0] is not self.constants[n]]
-        for n, d in zip(stale, content_digests([self.constants[n] for n in stale])):
-            self._digests[n] = (self.constants[n], d)
+        # Each constant's digest is computed once, from when it was added (constants are read-only
+        # copies owned by the graph; one replaced in `constants` directly gets a fresh digest).
         h = hashlib.sha256(str(self).encode())
-        for name in names:
+        for name in sorted(self.constants):
             a = self.constants[name]
+            if self._digests.get(name, (None,))[0] is not a:
+                self._digests[name] = (a, ContentDigest(a))
             h.update(f"{name}:{a.dtype.str}:{a.shape}:".encode())
-            h.update(self._digests[name][1])
+            h.update(self._digests[name][1].result())
         return h.hexdigest()
 
     def validate(self) -> None:

@@ -58,13 +58,16 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         splat = flat.size > 0 and np.all(flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8))
         raw = (flat[:1] if splat else flat).tobytes()
         return E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {ty}', "cst")
+    # A module global holding a resource: every function of the module (and initializers) loads the
+    # same one, so the weights are stored once whatever uses them.
     key = (id(arr), elt, arr.shape)
     name = ctx._resource_of.get(key)
     if name is None or ctx.resources.get(name) is not arr:
         name = f"rocmc_{hint}{len(ctx.resources)}"
         ctx.resources[name] = arr
         ctx._resource_of[key] = name
-    return E.op(f"arith.constant dense_resource<{name}> : {ty}", "cst")
+        ctx.declare(f"global:{name}", f"util.global private @{name} = dense_resource<{name}> : {ty}")
+    return E.op(f"util.global.load @{name} : {ty}", "cst")
 
 
 @dataclass
@@ -205,19 +208,22 @@ def _to_bytecode(text: str, resources: dict) -> bytes:
 def _bind_resources(ir, module, resources: dict, keep: list) -> None:
     """Replace each placeholder `dense_resource<name>` with the array's bytes, copied only once
     into the bytecode (no hex text)."""
+    attr_of = {"arith.constant": "value", "util.global": "initial_value"}
+
     def walk(op):
         for region in op.regions:
             for block in region.blocks:
                 for o in block.operations:
-                    if o.name == "arith.constant":
-                        a = o.attributes["value"]
+                    key = attr_of.get(o.name)
+                    if key is not None and key in o.attributes:
+                        a = o.attributes[key]
                         s = str(a)
                         if s.startswith("dense_resource<"):
                             name = s[len("dense_resource<"):s.index(">")]
                             arr = resources[name]
                             raw = arr.view(np.uint8) if arr.dtype.itemsize == 1 else arr.view(f"u{arr.dtype.itemsize}")
                             keep.append(raw)
-                            o.attributes["value"] = ir.DenseResourceElementsAttr.get_from_buffer(
+                            o.attributes[key] = ir.DenseResourceElementsAttr.get_from_buffer(
                                 memoryview(raw), name, a.type)
                     walk(o)
     walk(module.operation)
