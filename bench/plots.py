@@ -26,8 +26,8 @@ LABEL = {"rocmc": "rocmc", "rocmc_tuned": "rocmc + IREE flags", "onnxruntime": "
          "rocmc:generated": "rocmc (generated only)", "rocmc:cudnn": "rocmc (cuDNN: conv, BN, pool, ReLU)",
          "rocmc:cudnn_conv": "rocmc (cuDNN conv)",
          "torch:eager": "PyTorch eager", "torch:compile": "torch.compile",
-         "rocmc:kernels+static": "rocmc (kernels, static seq: WRONG output)",
-         "rocmc:generated+static": "rocmc (generated, static seq: WRONG output)"}
+         "rocmc:kernels+static": "rocmc (kernels, static seq)",
+         "rocmc:generated+static": "rocmc (generated, static seq)"}
 
 
 def _load(path: Path):
