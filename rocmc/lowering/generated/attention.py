@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ..emitter import Emitter, T, affine_map, float_literal, tensor_type
 from ..registry import lowering
-from .padding import pad_axes, slice_to
+from .padding import multiple_for, pad_axes, slice_to
 
 B, H, G, M, K1, K2, N = range(7)
 NLOOPS = 7
@@ -206,16 +206,16 @@ def _heads_merged(E: Emitter, node, y: str, y_ty: str, elt: str, q: T, dims: _Di
     return slice_to(E, T(y, padded), out, [None, None, dims.real_s, None])
 
 
-def _pad_sequences(E: Emitter, q: T, k: T, v: T, mask: T | None):
-    """GPU targets: symbolic s and skv zero-padded to a tile multiple (padding.py: without it IREE 3.13
-    gives the attention a lane-wise strategy with no MMA). Padded keys are masked out by the guard in
+def _pad_sequences(E: Emitter, q: T, k: T, v: T, mask: T | None, multiple: int):
+    """Symbolic s and skv zero-padded to a tile multiple (padding.py: without it IREE 3.13 gives the
+    attention a lane-wise strategy with no MMA on GPUs, and the CPU's data tiling fails). Padded keys are masked out by the guard in
     _mask; a user mask is padded with 'drop' (false / -inf) and padded query rows are sliced off."""
     real = (E.dim(q, 2), E.dim(k, 2))
-    q, k, v = pad_axes(E, q, [2]), pad_axes(E, k, [2]), pad_axes(E, v, [2])
+    q, k, v = (pad_axes(E, t, [2], multiple) for t in (q, k, v))
     if mask is not None:
         axes = [a for a in (mask.rank - 2, mask.rank - 1) if a >= 0 and not isinstance(mask.shape[a], int)]
         drop = False if mask.mlir_elt == "i1" else float("-inf")
-        mask = pad_axes(E, mask, axes, value=drop)
+        mask = pad_axes(E, mask, axes, multiple, value=drop)
     return q, k, v, mask, real
 
 
@@ -228,7 +228,7 @@ def lower_sdpa_decomposed(E: Emitter, node, ins, ctx):
     q, k, v, mask = ins
     if ctx.target.kind == "cpu":
         return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
-    q, k, v, mask, real = _pad_sequences(E, q, k, v, mask)
+    q, k, v, mask, real = _pad_sequences(E, q, k, v, mask, multiple_for(ctx.target))
     return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k, real), p_elt=q.mlir_elt)
 
 
@@ -245,9 +245,9 @@ DECOMPOSE_UP_TO_SCORES = 1 << 28
 @lowering("sdpa")
 def lower_sdpa(E: Emitter, node, ins, ctx):
     q, k, v, mask = ins
-    if ctx.target.kind == "cpu":
+    if ctx.target.kind == "cpu":   # (padded here, some masked forms take IREE 3.13 minutes to compile)
         return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
-    q, k, v, mask, real = _pad_sequences(E, q, k, v, mask)
+    q, k, v, mask, real = _pad_sequences(E, q, k, v, mask, multiple_for(ctx.target))
     dims = _Dims(E, q, k, real)
     if isinstance(node.inputs[1].shape[2], int) or ctx.sdpa_form == "fused":
         return [_fused(E, node, q, k, v, mask, dims)]

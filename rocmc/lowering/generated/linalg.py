@@ -12,7 +12,7 @@ from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 from .elementwise import compute_elt
-from .padding import pad_axes, slice_to
+from .padding import multiple_for, pad_axes, slice_to
 
 
 def _is_float(elt: str) -> bool:
@@ -65,23 +65,31 @@ def _contract(E: Emitter, a: T, b: T, maps, nloops: int, init: tuple, out_type, 
     return E.convert(finish(T(r[0], out_type, acc)), storage)
 
 
-def _gpu_padding(E: Emitter, ctx, x: T, w: T, x_rows, w_cols, k_axes, out: TensorType, out_axes):
-    """On GPU targets, the contraction's symbolic M (axis x_rows of x), N (axis w_cols of w) and a K
-    symbolic in both operands (k_axes) are zero-padded to a tile multiple (padding.py). Returns the
+def _padded(E: Emitter, ctx, x: T, w: T, x_rows, w_cols, k_axes, out: TensorType, out_axes,
+            x_transposed: bool = False):
+    """The contraction's symbolic M (axis x_rows of x), N (axis w_cols of w) and a K symbolic in both
+    operands (k_axes) zero-padded to the target's tile multiple (padding.py). Returns the
     operands, the type of the result to compute and a function slicing that result back to `out`;
-    out_axes = the result axes of M and N (None where absent)."""
+    out_axes = the result axes of M and N (None where absent).
+
+    On the CPU only M of an x in row order is padded: that is what data tiling needs, and IREE 3.13's
+    data tiling fails with a padded K or N (the module then falls back to no data tiling) and runs out
+    of memory compiling a padded transposed x (over 14 GB for a 2-D f16 matmul)."""
     keep = (x, w, out, lambda r: r)
-    if not ctx.target.is_gpu:
-        return keep
+    m = multiple_for(ctx.target)
+    if ctx.target.kind == "cpu":
+        if x_transposed:
+            return keep
+        w_cols, k_axes = None, (None, None)
     xk, wk = k_axes
-    pad_k = not isinstance(x.shape[xk], int) and not isinstance(w.shape[wk], int)
-    px = pad_axes(E, x, [a for a in (x_rows,) if a is not None] + [xk] * pad_k)
-    pw = pad_axes(E, w, [a for a in (w_cols,) if a is not None] + [wk] * pad_k)
+    pad_k = xk is not None and not isinstance(x.shape[xk], int) and not isinstance(w.shape[wk], int)
+    px = pad_axes(E, x, [a for a in (x_rows,) if a is not None] + [xk] * pad_k, m)
+    pw = pad_axes(E, w, [a for a in (w_cols,) if a is not None] + [wk] * pad_k, m)
     if px is x and pw is w:
         return keep
     shape, real = list(out.shape), [None] * out.rank
     for o, (t, pt, a) in zip(out_axes, ((x, px, x_rows), (w, pw, w_cols))):
-        if o is not None:
+        if o is not None and a is not None and pt is not t:
             shape[o] = pt.shape[a]
             real[o] = E.dim(t, a)
     return px, pw, out.with_shape(shape), lambda r: slice_to(E, r, out, real)
@@ -99,8 +107,8 @@ def lower_matmul(E: Emitter, node, ins, ctx):
     b_cols = (b.rank - 2 if tb else b.rank - 1) if has_n else None
     a_k = (a.rank - 2 if ta else a.rank - 1) if has_m else 0
     b_k = (b.rank - 1 if tb else b.rank - 2) if has_n else 0
-    a, b, out_c, finish = _gpu_padding(E, ctx, a, b, a_rows, b_cols, (a_k, b_k), out,
-                                       (m if has_m else None, n if has_n else None))
+    a, b, out_c, finish = _padded(E, ctx, a, b, a_rows, b_cols, (a_k, b_k), out,
+                                  (m if has_m else None, n if has_n else None), x_transposed=ta)
     nloops = k + 1
     a_tail = ((k, m) if ta else (m, k)) if has_m else (k,)
     b_tail = ((n, k) if tb else (k, n)) if has_n else (k,)
@@ -121,7 +129,7 @@ def lower_linear(E: Emitter, node, ins, ctx):
     out = node.outputs[0].type
     lead = x.rank - 1
     rows = next((i for i in reversed(range(lead)) if not isinstance(x.shape[i], int)), None)
-    x, w, out_c, finish = _gpu_padding(E, ctx, x, w, rows, 0, (lead, 1), out, (rows, lead))
+    x, w, out_c, finish = _padded(E, ctx, x, w, rows, 0, (lead, 1), out, (rows, lead))
     n, k = lead, lead + 1
     nloops = k + 1
     maps = [affine_map(nloops, list(range(lead)) + [k]), affine_map(nloops, [n, k])]
@@ -129,7 +137,7 @@ def lower_linear(E: Emitter, node, ins, ctx):
     acc = compute_elt(x.mlir_elt)
     ty = tensor_type(out_c.shape, acc)
     if bias is not None and not isinstance(w.shape[0], int) and w.shape[0] != out.shape[-1]:
-        bias = pad_axes(E, bias, [0])
+        bias = pad_axes(E, bias, [0], multiple_for(ctx.target))
     init = _bias_init(E, bias, sizes, ty, acc) if bias is not None else E.filled(sizes, acc, 0)
     return [_contract(E, x, w, maps, nloops, (init, ty), out_c, finish)]
 

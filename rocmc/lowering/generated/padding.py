@@ -1,10 +1,13 @@
-"""GPU targets: symbolic contraction sizes padded to a multiple of a tile, so IREE can use tensor cores.
+"""Symbolic contraction sizes padded to a multiple of a tile, so IREE can use its tiled strategies.
 
-Why: IREE 3.13 picks its GPU strategy for a contraction from what it knows of the sizes. With a
+Why: IREE 3.13 picks its strategy for a contraction from what it knows of the sizes. On GPUs, with a
 symbolic M (a sequence length), a projection matmul gets a matrix-vector strategy (VectorDistribute
 with a `partial_reduction` config: no MMA, 0.3 TFLOP/s on an H100, BENCHMARKS.md); the same matmul
 with a static M, or a symbolic one known to be a multiple of 16 (`util.assume.int ... udiv = 16`), gets
-TileAndFuse with `NV_MMA_SYNC`/MFMA tiles. A divisibility hint must be true, so rocmc makes it true:
+TileAndFuse with `NV_MMA_SYNC`/MFMA tiles. On the CPU, data tiling (mmt4d packing) fails to compile the
+llama block with a symbolic sequence length ("all stack allocations need to be hoisted"); with the sizes
+padded and hinted it compiles, and the block runs 2.5-6x faster (BENCHMARKS.md). A divisibility hint must
+be true, so rocmc makes it true:
 the operand is padded with zeros up to the next multiple (`tensor.pad`, which IREE fuses into the
 contraction's dispatch), the padded size carries the hint, and the result is sliced back to the real
 size. Zero rows/columns contribute nothing to the kept results, and zero-padding K adds zeros, so the
@@ -15,9 +18,16 @@ from __future__ import annotations
 from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, tensor_type
 
-# The padded size's divisibility. 64 gives IREE 3.13 its 64-row MMA workgroup tiles (16 already
-# enables MMA, with 16-row tiles).
+# The padded size's divisibility per target kind. GPUs: 64 gives IREE 3.13 its 64-row MMA workgroup
+# tiles (16 already enables MMA, with 16-row tiles). CPU: 16, the row count of the AVX-512 f32 mmt4d
+# tile; 8 and 64 measured the same at sequence 37-2048, and at sequence 1 (decode) a larger multiple
+# costs more (64: 5.0 ms vs 2.0 ms for the llama block).
+MULTIPLES = {"cpu": 16, "rocm": 64, "cuda": 64}
 MULTIPLE = 64
+
+
+def multiple_for(target) -> int:
+    return MULTIPLES.get(target.kind, MULTIPLE)
 _UMAX = 1 << 62
 
 

@@ -1,5 +1,6 @@
-"""GPU targets pad symbolic contraction sizes to a tile multiple (rocmc/lowering/generated/padding.py) and
-pick the sdpa form at run time by the score matrix's size (attention.py). The numbers are the GPU's
+"""Symbolic contraction sizes are padded to a tile multiple (rocmc/lowering/generated/padding.py: 64 on
+GPUs, 16 on the CPU), and GPU modules pick the sdpa form at run time by the score matrix's size
+(attention.py). The numbers are the GPU's
 (bench/gpu_check.py on an NVIDIA GPU, BENCHMARKS.md); here: the CPU semantics of the same graphs against
 float64, the "decomposed" sdpa implementation on the CPU, and the shape of the GPU modules' IR.
 """
@@ -70,8 +71,11 @@ def test_linear_pads_the_last_symbolic_row_dim_and_keeps_the_bias():
     check(_linear(), rand(rng, (2, 37, 96)), rand(rng, (80, 96)), rand(rng, (80,)))
 
 
-def test_cpu_modules_are_not_padded():
-    assert "tensor.pad" not in rocmc.compile(_matmul(((1, "s", 64), (64, 48))), "cpu").ir("input")
+def test_cpu_modules_pad_to_16_and_compile_with_data_tiling():
+    art = rocmc.compile(_matmul(((1, "s", 64), (64, 48))), "cpu")
+    ir = art.ir("input")
+    assert ir.count("tensor.pad") == 1 and "udiv = 16" in ir
+    assert "--iree-opt-data-tiling" in art.metadata["compile_flags"] and "compile_note" not in art.metadata
 
 
 def _functions(ir: str) -> dict:
