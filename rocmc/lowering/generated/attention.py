@@ -21,6 +21,10 @@ On llvm-cpu the fused op is decomposed instead: IREE 3.13 tiles it there one que
 (matrix-vector code, 30-60x slower than the decomposition at sequence 128-2048, BENCHMARKS.md), while
 the two contractions of the decomposition get its matmul code generation. The (s, skv) scores are
 materialised in f32; the masks are the same operand as above.
+
+On GPUs with a symbolic key length the fused op gets no tensor cores from IREE 3.13 either: there the
+module's @main decomposes (sequence lengths padded to a tile multiple, p stored in the storage type for
+p.v) and @main_long keeps the fused op for calls whose scores would not fit (see lower_sdpa).
 """
 from __future__ import annotations
 
