@@ -78,8 +78,11 @@ def test_attention_block_matches_reference_static_and_symbolic():
     rng = np.random.default_rng()
     args = [rand(rng, (1, 48, 64), "f16"), rand(rng, (64,), "f16", 0.5, 1.5)]
     args += [rand(rng, (64, n), "f16", -0.3, 0.3) for n in (64, 32, 32)]
-    check(_attention_block(48), *args)
-    check(_attention_block("seq"), *args)
+    # Five ops deep, each result stored in f16 while the reference rounds nothing: the single-op f16
+    # tolerance (4e-3) is exceeded by about one element in a few thousand on some draws (1e-2 relative).
+    tol = (1e-2, 1e-2)
+    check(_attention_block(48), *args, tol=tol)
+    check(_attention_block("seq"), *args, tol=tol)
     compile_gpu(_attention_block(48))
     compile_gpu(_attention_block("seq"))
 
