@@ -18,7 +18,7 @@ rounded to the case's dtype (f16: 2.4e-4 relative, far under the 1e-2 tolerance)
 stages, kept at a fixed random eighth of the sequence positions (the files must fit one transfer).
 IREE allocates the outputs, so they cannot be poisoned first: every module runs twice (a result that
 moves is a race) and any NaN fails. Each case is also compiled with each IREE workaround of the lowering
-turned off where that changes the module (<case>@noguard, <case>@nobarrier): those rows are expected to
+turned off where that changes the module (<case>@nobarrier): those rows are expected to
 be WRONG while IREE 3.13 is the compiler, and show what the workaround fixes. Exit status 1 when a case
 without a tag is wrong. Last run: BENCHMARKS.md, "GPU correctness regressions".
 """
@@ -313,12 +313,12 @@ def run_all(out: Path) -> int:
     return 1 if failed else 0
 
 
-WORKAROUND_OFF = {"noguard", "nobarrier"}     # tags whose modules are expected to be wrong
+WORKAROUND_OFF = {"nobarrier"}     # tags whose modules are expected to be wrong
 
 
 def _variants() -> dict:
-    """The emission with each IREE workaround turned off (GUARD_SYMBOLIC_KEYS in
-    rocmc/lowering/generated/attention.py, PIN_CONTRACTION_TRANSPOSES in .../shape.py), and with the
+    """The emission with the IREE workaround turned off (PIN_CONTRACTION_TRANSPOSES in
+    rocmc/lowering/generated/shape.py), and with the
     GPU sdpa's run-time switch forced to the fused attention (DECOMPOSE_UP_TO_SCORES = 0: the branch
     long sequences take), which must be right."""
     import contextlib
@@ -334,8 +334,7 @@ def _variants() -> dict:
             finally:
                 setattr(module, flag, old)
         return changed
-    return {"noguard": switch(attention, "GUARD_SYMBOLIC_KEYS"),
-            "nobarrier": switch(shape, "PIN_CONTRACTION_TRANSPOSES"),
+    return {"nobarrier": switch(shape, "PIN_CONTRACTION_TRANSPOSES"),
             "fused": switch(attention, "DECOMPOSE_UP_TO_SCORES", 0)}
 
 

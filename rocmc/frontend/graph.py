@@ -62,10 +62,6 @@ class ContentDigest:
         return self._value
 
 
-def content_digest(a: np.ndarray) -> bytes:
-    return ContentDigest(a).result()
-
-
 def format_dim(d: Dim) -> str:
     return str(d)
 

@@ -73,6 +73,7 @@ class Emitter:
         self._n = 0
         self.loc = ""                 # location suffix of the node being lowered
         self._dim_cache: dict = {}
+        self._pad_cache: dict = {}      # padded tensors (generated/padding.py)
 
     # ---- names and raw text ------------------------------------------------------------
     def fresh(self, prefix: str = "v") -> str:

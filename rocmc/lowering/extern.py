@@ -206,16 +206,6 @@ def _absent(E: Emitter, ctx, elt: str, rank: int = 1) -> str:
     return _global_view(E, ctx, f"absent_{elt}_{rank}", np.zeros((0,) * rank, _dtype(elt).np), elt)
 
 
-def _abi_shape(node, shape, rank: int) -> tuple:
-    """_view_sizes for a static shape: the ABI's rank-`rank` view of it."""
-    axis = node.attrs["axis"] if node.op in ("softmax", "log_softmax") else 1
-    if len(shape) == rank and (rank != 3 or axis == 1):
-        return tuple(shape)
-    if rank == 1:
-        return (int(np.prod(shape)),)
-    return (int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:])))
-
-
 def _constant_view(E: Emitter, ctx, node, i: int, rank: int, elt: str) -> str | None:
     """Operand i as a global buffer view when it is a graph constant, else None."""
     src = node.inputs[i]
@@ -223,7 +213,8 @@ def _constant_view(E: Emitter, ctx, node, i: int, rank: int, elt: str) -> str | 
         return None
     name = src.producer.attrs["name"]
     arr = np.asarray(ctx.graph.constants[name]).astype(_dtype(elt).np)
-    arr = np.ascontiguousarray(arr.reshape(_abi_shape(node, arr.shape, rank)))
+    view = _view_sizes(E, node, T("", src.type), rank)    # static shape: sizes as ints, nothing emitted
+    arr = np.ascontiguousarray(arr if view is None else arr.reshape(view))
     return _global_view(E, ctx, f"{name}_{elt}_{'x'.join(map(str, arr.shape))}", arr, elt)
 
 

@@ -70,22 +70,19 @@ class _Dims:
         self.size = {B: self.b, H: self.hkv, G: self.g, M: self.s, K2: self.skv}
 
 
-# IREE 3.13 GPU workaround (seen on an H100 and an H200 with sm_80 code, 2026-11-26; bench/gpu_check.py
-# shows it, turning this off): with a symbolic key length and no mask operand, the attention code
-# evidently lets the keys past skv in the partial last key tile count, so the output is NaN, or off by ~10x where the stray
-# memory happens to be finite. Seen for non-causal sdpa whenever skv is symbolic (s symbolic or not,
-# f16 and f32, MHA and GQA); a static skv, or any mask operand (causal, bool, additive), is correct.
-# So on GPUs a symbolic skv always gets a mask operand, keep = (j < skv): the mask's padding then drops
-# the stray keys. It costs an (s, skv) i1 tensor, as causal masking already does.
-GUARD_SYMBOLIC_KEYS = True
+# Padded keys (GPU targets, symbolic skv) always get a mask operand keeping j < skv, the real key
+# length. Besides dropping the padding, this is what an IREE 3.13 GPU bug needs (seen on an H100 and an
+# H200 with sm_80 code, 2026-11-26, before the padding; bench/gpu_check.py): with a symbolic key length
+# and no mask operand, the attention code lets the keys past skv in the partial last key tile count, so
+# the output is NaN, or off by ~10x where the stray memory happens to be finite; any mask operand is
+# correct. It costs an (s, skv) i1 tensor, as causal masking already does.
 
 
-def _mask(E: Emitter, node, mask: T | None, dims: _Dims, guard: bool = False) -> tuple[str, str, list] | None:
+def _mask(E: Emitter, node, mask: T | None, dims: _Dims) -> tuple[str, str, list] | None:
     """The mask operand (name, type, loops it is indexed by), or None when there is nothing to mask.
-    `guard`: keep only keys j < skv (the real key length): without a mask or causality that keeps all
-    of them (see GUARD_SYMBOLIC_KEYS); with keys padded it drops the padding."""
+    With keys padded it also keeps only keys j < skv (the real key length)."""
     causal = node.attrs["is_causal"]
-    guard = guard or dims.keys_padded
+    guard = dims.keys_padded
     if mask is None and not causal and not guard:
         return None
     lead = (1,) * (4 - mask.rank) + tuple(mask.shape) if mask is not None else (1, 1, 1, 1)
@@ -212,7 +209,7 @@ def _heads_merged(E: Emitter, node, y: str, y_ty: str, elt: str, q: T, dims: _Di
 
 def _pad_sequences(E: Emitter, q: T, k: T, v: T, mask: T | None, multiple: int):
     """Symbolic s and skv zero-padded to a tile multiple (padding.py: without it IREE 3.13 gives the
-    attention a lane-wise strategy with no MMA on GPUs, and the CPU's data tiling fails). Padded keys are masked out by the guard in
+    attention a lane-wise strategy with no MMA on GPUs). Padded keys are masked out by the guard in
     _mask; a user mask is padded with 'drop' (false / -inf) and padded query rows are sliced off."""
     real = (E.dim(q, 2), E.dim(k, 2))
     q, k, v = (pad_axes(E, t, [2], multiple) for t in (q, k, v))
@@ -268,7 +265,7 @@ def _fused(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> T
     operands = [(qv, qv_ty), (k.name, k.mlir), (v.name, v.mlir), (scale, "f32")]
     maps = [affine_map(NLOOPS, [B, H, G, M, K1]), affine_map(NLOOPS, [B, H, K2, K1]),
             affine_map(NLOOPS, [B, H, K2, N]), affine_map(NLOOPS, [])]
-    m = _mask(E, node, mask, dims, guard=GUARD_SYMBOLIC_KEYS and not isinstance(dims.real_skv, int))
+    m = _mask(E, node, mask, dims)
     if m is not None:
         operands.append(m[:2])
         maps.append(affine_map(NLOOPS, m[2]))

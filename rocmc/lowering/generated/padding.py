@@ -11,7 +11,7 @@ be true, so rocmc makes it true:
 the operand is padded with zeros up to the next multiple (`tensor.pad`, which IREE fuses into the
 contraction's dispatch), the padded size carries the hint, and the result is sliced back to the real
 size. Zero rows/columns contribute nothing to the kept results, and zero-padding K adds zeros, so the
-values are those of the unpadded contraction. Cost: at most MULTIPLE - 1 rows of extra work.
+values are those of the unpadded contraction. Cost: at most multiple - 1 rows of extra work.
 """
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ from ..emitter import Emitter, T, tensor_type
 # tile; 8 and 64 measured the same at sequence 37-2048, and at sequence 1 (decode) a larger multiple
 # costs more (64: 5.0 ms vs 2.0 ms for the llama block).
 MULTIPLES = {"cpu": 16, "rocm": 64, "cuda": 64}
-MULTIPLE = 64
 
 
 def multiple_for(target) -> int:
-    return MULTIPLES.get(target.kind, MULTIPLE)
+    return MULTIPLES[target.kind]
 _UMAX = 1 << 62
 
 
-def padded_size(E: Emitter, d: str, multiple: int = MULTIPLE) -> str:
+def padded_size(E: Emitter, d: str, multiple: int) -> str:
     """ceil(d / multiple) * multiple, with IREE told that it divides by `multiple`."""
     up = E.op(f"arith.addi {d}, {E.index(multiple - 1)} : index")
     q = E.op(f"arith.divui {up}, {E.index(multiple)} : index")
@@ -39,7 +38,7 @@ def padded_size(E: Emitter, d: str, multiple: int = MULTIPLE) -> str:
     return E.op(f"util.assume.int {p}<umin = 0, umax = {_UMAX}, udiv = {multiple}> : index", "d")
 
 
-def pad_axes(E: Emitter, t: T, axes, multiple: int = MULTIPLE, value=0) -> T:
+def pad_axes(E: Emitter, t: T, axes, multiple: int, value=0) -> T:
     """t with each symbolic dim in `axes` padded at the end with `value` (zeros by default) to a
     multiple of `multiple`. The padded dims get their own symbols; E.dim of the result gives the
     hinted sizes."""
@@ -47,9 +46,8 @@ def pad_axes(E: Emitter, t: T, axes, multiple: int = MULTIPLE, value=0) -> T:
     if not axes:
         return t
     key = (t.name, tuple(axes), multiple, value)
-    cache = E.__dict__.setdefault("_pad_cache", {})
-    if key in cache:
-        return cache[key]
+    if key in E._pad_cache:
+        return E._pad_cache[key]
     sizes = E.dims(t)
     new = list(sizes)
     high = ["0"] * t.rank
@@ -70,7 +68,7 @@ def pad_axes(E: Emitter, t: T, axes, multiple: int = MULTIPLE, value=0) -> T:
     for i in range(t.rank):
         if not isinstance(t.shape[i], int):
             E._dim_cache[(out.name, i)] = new[i]
-    cache[key] = out
+    E._pad_cache[key] = out
     return out
 
 

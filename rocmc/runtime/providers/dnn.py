@@ -557,7 +557,7 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     out_shape = out_shape if out_rank == 4 else (out_shape[0], out_shape[1], out_shape[3])
     builder = getattr(p, "conv_builder", None)
     if builder is None:
-        return _legacy_conv_plan(p, op, dtype, shapes, attrs, ptrs)
+        return _legacy_conv_plan(p, prob, ptrs, out_shape)
     # The search runs on the real inputs and a scratch result.
     scratch = p._malloc(_size(getattr(prob, prob.out)) * _ITEMSIZE[dtype])
     keep: list = []
@@ -569,7 +569,7 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
         p.rt.call("free", ptr=scratch)
     if top is None:   # no engine of the plan API takes this problem
         _release(p, keep)
-        plan = _legacy_conv_plan(p, op, dtype, shapes, attrs, ptrs)
+        plan = _legacy_conv_plan(p, prob, ptrs, out_shape)
         plan.info["api"] = "legacy (the plan API had no engine)"
         return plan
     # ABI pointer (input 0, weights, bias, or the result) of each role, in the op's order
@@ -638,59 +638,45 @@ def _release(p: DnnProvider, keep):
     keep.clear()
 
 
-def _legacy_conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
+def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Plan:
     """The legacy calls: descriptors, the algorithm search, cudnnConvolutionForward & co."""
     t, api, keep = p.table, p.api, []
-    transpose = op.startswith("conv_transpose")
-    nsp = 1 if op.endswith("1d") else 2
-    xs, ws = _as4d(shapes[0]), _as4d(shapes[1])
-    stride, pad, dil, opad = _conv_geometry(attrs, nsp, transpose)
-    g = attrs["groups"]
-    if transpose:
-        out_c = ws[1] * g
-        spatial = [transposed_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], opad[i], dil[i]) for i in range(2)]
-    else:
-        out_c = ws[0]
-        spatial = [out_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], dil[i]) for i in range(2)]
-    ys = (xs[0], out_c, *spatial)
-    xD, yD = p.tensor(xs, dtype, keep), p.tensor(ys, dtype, keep)
-    wD = p.tensor(ws, dtype, keep, filter=True)
+    transpose = prob.direction == "backward_data"
+    # The library's x and y descriptors are the problem's x and y in both directions: backward data
+    # computes dx (the transposed conv's output) from dy (its input).
+    xD, yD = p.tensor(prob.x, prob.dtype, keep), p.tensor(prob.y, prob.dtype, keep)
+    wD = p.tensor(prob.w, prob.dtype, keep, filter=True)
     conv = p._out(P, "create_conv")
     keep.append(("destroy_conv", conv))
-    api.call("set_conv", desc=conv, n=2, pads=_ints(pad), stride_a=_ints(stride), dil_a=_ints(dil),
-             mode=t.enums["cross_correlation"], ctype=t.dtypes["f32"])
-    api.call("set_conv_groups", desc=conv, groups=g)
+    api.call("set_conv", desc=conv, n=2, pads=_ints(prob.pad), stride_a=_ints(prob.stride),
+             dil_a=_ints(prob.dilation), mode=t.enums["cross_correlation"], ctype=t.dtypes["f32"])
+    api.call("set_conv_groups", desc=conv, groups=prob.groups)
     if api.has("set_conv_math"):
-        api.call("set_conv_math", desc=conv, math=t.enums["fma_math" if dtype == "f32" else "tensor_op_math"])
-    # Backward data computes dx (the transposed conv's output) from dy (its input): the library's
-    # x descriptor is our output, its y descriptor our input.
+        api.call("set_conv_math", desc=conv, math=t.enums["fma_math" if prob.dtype == "f32" else "tensor_op_math"])
     kind = "conv_bwd_data" if transpose else "conv_fwd"
-    src, dst = ("dyD", "dxD") if transpose else ("xD", "yD")
-    descs = {src: xD, "wD": wD, dst: yD, "conv": conv}
+    descs = {"dyD": yD, "wD": wD, "dxD": xD, "conv": conv} if transpose else {"xD": xD, "wD": wD, "yD": yD, "conv": conv}
     search_bytes = t.search_workspace
     if search_bytes is None:
         size = ctypes.c_size_t()
         api.call(f"{kind}_ws", h=p.handle, size_out=ctypes.byref(size), **descs)
         search_bytes = size.value
-    y_scratch = p._malloc(_size(ys) * _ITEMSIZE[dtype])
+    y_scratch = p._malloc(_size(getattr(prob, prob.out)) * _ITEMSIZE[prob.dtype])
     try:
         algo, need = _search(p, kind, descs, ptrs, y_scratch, search_bytes, transpose)
     finally:
         p.rt.call("free", ptr=y_scratch)
         p.release_workspace()   # the search's scratch is larger than any one algorithm needs
-    bias_ptr_index = 2 if ptrs[2] is not None else None
-    bD = p.tensor((1, out_c, 1, 1), dtype, keep) if bias_ptr_index else None
-    alpha, beta, one = ctypes.byref(p.one), ctypes.byref(p.zero), ctypes.byref(p.one)
+    bias = _bias_add(p, prob, keep) if prob.bias else None
+    alpha, beta = ctypes.byref(p.one), ctypes.byref(p.zero)
     names = ("dy", "dx") if transpose else ("x", "y")
 
     def run(ptrs, y):
         ws = p.workspace(need) if need else None
         api.call(kind, h=p.handle, alpha=alpha, beta=beta, algo=algo, ws=ws, ws_size=need,
                  **descs, **{names[0]: ptrs[0], "w": ptrs[1], names[1]: y})
-        if bD is not None:
-            api.call("add_tensor", h=p.handle, alpha=one, bD=bD, b=ptrs[2], beta=one, yD=yD, y=y)
-    return Plan(ys if nsp == 2 else (ys[0], ys[1], ys[3]), run, keep,
-                {"api": "legacy", "algo": algo, "workspace": need})
+        if bias is not None:
+            bias(ptrs[2], y)
+    return Plan(out_shape, run, keep, {"api": "legacy", "algo": algo, "workspace": need})
 
 
 def _search(p: DnnProvider, kind, descs, ptrs, y_scratch, search_bytes, transpose):
