@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 APTSTAMP := $(VENV)/.apt
 
-.PHONY: demo test install toolchain clean bench
+.PHONY: demo test install toolchain clean bench wheel wheel-test
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,22 @@ demo: $(STAMP) $(APTSTAMP)
 
 test: $(STAMP) $(APTSTAMP)
 	$(BIN)/python -m pytest -n 2 tests
+
+# The sdist and, built from it, the wheel (HIP sources included as rocmc/kernels/): a file the sdist lacks
+# (MANIFEST.in) breaks the wheel too.
+WHEEL_DIR := out/wheel
+
+wheel: $(STAMP)
+	rm -rf $(WHEEL_DIR)
+	$(BIN)/python -m build -q --outdir $(WHEEL_DIR) .
+
+# Install the wheel into a fresh venv and run .ci/wheel_smoke.py from outside the source tree, so the
+# checkout can't stand in for a file the wheel lacks.
+wheel-test: wheel $(APTSTAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(PY) -m venv "$$tmp/venv" && \
+	  "$$tmp/venv/bin/pip" install -q $(abspath $(WHEEL_DIR))/rocmc-*.whl && \
+	  cd "$$tmp" && "$$tmp/venv/bin/python" $(abspath .ci/wheel_smoke.py)
 
 # CPU benchmarks (bench/): rocmc vs ONNX Runtime vs PyTorch, compile time, plots. Their own venv keeps the
 # test venv small; torch is the CPU build.

@@ -1,7 +1,7 @@
 """rocmc: ML graphs -> IREE -> .vmfb for AMD GPUs (ROCm), NVIDIA GPUs (CUDA) and the host CPU."""
 from ._version import __version__
 from .artifact import Artifact
-from .errors import (ArtifactError, CompileError, DeviceError, GraphError, InputError, LoweringError,
+from .errors import (ArtifactError, CacheWarning, CompileError, DeviceError, GraphError, InputError, LoweringError,
                      ModelImportError, RocmcError, TargetError)
 from .frontend import Graph, TensorType, Value, dtype
 from .frontend.dtypes import bf16, bool_, f16, f32, i32, i64
@@ -17,7 +17,7 @@ def import_onnx(model, **kwargs):
     from .frontend.onnx import import_onnx as _imp
     return _imp(model, **kwargs)
 
-__all__ = ["Artifact", "ArtifactError", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
+__all__ = ["Artifact", "ArtifactError", "CacheWarning", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
            "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
            "__version__", "compile", "dtype", "evaluate", "import_onnx", "known_targets", "load", "ops",
            "f32", "f16", "bf16", "i32", "i64", "bool_"]

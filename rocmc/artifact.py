@@ -4,16 +4,27 @@ The .vmfb is self-describing: rocmc's metadata (graph hash, target, versions, pe
 signature with symbolic dims) lives in the entry function's `iree.reflection` dictionary, so an
 artifact loaded from a file knows what it is. Stages past the input MLIR are produced on request by
 recompiling with IREE's phase dumps (plain compiles stay fast); they are kept next to the cached artifact.
+
+A file read from disk is untrusted until checked: its integrity trailer (see `seal`) is verified before
+any byte reaches IREE, and its metadata is checked against a schema and against the module's own
+function signatures. The trailer detects damage, not tampering (anyone who can write the file can
+recompute it): loading a .vmfb runs its native code, so an artifact is trusted like a shared library.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
+import struct
+import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .archs import known_targets
 from .errors import ArtifactError
+from .frontend.dtypes import ALL as DTYPES
 
 STAGES = ("graph", "input", "abi", "preprocessing", "global-optimization", "dispatch-creation", "flow",
           "stream", "executable-sources", "executable-configurations", "executable-targets", "hal", "vm")
@@ -65,20 +76,57 @@ class Artifact:
 
     # ---- files ----------------------------------------------------------------------------
     def save(self, path) -> Path:
+        """Write the module to `path` atomically: a temporary file of a random name, created exclusively
+        next to it (never following a planted link), renamed over it once complete."""
         path = Path(path)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(self.vmfb)
-        os.replace(tmp, path)
+        if path.is_dir():
+            raise ArtifactError(f"can't save the artifact to {str(path)!r}: it is a directory; give a file name")
+        if not path.parent.is_dir():
+            raise ArtifactError(f"can't save the artifact to {str(path)!r}: directory {str(path.parent)!r} "
+                                f"does not exist")
+        data = self.vmfb
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o644 & ~_umask())    # mkstemp's 0600 would make a saved model private
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException as e:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise ArtifactError(f"can't save the artifact to {str(path)!r}: {e.strerror or e}") from None
+            raise
         self.path = str(path)
         return path
 
     @classmethod
-    def load(cls, path) -> "Artifact":
+    def load(cls, path, *, verify: bool = True) -> "Artifact":
+        """Read a .vmfb file. verify=False skips the integrity check, for a file you trust that has no
+        trailer (made by an older rocmc); its metadata is still checked against the module."""
         path = Path(path)
-        if not path.is_file():
+        if path.is_dir():
+            raise ArtifactError(f"{str(path)!r} is a directory, expected a .vmfb file")
+        if not path.exists():
             raise ArtifactError(f"artifact file {str(path)!r} does not exist")
-        data = path.read_bytes()
-        return cls(data, read_metadata(data, str(path)), path=str(path))
+        if not path.is_file():
+            raise ArtifactError(f"{str(path)!r} is not a regular file, expected a .vmfb file")
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ArtifactError(f"artifact file {str(path)!r} can't be read ({e.strerror})") from None
+        return cls.from_bytes(data, str(path), verify=verify, path=str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, what: str = "artifact", *, verify: bool = True,
+                   path: str | None = None) -> "Artifact":
+        """An Artifact of .vmfb bytes from elsewhere, checked like a file (see `load`)."""
+        _check_header(data, what)      # junk gets the plainer message
+        if verify:
+            check_seal(data, what)
+        return cls(data, read_metadata(data, what), path=path)
 
     # ---- inspection -----------------------------------------------------------------------
     def ir(self, stage: str = "input") -> str:
@@ -196,10 +244,52 @@ def _is_compute(line: str) -> bool:
     return any(k in s for k in ("linalg.", "iree_linalg_ext.", "arith.", "math.", "tensor.extract", "tensor.insert"))
 
 
-def read_metadata(data: bytes, what: str = "artifact") -> dict:
-    """Read rocmc's metadata from .vmfb bytes; ArtifactError if the file is not a valid module."""
+# ---- integrity ---------------------------------------------------------------------------------
+
+# A sealed module is the .vmfb followed by this trailer. IREE reads a module from its start and
+# ignores bytes past it (VmModule.mmap, copy_buffer and iree-dump-module all accept a sealed file).
+_SEAL = struct.Struct("<8s32sQ8s")       # magic, sha256 of the module bytes, their length, magic
+_SEAL_MAGIC = b"rocmc\x00s1"
+
+
+def seal(vmfb: bytes) -> bytes:
+    """The module followed by its integrity trailer."""
+    return vmfb + _SEAL.pack(_SEAL_MAGIC, hashlib.sha256(vmfb).digest(), len(vmfb), _SEAL_MAGIC)
+
+
+def check_seal(data: bytes, what: str = "artifact") -> None:
+    """ArtifactError unless `data` is a module followed by the trailer `seal` gave it."""
+    n = len(data) - _SEAL.size
+    head, digest, length, tail = _SEAL.unpack_from(data, n) if n > 0 else (b"",) * 4
+    if head != _SEAL_MAGIC or tail != _SEAL_MAGIC:
+        raise ArtifactError(f"{what}: no rocmc integrity trailer at the end of the file: it is truncated or "
+                            f"damaged, was made by an older rocmc, or is not a rocmc artifact; recompile it, "
+                            f"or load it with verify=False if you trust the file")
+    if length != n:
+        raise ArtifactError(f"{what}: damaged: its trailer records a module of {length} bytes, the file "
+                            f"holds {n}; recompile it")
+    if hashlib.sha256(memoryview(data)[:n]).digest() != digest:
+        raise ArtifactError(f"{what}: damaged: the module's sha256 differs from the one in its trailer; "
+                            f"recompile it")
+
+
+def _check_header(data: bytes, what: str) -> None:
     if len(data) < 16 or _VMFB_MAGIC not in data[:256]:
         raise ArtifactError(f"{what}: not an IREE .vmfb module (bad header, {len(data)} bytes)")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)     # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+# ---- metadata --------------------------------------------------------------------------------
+
+def read_metadata(data: bytes, what: str = "artifact") -> dict:
+    """rocmc's metadata from .vmfb bytes, checked against its schema and against the module's own
+    function signatures; ArtifactError if the file is not a valid rocmc module."""
+    _check_header(data, what)
     from iree import runtime as rt
     try:
         inst = rt.VmInstance()
@@ -213,6 +303,114 @@ def read_metadata(data: bytes, what: str = "artifact") -> dict:
     if meta is None:
         raise ArtifactError(f"{what}: no rocmc metadata in the module; was it built by rocmc?")
     try:
-        return json.loads(meta)
-    except json.JSONDecodeError as e:
+        meta = json.loads(meta)
+    except (json.JSONDecodeError, RecursionError) as e:
         raise ArtifactError(f"{what}: unreadable rocmc metadata ({e})") from None
+    check_metadata(meta, what)
+    check_signatures(mod, meta, what)
+    return meta
+
+
+_DIM = (int, str)        # a static size, or a symbol or size expression
+_TENSOR = {"name": str, "dtype": frozenset(DTYPES), "shape": [_DIM]}
+# Keys ending in "?" are optional. Unknown keys are allowed (read by newer versions only).
+METADATA_SCHEMA = {
+    "rocmc": str, "iree": str, "graph": str, "graph_hash": str, "target": frozenset(known_targets()),
+    "signature": {"inputs": [_TENSOR], "outputs": [_TENSOR]},
+    "implementations": [{"node": str, "op": str, "impl": str}],
+    "kernels": [{"node": str, "op": str, "symbol": str, "arch": str}],
+    "externs": [{"node": str, "op": str, "import": str, "impl": str, "dtype": str, "attrs?": dict}],
+    "graph_text?": str, "compile_flags?": [str], "compile_note?": str,
+    "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
+}
+_KIND = {str: "a string", int: "a non-negative integer", dict: "an object", _DIM: "a size or a symbol"}
+
+
+def check_metadata(meta, what: str = "artifact") -> None:
+    """ArtifactError naming the first key of rocmc's metadata that is missing or malformed."""
+    _check(meta, METADATA_SCHEMA, "", what)
+
+
+def _check(value, spec, key: str, what: str) -> None:
+    def bad(expected: str):
+        raise ArtifactError(f"{what}: rocmc metadata key {key or 'root'!r} is {_short(value)}, expected {expected}")
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            bad("an object")
+        for name, sub in spec.items():
+            optional, name = name.endswith("?"), name.rstrip("?")
+            child = f"{key}.{name}" if key else name
+            if name in value:
+                _check(value[name], sub, child, what)
+            elif not optional:
+                raise ArtifactError(f"{what}: rocmc metadata lacks the key {child!r}; the file was edited or "
+                                    f"made by another rocmc: recompile it")
+    elif isinstance(spec, list):
+        if not isinstance(value, list):
+            bad("a list")
+        for i, item in enumerate(value):
+            _check(item, spec[0], f"{key}[{i}]", what)
+    elif isinstance(spec, frozenset):
+        if not isinstance(value, str) or value not in spec:
+            bad(f"one of {', '.join(sorted(spec))}")
+    else:
+        types = spec if isinstance(spec, tuple) else (spec,)
+        ok = isinstance(value, types) and not isinstance(value, bool)
+        if not ok or (isinstance(value, int) and value < 0) or value == "":
+            bad(_KIND[spec])
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---- metadata against the module -------------------------------------------------------------
+
+_DECLARATION = re.compile(r"(?:sync |async )?func @([\w$.-]+)\((.*)\) -> \((.*)\)")
+_ABI_VALUE = re.compile(r"%[\w$.-]+: (tensor<[^>]*>|[^,]+)")
+_CCONV = re.compile(r"<VmFunction [\w$.-]+\(0(\w*)_(\w*)\)")
+
+
+def check_signatures(module, meta: dict, what: str = "artifact") -> None:
+    """ArtifactError unless the metadata's signature is the one of each function it names (main, and
+    the long form): counts, element types, ranks and static sizes, as IREE's reflection and the
+    functions' calling conventions state them. Symbolic sizes show as `?` there; the module itself
+    checks the equalities between them when called."""
+    sig = meta["signature"]
+    want = ([_abi_type(x) for x in sig["inputs"]], [_abi_type(x) for x in sig["outputs"]])
+    names = ["main"] + ([meta["long_form"]["function"]] if "long_form" in meta else [])
+    for name in names:
+        fn = module.lookup_function(name)
+        if fn is None:
+            raise ArtifactError(f"{what}: the metadata names function {name!r}, which the module lacks")
+        got = _declared(fn, name, what)
+        for kind, specs, w, g in (("input", sig["inputs"], want[0], got[0]),
+                                  ("output", sig["outputs"], want[1], got[1])):
+            if len(w) != len(g):
+                raise ArtifactError(f"{what}: the metadata lists {len(w)} {kind}(s) but function {name!r} has "
+                                    f"{len(g)}; the metadata does not describe this module")
+            for spec, a, b in zip(specs, w, g):
+                if a != b:
+                    raise ArtifactError(f"{what}: the metadata says {kind} {spec['name']!r} is {a} but function "
+                                        f"{name!r} has {b}; the metadata does not describe this module")
+
+
+def _abi_type(spec: dict) -> str:
+    """The type IREE's reflection prints for a signature entry."""
+    dims = "".join(f"{d if isinstance(d, int) else '?'}x" for d in spec["shape"])
+    return f"tensor<{dims}{DTYPES[spec['dtype']].abi_mlir}>"
+
+
+def _declared(fn, name: str, what: str) -> tuple[list, list]:
+    """(input types, output types) of a function as IREE declares it, checked against the number of
+    values its calling convention passes."""
+    m = _DECLARATION.fullmatch(fn.reflection.get("iree.abi.declaration", ""))
+    cc = _CCONV.match(repr(fn))
+    if m is None or m.group(1) != name or cc is None:
+        raise ArtifactError(f"{what}: function {name!r} has no readable ABI declaration; not built by rocmc")
+    ins, outs = (_ABI_VALUE.findall(m.group(i)) for i in (2, 3))
+    if cc.group(1).strip("v") != "r" * len(ins) or cc.group(2).strip("v") != "r" * len(outs):
+        raise ArtifactError(f"{what}: function {name!r} passes ({cc.group(1)}) -> ({cc.group(2)}) but declares "
+                            f"{len(ins)} input(s) and {len(outs)} output(s); the module is inconsistent")
+    return [t.strip() for t in ins], [t.strip() for t in outs]

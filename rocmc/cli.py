@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import runpy
 import sys
@@ -22,19 +23,67 @@ def _parse_value(s: str):
     return {"true": True, "false": False}.get(s.lower(), s)
 
 
+def _settings(pairs) -> dict:
+    """--set KEY=VALUE options as {key: int, float, bool or str}."""
+    out = {}
+    for kv in pairs:
+        key, eq, value = kv.partition("=")
+        if not eq or not key.isidentifier():
+            raise RocmcError(f"--set {kv!r}: expected KEY=VALUE, e.g. --set hidden=4096")
+        out[key] = _parse_value(value)
+    return out
+
+
+def _check_settings(path: str, build_graph, settings: dict) -> None:
+    """The options must be parameters of build_graph, and its required ones must be given."""
+    params = inspect.signature(build_graph).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = ", ".join(p.name for p in named) or "none"
+    for key in settings:
+        if key not in {p.name for p in named}:
+            raise RocmcError(f"--set {key}=...: build_graph() in {path} has no parameter {key!r} "
+                             f"(its parameters: {names})")
+    for p in named:
+        if p.default is p.empty and p.name not in settings:
+            raise RocmcError(f"build_graph() in {path} needs --set {p.name}=VALUE (its parameters: {names})")
+
+
+def _output_file(path: str, what: str) -> str:
+    """A path a file can be written to: not a directory, in a directory that exists."""
+    p = Path(path)
+    if p.is_dir():
+        raise RocmcError(f"{what} {path!r} is a directory; expected a file name")
+    if not p.parent.is_dir():
+        raise RocmcError(f"{what} {path!r}: the directory {str(p.parent)!r} does not exist")
+    return path
+
+
+def _model_file(path: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise RocmcError(f"model file {path!r} is a directory; expected a .py or .onnx file")
+    if not p.is_file():
+        raise RocmcError(f"model file {path!r} does not exist")
+    return p
+
+
 def load_graph(path: str, settings: dict):
     """A Graph from a .onnx file or a Python file defining `build_graph(**settings)` (or `graph`)."""
     from .frontend.graph import Graph
-    p = Path(path)
-    if not p.is_file():
-        raise RocmcError(f"model file {path!r} does not exist")
+    p = _model_file(path)
     if p.suffix == ".onnx":
         from . import import_onnx
         return import_onnx(str(p))
     ns = runpy.run_path(str(p), run_name="rocmc_model")
-    if "build_graph" in ns:
+    if callable(ns.get("build_graph")):
+        _check_settings(path, ns["build_graph"], settings)
         g = ns["build_graph"](**settings)
     elif isinstance(ns.get("graph"), Graph):
+        if settings:
+            raise RocmcError(f"--set {next(iter(settings))}=...: {path} defines a Graph named `graph`, "
+                             f"not build_graph(**options), so it takes no options")
         g = ns["graph"]
     else:
         raise RocmcError(f"{path}: defines neither build_graph(**options) nor a Graph named `graph`")
@@ -45,8 +94,11 @@ def load_graph(path: str, settings: dict):
 
 def cmd_compile(args) -> int:
     from . import compile
-    settings = dict(kv.split("=", 1) for kv in args.set)
-    g = load_graph(args.model, {k: _parse_value(v) for k, v in settings.items()})
+    settings = _settings(args.set)
+    out = _output_file(args.output or _model_file(args.model).with_suffix(".vmfb").name, "-o")
+    if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
+        raise RocmcError(f"--dump-ir {args.dump_ir!r} is an existing file; expected a directory")
+    g = load_graph(args.model, settings)
     impl = None
     if args.impl:
         impl = {}
@@ -59,7 +111,6 @@ def cmd_compile(args) -> int:
     t0 = time.perf_counter()
     art = compile(g, args.target, impl=impl, libraries=args.library, cache=not args.no_cache, dump_ir=args.dump_ir)
     dt = time.perf_counter() - t0
-    out = args.output or str(Path(args.model).with_suffix(".vmfb").name)
     art.save(out)
     print(f"wrote {out} ({art.size} bytes, target {art.target}, {dt:.2f} s{', cached' if art.cached else ''})")
     if args.dump_ir:
@@ -84,7 +135,9 @@ def _read_input(spec: str):
 
 def cmd_run(args) -> int:
     from . import load
-    mod = load(args.module, device=args.device)
+    if args.save:
+        _output_file(args.save, "--save")
+    mod = load(args.module, device=args.device, verify=not args.no_verify)
     feeds = dict(_read_input(s) for s in args.input)
     outs = mod(**feeds)
     outs = outs if isinstance(outs, tuple) else (outs,)
@@ -103,7 +156,7 @@ def cmd_run(args) -> int:
 def cmd_inspect(args) -> int:
     from .artifact import Artifact
     from .inspect import describe, format_description
-    d = describe(Artifact.load(args.module))
+    d = describe(Artifact.load(args.module, verify=not args.no_verify))
     print(json.dumps(d, indent=2) if args.json else format_description(d))
     return 0
 
@@ -122,6 +175,9 @@ def cmd_targets(args) -> int:
     from .lowering.target import known_targets
     print("\n".join(known_targets()))
     return 0
+
+
+NO_VERIFY = "skip the integrity check (a trusted module with no rocmc trailer)"
 
 
 def main(argv=None) -> int:
@@ -143,10 +199,12 @@ def main(argv=None) -> int:
     r.add_argument("--input", action="append", default=[], metavar="NAME=@FILE.npy")
     r.add_argument("--device", help="local-task, local-sync, hip, cuda (default: the artifact's)")
     r.add_argument("--save", metavar="OUT.npz")
+    r.add_argument("--no-verify", action="store_true", help=NO_VERIFY)
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="functions, signature, target, executables, kernels, imports of a .vmfb")
     i.add_argument("module")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--no-verify", action="store_true", help=NO_VERIFY)
     i.set_defaults(fn=cmd_inspect)
     k = sub.add_parser("kernels", help="hand-written kernels")
     ksub = k.add_subparsers(dest="kcmd", required=True)
@@ -160,7 +218,10 @@ def main(argv=None) -> int:
         return args.fn(args)
     except RocmcError as e:
         print(f"rocmc: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:   # a path given on the command line that can't be read or written
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"rocmc: error: {where}{e.strerror or e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -44,3 +44,7 @@ class InputError(RocmcError, ValueError):
 
 class ModelImportError(RocmcError):
     """A model file (ONNX) could not be imported; lists every unsupported node."""
+
+
+class CacheWarning(RuntimeWarning):
+    """A compile-cache directory or entry can't be used or trusted; rocmc compiles without it."""

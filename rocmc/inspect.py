@@ -1,7 +1,8 @@
 """What a .vmfb holds: functions and signatures, target, executables, embedded kernels, imports.
 
 Reads rocmc's metadata from the module's reflection and the module's structure from IREE's
-iree-dump-module (shipped with the runtime), so it needs no compiler.
+iree-dump-module (shipped with the runtime), so it needs no compiler. The artifact was checked when
+it was loaded (`Artifact.load`); what the tool is handed is those checked bytes, not the file again.
 """
 from __future__ import annotations
 
@@ -11,21 +12,31 @@ import subprocess
 import tempfile
 
 from .artifact import Artifact
+from .errors import ArtifactError
+
+DUMP_TIMEOUT_S = 120
 
 
-def _dump_module(vmfb: bytes) -> str:
+def _dump_module(vmfb: bytes, what: str) -> str:
     import iree._runtime_libs as libs
     tool = os.path.join(os.path.dirname(libs.__file__), "iree-dump-module")
     with tempfile.NamedTemporaryFile(suffix=".vmfb") as f:
         f.write(vmfb)
         f.flush()
-        proc = subprocess.run([tool, f.name], capture_output=True, text=True)
+        try:
+            proc = subprocess.run([tool, f.name], capture_output=True, text=True, errors="replace",
+                                  timeout=DUMP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ArtifactError(f"{what}: iree-dump-module did not finish in {DUMP_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise ArtifactError(f"{what}: iree-dump-module can't read the module ({reason})")
     return proc.stdout
 
 
 def describe(art: Artifact) -> dict:
     """A dict of everything `rocmc inspect` prints."""
-    dump = _dump_module(art.vmfb)
+    dump = _dump_module(art.vmfb, art.path or "artifact")
     section = lambda title: re.search(rf"{title}:\n((?:  .*\n)+)", dump)
     imports = []
     m = section("Imported Functions")

@@ -35,30 +35,26 @@ def _additive_mask(rng, shape, dtype):
     return m.astype(rocmc.dtype(dtype).np)
 
 
-def test_sdpa_odd_sizes_and_value_dim():
-    rng = np.random.default_rng()
+def test_sdpa_odd_sizes_and_value_dim(rng):
     g = _graph((2, 3, 5, 12), (2, 3, 7, 12), 9)
     check(g, *_inputs(rng, (2, 3, 5, 12), (2, 3, 7, 12), 9, "f32"))
 
 
 @pytest.mark.parametrize("hkv", [1, 2, 6])
-def test_sdpa_grouped_kv_heads(hkv):
+def test_sdpa_grouped_kv_heads(hkv, rng):
     # hq = 6: MQA (1 kv head), GQA (query head h reads kv head h // 3), plain MHA.
-    rng = np.random.default_rng()
     g = _graph((2, 6, 4, 16), (2, hkv, 9, 16), 8)
     check(g, *_inputs(rng, (2, 6, 4, 16), (2, hkv, 9, 16), 8, "f32"))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_sdpa_symbolic_seq_causal_gqa(dtype):
-    rng = np.random.default_rng()
+def test_sdpa_symbolic_seq_causal_gqa(dtype, rng):
     g = _graph((1, 8, "s", 64), (1, 2, "s", 64), 64, dtype, is_causal=True)
     check(g, *_inputs(rng, (1, 8, 11, 64), (1, 2, 11, 64), 64, dtype))
 
 
-def test_sdpa_causal_is_bottom_right_aligned():
+def test_sdpa_causal_is_bottom_right_aligned(rng):
     # s = 3 queries over skv = 8 keys (a decode step with cache): query i sees keys j <= i + 5.
-    rng = np.random.default_rng()
     q_shape, kv_shape = (2, 4, 3, 16), (2, 2, 8, 16)
     g = rocmc.Graph("t")
     q, k, v = g.input("q", q_shape), g.input("k", kv_shape), g.input("v", kv_shape)
@@ -71,22 +67,19 @@ def test_sdpa_causal_is_bottom_right_aligned():
 
 @pytest.mark.parametrize("mask_shape,causal", [((2, 1, 1, 9), False), ((2, 1, 1, 9), True),
                                                ((6, 4, 9), True), ((2, 6, 4, 9), False)])
-def test_sdpa_bool_mask(mask_shape, causal):
-    rng = np.random.default_rng()
+def test_sdpa_bool_mask(mask_shape, causal, rng):
     g = _graph((2, 6, 4, 16), (2, 3, 9, 16), 8, mask=(mask_shape, "bool"), is_causal=causal)
     check(g, *_inputs(rng, (2, 6, 4, 16), (2, 3, 9, 16), 8, "f32"), _bool_mask(rng, mask_shape))
 
 
 @pytest.mark.parametrize("mask_shape,causal,dtype", [((4, 9), False, "f32"), ((1, 6, 4, 9), True, "f16"),
                                                      ((2, 6, 4, 9), True, "bf16")])
-def test_sdpa_additive_mask(mask_shape, causal, dtype):
-    rng = np.random.default_rng()
+def test_sdpa_additive_mask(mask_shape, causal, dtype, rng):
     g = _graph((2, 6, 4, 16), (2, 2, 9, 16), 8, dtype, mask=(mask_shape, dtype), is_causal=causal)
     check(g, *_inputs(rng, (2, 6, 4, 16), (2, 2, 9, 16), 8, dtype), _additive_mask(rng, mask_shape, dtype))
 
 
-def test_sdpa_symbolic_mask_and_explicit_scale():
-    rng = np.random.default_rng()
+def test_sdpa_symbolic_mask_and_explicit_scale(rng):
     g = _graph((2, 4, "s", 16), (2, 4, "kv", 16), 16, mask=(("s", "kv"), "f32"), scale=0.37)
     check(g, *_inputs(rng, (2, 4, 6, 16), (2, 4, 10, 16), 16, "f32"), _additive_mask(rng, (6, 10), "f32"))
 

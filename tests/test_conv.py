@@ -23,8 +23,7 @@ def _data(rng, dtype, *shapes):
     return [rand(rng, tuple(SIZES.get(d, d) for d in s), dtype) for s in shapes]
 
 
-def _run(build, dtype, *shapes):
-    rng = np.random.default_rng()
+def _run(rng, build, dtype, *shapes):
     g, xs = _graph(dtype, *shapes)
     g.output(build(*xs))
     return check(g, *_data(rng, dtype, *shapes), impl="generated")
@@ -45,11 +44,11 @@ CONV2D = [
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("xs,ws,kw", CONV2D)
-def test_conv2d(xs, ws, kw, bias):
+def test_conv2d(xs, ws, kw, bias, rng):
     if bias:
-        _run(lambda x, w, b: ops.conv2d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
+        _run(rng, lambda x, w, b: ops.conv2d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
     else:
-        _run(lambda x, w: ops.conv2d(x, w, **kw), "f32", xs, ws)
+        _run(rng, lambda x, w: ops.conv2d(x, w, **kw), "f32", xs, ws)
 
 
 CONV1D = [
@@ -60,15 +59,15 @@ CONV1D = [
 
 
 @pytest.mark.parametrize("xs,ws,kw", CONV1D)
-def test_conv1d(xs, ws, kw):
-    _run(lambda x, w, b: ops.conv1d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
+def test_conv1d(xs, ws, kw, rng):
+    _run(rng, lambda x, w, b: ops.conv1d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_conv_half_accumulates_in_f32(dtype):
+def test_conv_half_accumulates_in_f32(dtype, rng):
     # 144 taps per output: with f16/bf16 accumulation this would miss the tolerance.
-    _run(lambda x, w, b: ops.conv2d(x, w, b, padding=1, groups=2), dtype, ("n", 32, 9, 7), (8, 16, 3, 3), (8,))
-    _run(lambda x, w: ops.conv1d(x, w, stride=2, groups=3), dtype, ("n", 6, 15), (9, 2, 3))
+    _run(rng, lambda x, w, b: ops.conv2d(x, w, b, padding=1, groups=2), dtype, ("n", 32, 9, 7), (8, 16, 3, 3), (8,))
+    _run(rng, lambda x, w: ops.conv1d(x, w, stride=2, groups=3), dtype, ("n", 6, 15), (9, 2, 3))
 
 
 CONV_T2D = [
@@ -81,24 +80,23 @@ CONV_T2D = [
 
 
 @pytest.mark.parametrize("xs,ws,kw", CONV_T2D)
-def test_conv_transpose2d(xs, ws, kw):
-    _run(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kw), "f32", xs, ws, (ws[1] * kw.get("groups", 1),))
+def test_conv_transpose2d(xs, ws, kw, rng):
+    _run(rng, lambda x, w, b: ops.conv_transpose2d(x, w, b, **kw), "f32", xs, ws, (ws[1] * kw.get("groups", 1),))
 
 
-def test_conv_transpose1d():
-    _run(lambda x, w: ops.conv_transpose1d(x, w, stride=3, padding=4, output_padding=2, dilation=3),
+def test_conv_transpose1d(rng):
+    _run(rng, lambda x, w: ops.conv_transpose1d(x, w, stride=3, padding=4, output_padding=2, dilation=3),
          "f32", ("n", 4, 7), (4, 3, 3))
-    _run(lambda x, w, b: ops.conv_transpose1d(x, w, b, stride=2, groups=2), "f32", ("n", 4, 9), (4, 3, 4), (6,))
+    _run(rng, lambda x, w, b: ops.conv_transpose1d(x, w, b, stride=2, groups=2), "f32", ("n", 4, 9), (4, 3, 4), (6,))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_conv_transpose_half(dtype):
-    _run(lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2),
+def test_conv_transpose_half(dtype, rng):
+    _run(rng, lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2),
          dtype, ("n", 16, 5, 4), (16, 3, 3, 3), (6,))
 
 
-def test_symbolic_spatial_dims():
-    rng = np.random.default_rng()
+def test_symbolic_spatial_dims(rng):
     shapes = [("n", 4, "h", "w"), (6, 4, 3, 2), (4, 2, 3, 3), (4, 3, 3, 3), ("n", 6, "l"), (6, 2, 3), (6,), (4,)]
     g, (x, w, wg, wt, s, w1, c, m) = _graph("f32", *shapes)
     y = ops.conv2d(x, w, c, stride=(2, 1), padding=((1, 0), (2, 1)), dilation=(1, 2))
@@ -134,22 +132,21 @@ MAX_POOL = [
 
 
 @pytest.mark.parametrize("xs,kw", MAX_POOL)
-def test_max_pool2d(xs, kw):
-    _run(lambda x: ops.max_pool2d(x, **kw), "f32", xs)
+def test_max_pool2d(xs, kw, rng):
+    _run(rng, lambda x: ops.max_pool2d(x, **kw), "f32", xs)
 
 
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("count_include_pad", [True, False])
-def test_avg_pool2d(count_include_pad, ceil_mode):
-    _run(lambda x: ops.avg_pool2d(x, 3, 2, padding=1, ceil_mode=ceil_mode, count_include_pad=count_include_pad),
+def test_avg_pool2d(count_include_pad, ceil_mode, rng):
+    _run(rng, lambda x: ops.avg_pool2d(x, 3, 2, padding=1, ceil_mode=ceil_mode, count_include_pad=count_include_pad),
          "f32", ("n", 3, 10, 13))
-    _run(lambda x: ops.avg_pool2d(x, (3, 2), (1, 2), padding=((1, 0), (0, 1)), ceil_mode=ceil_mode,
+    _run(rng, lambda x: ops.avg_pool2d(x, (3, 2), (1, 2), padding=((1, 0), (0, 1)), ceil_mode=ceil_mode,
                                   count_include_pad=count_include_pad), "f32", ("n", 2, 7, 8))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_pools_half(dtype):
-    rng = np.random.default_rng()
+def test_pools_half(dtype, rng):
     g, (x,) = _graph(dtype, ("n", 4, 11, 9))
     g.output(ops.max_pool2d(x, 3, 2, padding=1, ceil_mode=True),
              ops.avg_pool2d(x, 5, 2, padding=2, ceil_mode=True, count_include_pad=False))
@@ -178,22 +175,21 @@ CEIL_LAST_WINDOW = [
 
 
 @pytest.mark.parametrize("size,k,s,p,n_out", CEIL_LAST_WINDOW)
-def test_pool_ceil_mode_last_window(size, k, s, p, n_out):
+def test_pool_ceil_mode_last_window(size, k, s, p, n_out, rng):
     g, (x,) = _graph("f32", ("n", 2, size, size + 1))
     pools = [ops.max_pool2d(x, k, s, p, ceil_mode=True), ops.avg_pool2d(x, k, s, p, ceil_mode=True),
              ops.avg_pool2d(x, k, s, p, ceil_mode=True, count_include_pad=False)]
     for y in pools:
         assert y.shape[2] == n_out
     g.output(*pools)
-    a = rand(np.random.default_rng(), (3, 2, size, size + 1))
+    a = rand(rng, (3, 2, size, size + 1))
     for y in check(g, a, impl="generated"):
         assert y.shape[2] == n_out
 
 
-def test_avg_pool_ceil_last_window_starts_on_pad():
+def test_avg_pool_ceil_last_window_starts_on_pad(rng):
     # One 3x3 window over a 2x2 input padded by 1: its sum over a divisor of 9 (the padding counts).
     # A second window would start on the padding and is dropped, so the output is 1x1.
-    rng = np.random.default_rng()
     a = rand(rng, (1, 3, 2, 2))
     for shape in [(1, 3, 2, 2), ("n", 3, "h", "w")]:
         g, (x,) = _graph("f32", shape)
@@ -209,8 +205,7 @@ def _single_window(x):
             ops.avg_pool2d(x, (3, 2), (3, 3), padding=((1, 0), (0, 1)))]
 
 
-def test_single_window_pool_and_conv_with_unread_tail():
-    rng = np.random.default_rng()
+def test_single_window_pool_and_conv_with_unread_tail(rng):
     g, (x, w, s, w1) = _graph("f32", (2, 3, 4, 4), (5, 3, 3, 3), (2, 3, 4), (5, 3, 3))
     g.output(*_single_window(x), ops.conv2d(x, w, stride=3), ops.conv1d(s, w1, stride=3),
              ops.conv2d(x, w, stride=(3, 1), padding=((0, 0), (1, 1))))
@@ -231,8 +226,7 @@ def test_single_window_and_ceil_pools_compile_for_gpu(dtype):
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape,affine,eps", [(("n", 5, 7, 3), True, 1e-5), (("n", 6, 9), False, 0.1),
                                               (("n", 3), True, 1e-3)])
-def test_batch_norm(dtype, shape, affine, eps):
-    rng = np.random.default_rng()
+def test_batch_norm(dtype, shape, affine, eps, rng):
     c = shape[1]
     g, (x, mean, var, w, b) = _graph(dtype, shape, (c,), (c,), (c,), (c,))
     g.output(ops.batch_norm(x, mean, var, w if affine else None, b if affine else None, eps=eps))
@@ -242,20 +236,19 @@ def test_batch_norm(dtype, shape, affine, eps):
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("shape,size", [(("n", 7, 5, 3), 3), (("n", 9, 4), 4), (("n", 2, 3, 3), 5)])
-def test_local_response_norm(dtype, shape, size):
-    _run(lambda x: ops.local_response_norm(x, size, alpha=0.3, beta=0.6, k=1.5), dtype, shape)
+def test_local_response_norm(dtype, shape, size, rng):
+    _run(rng, lambda x: ops.local_response_norm(x, size, alpha=0.3, beta=0.6, k=1.5), dtype, shape)
 
 
-def test_lrn_alias_and_defaults():
+def test_lrn_alias_and_defaults(rng):
     g, (x,) = _graph("f32", (1, 4, 3))
     y = ops.lrn(x, 2)
     assert g.nodes[-1].op == "lrn" and g.nodes[-1].attrs == {"size": 2, "alpha": 1e-4, "beta": 0.75, "k": 1.0}
     g.output(y)
-    check(g, rand(np.random.default_rng(), (1, 4, 3)), impl="generated")
+    check(g, rand(rng, (1, 4, 3)), impl="generated")
 
 
-def test_dropout_is_identity_at_inference():
-    rng = np.random.default_rng()
+def test_dropout_is_identity_at_inference(rng):
     g, (x,) = _graph("f16", ("n", 4, 5))
     y = ops.dropout(x, 0.25)
     g.output(ops.relu(y))
@@ -308,14 +301,14 @@ def test_compile_gpu(dtype, image, seq, t_stride):
     compile_gpu(g, impl="generated")
 
 
-def test_strided_half_transposed_conv_with_symbolic_sizes_is_cpu_only():
+def test_strided_half_transposed_conv_with_symbolic_sizes_is_cpu_only(rng):
     # IREE 3.13's GPU codegen fails on it; the registry says so instead of a compiler crash.
     g, (x, w) = _graph("bf16", ("n", 8, "h", "w"), (8, 2, 3, 3))
     g.output(ops.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1))
     generated = registry.REGISTRY["conv_transpose2d"]["generated"]
     for target in GPU_TARGETS:
         assert "symbolic spatial dims" in generated.supports(g.nodes[-1], Target.parse(target))
-    check(g, *_data(np.random.default_rng(), "bf16", ("n", 8, "h", "w"), (8, 2, 3, 3)), impl="generated")
+    check(g, *_data(rng, "bf16", ("n", 8, "h", "w"), (8, 2, 3, 3)), impl="generated")
 
 
 # ---- bad input ----------------------------------------------------------------------------------

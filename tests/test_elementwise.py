@@ -13,8 +13,7 @@ DTYPES = ["f32", "f16", "bf16"]
 
 @pytest.mark.parametrize("name", sorted(BINARY))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_binary_broadcast_symbolic(name, dtype):
-    rng = np.random.default_rng()
+def test_binary_broadcast_symbolic(name, dtype, rng):
     g = rocmc.Graph("t")
     a = g.input("a", (2, "n", 7), dtype)
     b = g.input("b", (1, 7), dtype)
@@ -28,8 +27,7 @@ def test_binary_broadcast_symbolic(name, dtype):
 
 @pytest.mark.parametrize("name", sorted(k for k, v in BINARY.items() if "int" in v[0]))
 @pytest.mark.parametrize("dtype", ["i32", "i64"])
-def test_binary_int(name, dtype):
-    rng = np.random.default_rng()
+def test_binary_int(name, dtype, rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", (3, 5), dtype), g.input("b", (3, 5), dtype)
     g.output(getattr(ops, name)(a, b))
@@ -40,8 +38,7 @@ def test_binary_int(name, dtype):
 
 @pytest.mark.parametrize("name", sorted(k for k in UNARY if k != "logical_not"))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_unary(name, dtype):
-    rng = np.random.default_rng()
+def test_unary(name, dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 13), dtype)
     g.output(getattr(ops, name)(x))
@@ -51,10 +48,9 @@ def test_unary(name, dtype):
 
 @pytest.mark.parametrize("kwargs", [{"name": "leaky_relu", "negative_slope": 0.2}, {"name": "elu", "alpha": 0.7},
                                     {"name": "clipped_relu", "ceiling": 1.5}, {"name": "gelu", "approximate": "tanh"}])
-def test_unary_attributes(kwargs):
+def test_unary_attributes(kwargs, rng):
     kwargs = dict(kwargs)
     name = kwargs.pop("name")
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", (4, 33), "f32")
     g.output(getattr(ops, name)(x, **kwargs))
@@ -62,8 +58,7 @@ def test_unary_attributes(kwargs):
 
 
 @pytest.mark.parametrize("name", sorted(COMPARE))
-def test_compare(name):
-    rng = np.random.default_rng()
+def test_compare(name, rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", (4, "n"), "f32"), g.input("b", (4, 1), "f32")
     g.output(getattr(ops, name)(a, b))
@@ -71,8 +66,7 @@ def test_compare(name):
     check(g, x, x[:, :1].copy())
 
 
-def test_where_and_logical():
-    rng = np.random.default_rng()
+def test_where_and_logical(rng):
     g = rocmc.Graph("t")
     c, a, b = g.input("c", (5, 1), "bool"), g.input("a", (5, 4), "f16"), g.input("b", (4,), "f16")
     g.output(ops.where(ops.logical_and(c, ops.greater(a, 0.0)), a, b), ops.logical_not(c))
@@ -81,16 +75,14 @@ def test_where_and_logical():
 
 @pytest.mark.parametrize("src,dst", [("f32", "f16"), ("f16", "f32"), ("bf16", "f16"), ("f32", "i32"),
                                      ("i64", "f32"), ("i32", "i64"), ("i64", "i32"), ("f32", "bool"), ("bool", "f32")])
-def test_cast(src, dst):
-    rng = np.random.default_rng()
+def test_cast(src, dst, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (3, "n"), src)
     g.output(ops.cast(x, dst))
     check(g, rand(rng, (3, 10), src, -50, 50))
 
 
-def test_scalar_operands_and_operators():
-    rng = np.random.default_rng()
+def test_scalar_operands_and_operators(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (6,), "f32")
     g.output((x * 2.0 + 1.0) / 3.0 - x ** 2.0)

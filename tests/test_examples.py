@@ -15,9 +15,9 @@ def build(name, **kw):
 
 
 @pytest.mark.parametrize("dtype,tol", [("f32", 1e-4), ("f16", 2e-2)])
-def test_llama_block_on_cpu(dtype, tol):
+def test_llama_block_on_cpu(dtype, tol, rng):
     g = build("llama_block.py", hidden=256, heads=4, kv_heads=2, max_seq=64, dtype=dtype)
-    x = np.random.default_rng().standard_normal((1, 19, 256)).astype(rocmc.dtype(dtype).np)
+    x = rng.standard_normal((1, 19, 256)).astype(rocmc.dtype(dtype).np)
     y = rocmc.load(rocmc.compile(g, "cpu"))(x)
     ref = rocmc.evaluate(g, x)
     assert y.shape == ref.shape == (1, 19, 256)
@@ -31,9 +31,9 @@ def test_llama_block_compiles_for_gfx942():
     assert {"rms_norm", "matmul", "sdpa", "rope"} <= ops_in_dispatches
 
 
-def test_resnet_block_on_cpu():
+def test_resnet_block_on_cpu(rng):
     g = build("resnet_block.py", channels=8, size=23)
-    x = np.random.default_rng().standard_normal((2, 3, 23, 23)).astype(np.float32)
+    x = rng.standard_normal((2, 3, 23, 23)).astype(np.float32)
     y = rocmc.load(rocmc.compile(g, "cpu"))(x)
     ref = rocmc.evaluate(g, x)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)

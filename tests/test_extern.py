@@ -55,8 +55,7 @@ def every_op_graph(rng, dtype="f32"):
                _w(rng, 3, 2, 5, 4, dtype=dtype), _w(rng, 3, 2, 7, 4, dtype=dtype), _w(rng, 3, 2, 7, 3, dtype=dtype))
 
 
-def test_every_op_runs_through_the_reference_provider():
-    rng = np.random.default_rng()
+def test_every_op_runs_through_the_reference_provider(rng):
     g, inputs = every_op_graph(rng)
     art = rocmc.compile(g, "cpu", libraries=["miopen"])
     assert {c["impl"] for c in art.implementations} == {"miopen"}
@@ -64,8 +63,7 @@ def test_every_op_runs_through_the_reference_provider():
     check(g, *inputs, libraries=["miopen"])
 
 
-def test_every_op_matches_the_generated_implementation():
-    rng = np.random.default_rng()
+def test_every_op_matches_the_generated_implementation(rng):
     g, inputs = every_op_graph(rng)
     lib = rocmc.load(rocmc.compile(g, "cpu", libraries=["miopen"]))(*inputs)
     gen = rocmc.load(rocmc.compile(g, "cpu", impl="generated"))(*inputs)
@@ -74,8 +72,7 @@ def test_every_op_matches_the_generated_implementation():
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_half_types(dtype):
-    rng = np.random.default_rng()
+def test_half_types(dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 4, 7, 9), dtype)
     y = ops.conv2d(x, _w(rng, 5, 4, 3, 3, dtype=dtype), _w(rng, 5, dtype=dtype), padding=1)
@@ -88,8 +85,7 @@ def test_half_types(dtype):
     check(g, _w(rng, 2, 4, 7, 9, dtype=dtype), tol=(4 * rtol, 4 * atol), libraries=["miopen"])
 
 
-def test_batch_norm_and_lrn_f16_with_absent_affine():
-    rng = np.random.default_rng()
+def test_batch_norm_and_lrn_f16_with_absent_affine(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (2, 6, 5), "f16")
     y = ops.batch_norm(x, _w(rng, 6, dtype="f16"), rng.uniform(0.5, 2.0, 6).astype(np.float16), eps=1e-5)
@@ -98,8 +94,7 @@ def test_batch_norm_and_lrn_f16_with_absent_affine():
 
 
 @pytest.mark.parametrize("axis", [0, 1, 3])
-def test_softmax_any_axis_and_activations_any_rank(axis):
-    rng = np.random.default_rng()
+def test_softmax_any_axis_and_activations_any_rank(axis, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (3, "n", 5, 7), "f32")
     g.output(ops.softmax(x, axis=axis), ops.clipped_relu(ops.leaky_relu(x, 0.1), 1.2))
@@ -152,8 +147,7 @@ def _dump_imports(vmfb: bytes, tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("target", ["gfx942", "cuda:sm_80"])
-def test_gpu_modules_import_every_op_with_the_abi_signature(target, tmp_path):
-    rng = np.random.default_rng()
+def test_gpu_modules_import_every_op_with_the_abi_signature(target, tmp_path, rng):
     g, _ = every_op_graph(rng)
     art = rocmc.compile(g, target, libraries=["miopen"])
     dump = _dump_imports(art.vmfb, tmp_path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 
 import rocmc
@@ -68,14 +67,12 @@ def _barriers(mlir: str) -> int:
 # ---- 1: transposed matmul results ------------------------------------------------------------------
 
 @pytest.mark.parametrize("seq", [64, 33])
-def test_transposed_matmul_result_matches_reference(seq):
-    rng = np.random.default_rng()
+def test_transposed_matmul_result_matches_reference(seq, rng):
     check(_v_transposed(seq), rand(rng, (1, seq, 64), "f16"), rand(rng, (64, 32), "f16", -0.3, 0.3))
     compile_gpu(_v_transposed(seq))
 
 
-def test_attention_block_matches_reference_static_and_symbolic():
-    rng = np.random.default_rng()
+def test_attention_block_matches_reference_static_and_symbolic(rng):
     args = [rand(rng, (1, 48, 64), "f16"), rand(rng, (64,), "f16", 0.5, 1.5)]
     args += [rand(rng, (64, n), "f16", -0.3, 0.3) for n in (64, 32, 32)]
     # Five ops deep, each result stored in f16 while the reference rounds nothing: the single-op f16
@@ -111,8 +108,7 @@ def test_barrier_only_where_needed():
 # ---- 2: non-causal sdpa with a symbolic key length --------------------------------------------------
 
 @pytest.mark.parametrize("s,skv", [("s", "s"), (16, "t"), ("s", 24)])
-def test_sdpa_symbolic_lengths_match_reference(s, skv):
-    rng = np.random.default_rng()
+def test_sdpa_symbolic_lengths_match_reference(s, skv, rng):
     sizes = {"s": 37, "t": 29}
     n, m = sizes.get(s, s), sizes.get(skv, skv)
     q, k, v = (rand(rng, shape, "f16") for shape in ((1, 4, n, 32), (1, 2, m, 32), (1, 2, m, 32)))

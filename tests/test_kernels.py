@@ -185,9 +185,8 @@ def test_cpu_and_generated_switch_use_no_kernels():
         assert bool(art.metadata["kernels"]) == expect_hip
 
 
-def test_cpu_results_match_reference_for_the_graph():
+def test_cpu_results_match_reference_for_the_graph(rng):
     """The same graph on the CPU (generated code) is right: the GPU run compares with the same reference."""
-    rng = np.random.default_rng()
     g = _three_ops_graph("f32")
     ins = [rng.uniform(-2, 2, s).astype(np.float32) for s in ((3, 4096), (4096,), (2, 8, 5, 64), (128, 32), (128, 32))]
     got, want = rocmc.load(rocmc.compile(g, "cpu"))(*ins), rocmc.evaluate(g, *ins)
@@ -218,6 +217,18 @@ def test_arch_clang_cannot_build_falls_back():
     g.output(ops.rms_norm(g.input("x", (4, 64), "f32")))
     rec = rocmc.compile(g, "gfx950").implementations[0]
     assert rec["impl"] == "generated" and "gfx950" in rec["skipped"][0]
+
+
+def test_kernel_sources_come_from_the_wheel_then_the_checkout_and_the_env_overrides_both(tmp_path, monkeypatch):
+    monkeypatch.delenv("ROCMC_KERNEL_DIR", raising=False)
+    package = tmp_path / "rocmc"
+    package.mkdir()
+    (tmp_path / "custom_kernels").mkdir()
+    assert kernels._kernel_dir(package) == tmp_path / "custom_kernels"
+    (package / "kernels").mkdir()
+    assert kernels._kernel_dir(package) == package / "kernels"
+    monkeypatch.setenv("ROCMC_KERNEL_DIR", str(tmp_path / "own"))
+    assert kernels._kernel_dir(package) == tmp_path / "own"
 
 
 def test_broken_kernel_gives_clang_diagnostics(tmp_path, monkeypatch):

@@ -1,5 +1,4 @@
 """matmul and linear against the float64 reference: numpy shape semantics, transposes, dtypes, errors."""
-import numpy as np
 import pytest
 
 import rocmc
@@ -28,8 +27,7 @@ MATMULS = [
 
 
 @pytest.mark.parametrize("a_shape,b_shape,ta,tb", MATMULS)
-def test_matmul_numpy_semantics(a_shape, b_shape, ta, tb):
-    rng = np.random.default_rng()
+def test_matmul_numpy_semantics(a_shape, b_shape, ta, tb, rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", a_shape, "f32"), g.input("b", b_shape, "f32")
     g.output(ops.matmul(a, b, transpose_a=ta, transpose_b=tb))
@@ -37,18 +35,16 @@ def test_matmul_numpy_semantics(a_shape, b_shape, ta, tb):
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_matmul_half_types(dtype):
-    rng = np.random.default_rng()
+def test_matmul_half_types(dtype, rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", (2, "m", 33), dtype), g.input("b", (1, 17, 33), dtype)
     g.output(ops.matmul(a, b, transpose_b=True))
     check(g, rand(rng, (2, 5, 33), dtype, -1, 1), rand(rng, (1, 17, 33), dtype, -1, 1))
 
 
-def test_matmul_f16_long_k_accumulates_in_f32():
+def test_matmul_f16_long_k_accumulates_in_f32(rng):
     # Positive terms make the sum grow to ~1000, where f16 spacing is 0.5-1: an f16 accumulator
     # would be off by tens; an f32 one leaves only the final rounding (~5e-4 relative).
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     a, b = g.input("a", (4, 4096), "f16"), g.input("b", (4096, 3), "f16")
     g.output(a @ b)
@@ -56,8 +52,7 @@ def test_matmul_f16_long_k_accumulates_in_f32():
 
 
 @pytest.mark.parametrize("dtype", ["i32", "i64"])
-def test_matmul_int(dtype):
-    rng = np.random.default_rng()
+def test_matmul_int(dtype, rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", ("m", 7), dtype), g.input("b", (2, 7, 3), dtype)
     g.output(ops.matmul(a, b))
@@ -65,8 +60,7 @@ def test_matmul_int(dtype):
 
 
 @pytest.mark.parametrize("dtype,with_bias", [("f32", True), ("f32", False), ("f16", True), ("bf16", True)])
-def test_linear(dtype, with_bias):
-    rng = np.random.default_rng()
+def test_linear(dtype, with_bias, rng):
     g = rocmc.Graph("t")
     x, w = g.input("x", (2, "s", 24), dtype), g.input("w", (11, 24), dtype)
     bias = g.input("bias", (11,), dtype) if with_bias else None
@@ -75,8 +69,7 @@ def test_linear(dtype, with_bias):
     check(g, *inputs, *([rand(rng, (11,), dtype)] if with_bias else []))
 
 
-def test_linear_1d_input_and_constant_weights():
-    rng = np.random.default_rng()
+def test_linear_1d_input_and_constant_weights(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (9,), "f32")
     g.output(ops.linear(x, rand(rng, (4, 9)), rand(rng, (4,))))

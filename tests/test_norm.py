@@ -11,8 +11,7 @@ DTYPES = ["f32", "f16", "bf16"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_every_axis_symbolic(dtype):
-    rng = np.random.default_rng()
+def test_softmax_every_axis_symbolic(dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (2, "seq", 37), dtype)
     g.output(*(f(x, axis=a) for f in (ops.softmax, ops.log_softmax) for a in (0, 1, -1)))
@@ -20,9 +19,8 @@ def test_softmax_every_axis_symbolic(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_softmax_large_logits_subtract_the_max(dtype):
+def test_softmax_large_logits_subtract_the_max(dtype, rng):
     """exp(100) overflows f32 and f16: only max subtraction keeps these rows finite."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 4097), dtype)
     g.output(ops.softmax(x), ops.log_softmax(x))
@@ -30,8 +28,7 @@ def test_softmax_large_logits_subtract_the_max(dtype):
     assert all(np.isfinite(o.astype(np.float32)).all() for o in got)
 
 
-def test_softmax_odd_sizes():
-    rng = np.random.default_rng()
+def test_softmax_odd_sizes(rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", (1, 1), "f32"), g.input("b", (3, 4097), "bf16")
     g.output(ops.softmax(a), ops.log_softmax(a, axis=0), ops.softmax(b, axis=0), ops.log_softmax(b))
@@ -39,9 +36,8 @@ def test_softmax_odd_sizes():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_layer_norm_symbolic(dtype):
+def test_layer_norm_symbolic(dtype, rng):
     """Last dim with weight and bias, trailing two dims (one symbolic), without parameters, bias only."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", (2, "seq", 37), dtype)
     w, b = g.input("w", (37,), dtype), g.input("b", (37,), dtype)
@@ -53,9 +49,8 @@ def test_layer_norm_symbolic(dtype):
 
 
 @pytest.mark.parametrize("n", [37, 4097])
-def test_layer_norm_large_mean(n):
+def test_layer_norm_large_mean(n, rng):
     """Rows with |mean| >> std: E[x^2] - E[x]^2 in f32 would lose the variance entirely."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", ("rows", n), "f32")
     w = g.input("w", (n,), "f32")
@@ -65,9 +60,8 @@ def test_layer_norm_large_mean(n):
     check(g, xs, rand(rng, (n,), "f32"), tol=(1e-4, 1e-4))
 
 
-def test_layer_norm_odd_sizes_and_mixed_weight_dtype():
+def test_layer_norm_odd_sizes_and_mixed_weight_dtype(rng):
     """Size-1 normalized dim (output is the bias), a 4097 row, f32 weights on a bf16 input."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     a, b = g.input("a", (5, 1), "f16"), g.input("b", (2, 4097), "bf16")
     wa, ba = g.input("wa", (1,), "f16"), g.input("ba", (1,), "f16")
@@ -78,8 +72,7 @@ def test_layer_norm_odd_sizes_and_mixed_weight_dtype():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm_symbolic(dtype):
-    rng = np.random.default_rng()
+def test_rms_norm_symbolic(dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (2, "seq", 37), dtype)
     w, w2 = g.input("w", (37,), dtype), g.input("w2", ("seq", 37), dtype)
@@ -87,17 +80,15 @@ def test_rms_norm_symbolic(dtype):
     check(g, rand(rng, (2, 5, 37), dtype), rand(rng, (37,), dtype), rand(rng, (5, 37), dtype))
 
 
-def test_rms_norm_odd_sizes():
-    rng = np.random.default_rng()
+def test_rms_norm_odd_sizes(rng):
     g = rocmc.Graph("t")
     a, b = g.input("a", (3, 4097), "f16"), g.input("b", ("n", 1), "f32")
     g.output(ops.rms_norm(a, g.constant("w", rand(rng, (4097,), "f16"))), ops.rms_norm(b, axis=0))
     check(g, rand(rng, (3, 4097), "f16"), rand(rng, (7, 1), "f32"))
 
 
-def test_eps_matters():
+def test_eps_matters(rng):
     """eps is applied inside the root: rows of tiny values are damped, not blown up to unit RMS."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", (4, 64), "f32")
     g.output(ops.rms_norm(x, eps=1e-2), ops.layer_norm(x, eps=1e-2))

@@ -67,7 +67,7 @@ def _info(name, elem, shape):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def test_shape_arithmetic_folds_with_symbolic_dims():
+def test_shape_arithmetic_folds_with_symbolic_dims(rng):
     # x[b, seq, 24] -> reshape to [b, seq, 4, 6] with the target built from Shape at run time in ONNX.
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
@@ -83,7 +83,6 @@ def test_shape_arithmetic_folds_with_symbolic_dims():
     assert [n.op for n in g.nodes] == ["reshape", "softmax"]
     assert g.outputs[0].shape == ("b", "seq", 4, 6)
     module = rocmc.load(rocmc.compile(g, "cpu"))
-    rng = np.random.default_rng()
     for shape in [(2, 5, 24), (1, 3, 24)]:   # one compiled module, several sizes
         x = rng.standard_normal(shape).astype(np.float32)
         y = x.astype(np.float64).reshape(*shape[:2], 4, 6)
@@ -92,8 +91,8 @@ def test_shape_arithmetic_folds_with_symbolic_dims():
         np.testing.assert_allclose(module(x), want, rtol=2e-5, atol=2e-6)
 
 
-def test_inputs_initializers_and_names():
-    w = np.random.default_rng().standard_normal((5, 3)).astype(np.float32)
+def test_inputs_initializers_and_names(rng):
+    w = rng.standard_normal((5, 3)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["input.1", "fc.weight"], ["out:0"])]
     m = _model(nodes, [_info("input.1", TensorProto.FLOAT, ["n", 5])], [_info("out:0", TensorProto.FLOAT, None)],
                [numpy_helper.from_array(w, "fc.weight")])
@@ -101,7 +100,7 @@ def test_inputs_initializers_and_names():
     assert g.name == "fc"
     assert [(v.name, v.shape) for v in g.inputs] == [("input_1", ("n", 5))]
     np.testing.assert_array_equal(g.constants["fc_weight"], w)
-    x = np.random.default_rng().standard_normal((4, 5)).astype(np.float32)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
     np.testing.assert_allclose(rocmc.load(rocmc.compile(g, "cpu"))(x), x @ w, rtol=1e-5, atol=1e-5)
 
 
@@ -111,12 +110,11 @@ def test_dims_option_pins_symbolic_dims():
     assert rocmc.import_onnx(m, dims={"b": 2}).inputs[0].shape == (2, 3)
 
 
-def test_half_precision_model():
+def test_half_precision_model(rng):
     nodes = [helper.make_node("MatMul", ["a", "b"], ["ab"]), helper.make_node("Add", ["ab", "c"], ["y"])]
     m = _model(nodes, [_info("a", TensorProto.FLOAT16, [3, 33]), _info("b", TensorProto.FLOAT16, [33, 7]),
                        _info("c", TensorProto.FLOAT16, [7])], [_info("y", TensorProto.FLOAT16, None)])
     g = rocmc.import_onnx(m)
-    rng = np.random.default_rng()
     a, b, c = (rng.uniform(-1, 1, s).astype(np.float16) for s in [(3, 33), (33, 7), (7,)])
     want = a.astype(np.float64) @ b.astype(np.float64) + c
     np.testing.assert_allclose(rocmc.load(rocmc.compile(g, "cpu"))(a, b, c).astype(np.float64), want,
@@ -189,14 +187,14 @@ REAL_MODELS = {
 
 
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
-def test_real_model_matches_onnxruntime(name):
+def test_real_model_matches_onnxruntime(name, rng):
     ort = pytest.importorskip("onnxruntime")
     path = MODELS / name
     assert path.stat().st_size < 5e6
     dims, make_inputs = REAL_MODELS[name]
     g = rocmc.import_onnx(path, dims=dims)
     assert isinstance(g.inputs[0].shape[0], str)   # the batch dim stays symbolic
-    feeds = make_inputs(np.random.default_rng())
+    feeds = make_inputs(rng)
     got = rocmc.load(rocmc.compile(g, "cpu"))(**feeds)
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -221,7 +219,7 @@ def test_real_model_compiles_for_gfx942(name, expected):
     compile_gpu(g, targets=("cuda:sm_80",))
 
 
-def test_causal_attention_with_fewer_queries_than_keys():
+def test_causal_attention_with_fewer_queries_than_keys(rng):
     """ONNX aligns the causal mask top-left without a past; rocmc's is_causal is bottom-right, so the
     importer spells the mask out (checked against ONNX's reference evaluator)."""
     from onnx.reference import ReferenceEvaluator
@@ -229,7 +227,6 @@ def test_causal_attention_with_fewer_queries_than_keys():
     m = _model([node], [_info("q", TensorProto.FLOAT, [2, 4, 3, 8]), _info("k", TensorProto.FLOAT, [2, 2, 5, 8]),
                         _info("v", TensorProto.FLOAT, [2, 2, 5, 8]), _info("mask", TensorProto.FLOAT, [3, 5])],
                [_info("y", TensorProto.FLOAT, None)], opset=23)
-    rng = np.random.default_rng()
     feeds = {"q": rng.standard_normal((2, 4, 3, 8)), "k": rng.standard_normal((2, 2, 5, 8)),
              "v": rng.standard_normal((2, 2, 5, 8)), "mask": rng.uniform(-1, 0, (3, 5))}
     feeds = {k: v.astype(np.float32) for k, v in feeds.items()}

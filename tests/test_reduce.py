@@ -28,9 +28,8 @@ def sample(rng, name, shape, dtype):
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_reduction_axes_symbolic(name, dtype):
+def test_reduction_axes_symbolic(name, dtype, rng):
     """Every way of choosing axes, on a tensor with a symbolic dim (mean divides by its runtime size)."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", (2, "seq", 37), dtype)
     fn = getattr(ops, name)
@@ -41,9 +40,8 @@ def test_reduction_axes_symbolic(name, dtype):
 
 @pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "norm2"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_reduction_odd_sizes(name, dtype):
+def test_reduction_odd_sizes(name, dtype, rng):
     """Rows of 4097 (not a multiple of any vector width) and size-1 dims."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     a, b = g.input("a", (3, 4097), dtype), g.input("b", (1, 1, 5), dtype)
     fn = getattr(ops, name)
@@ -53,8 +51,7 @@ def test_reduction_odd_sizes(name, dtype):
 
 @pytest.mark.parametrize("name", INT_REDUCTIONS)
 @pytest.mark.parametrize("dtype", ["i32", "i64"])
-def test_reduction_int_exact(name, dtype):
-    rng = np.random.default_rng()
+def test_reduction_int_exact(name, dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 7), dtype)
     fn = getattr(ops, name)
@@ -67,8 +64,7 @@ def test_reduction_int_exact(name, dtype):
     assert out[0].dtype == rocmc.dtype(dtype).np
 
 
-def test_max_is_amax():
-    rng = np.random.default_rng()
+def test_max_is_amax(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (4, "n"), "f16")
     g.output(ops.max(x, axis=1), ops.amax(x, axis=1))
@@ -76,9 +72,8 @@ def test_max_is_amax():
     np.testing.assert_array_equal(a, b)
 
 
-def test_zero_d_and_empty_axes():
+def test_zero_d_and_empty_axes(rng):
     """A 0-d tensor reduces over no axes; axis=() reduces nothing (numpy semantics)."""
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", (3, "n"), "f32")
     s = ops.sum(x)

@@ -36,8 +36,7 @@ def _graph(op, rng, dtype="f32", seq="seq", batch=3, inp=5, hidden=7, biases=Tru
 
 @pytest.mark.parametrize("op", ["lstm", "gru"])
 @pytest.mark.parametrize("biases, states", [(True, True), (False, False)])
-def test_matches_reference_f32_symbolic_seq(op, biases, states):
-    rng = np.random.default_rng()
+def test_matches_reference_f32_symbolic_seq(op, biases, states, rng):
     g, feeds = _graph(op, rng, biases=biases, states=states)
     out = check(g, *feeds)
     assert len(out) == (3 if op == "lstm" else 2)
@@ -45,31 +44,27 @@ def test_matches_reference_f32_symbolic_seq(op, biases, states):
 
 
 @pytest.mark.parametrize("op, dtype", [("lstm", "f16"), ("gru", "f16"), ("lstm", "bf16")])
-def test_half_types_accumulate_in_f32(op, dtype):
-    rng = np.random.default_rng()
+def test_half_types_accumulate_in_f32(op, dtype, rng):
     g, feeds = _graph(op, rng, dtype=dtype, seq=5, inp=9, hidden=11)
     rtol, atol = TOL[dtype]
     check(g, *feeds, tol=(2 * rtol, 2 * atol))
 
 
 @pytest.mark.parametrize("op", ["lstm", "gru"])
-def test_symbolic_batch_and_one_step(op):
-    rng = np.random.default_rng()
+def test_symbolic_batch_and_one_step(op, rng):
     g, feeds = _graph(op, rng, seq=1, batch="b", inp=3, hidden=5)
     check(g, *feeds)
 
 
 @pytest.mark.parametrize("op, dtype, states", [("gru", "f32", False), ("gru", "f16", True), ("lstm", "f16", False)])
-def test_symbolic_seq_and_batch(op, dtype, states):
+def test_symbolic_seq_and_batch(op, dtype, states, rng):
     """Both dims symbolic: the loop carries later steps' states correctly (no zero-state reuse)."""
-    rng = np.random.default_rng()
     g, feeds = _graph(op, rng, dtype=dtype, batch="b", inp=4, hidden=6, states=states)
     rtol, atol = TOL[dtype]
     check(g, *feeds, tol=(2 * rtol, 2 * atol))
 
 
-def test_symbolic_seq_runs_any_length():
-    rng = np.random.default_rng()
+def test_symbolic_seq_runs_any_length(rng):
     g, _ = _graph("gru", rng, states=False)
     mod = rocmc.load(rocmc.compile(g, "cpu"))
     for seq in (1, 4, 9):
@@ -97,8 +92,7 @@ def test_reference_is_torch_gate_order():
 
 
 @pytest.mark.parametrize("op", ["lstm", "gru"])
-def test_compiles_for_gpus(op):
-    rng = np.random.default_rng()
+def test_compiles_for_gpus(op, rng):
     g, _ = _graph(op, rng, dtype="f16", batch="b")
     compile_gpu(g)
 

@@ -18,8 +18,7 @@ from test_rnn import _graph
 
 
 @pytest.mark.parametrize("op, dtype", [("lstm", "f32"), ("gru", "f32"), ("lstm", "f16"), ("gru", "f16")])
-def test_rnn_through_the_reference_provider(op, dtype):
-    rng = np.random.default_rng()
+def test_rnn_through_the_reference_provider(op, dtype, rng):
     g, feeds = _graph(op, rng, dtype=dtype, batch="b", inp=6, hidden=5)
     art = rocmc.compile(g, "cpu", libraries=["miopen"])
     assert [x["import"] for x in art.metadata["externs"]] == [f"miopen.{op}" + ("" if dtype == "f32" else ".f16")]
@@ -31,8 +30,7 @@ def test_rnn_through_the_reference_provider(op, dtype):
 
 
 @pytest.mark.parametrize("op", ["lstm", "gru"])
-def test_rnn_without_biases_or_states_and_one_bias(op):
-    rng = np.random.default_rng()
+def test_rnn_without_biases_or_states_and_one_bias(op, rng):
     g, feeds = _graph(op, rng, biases=False, states=False)
     check(g, *feeds, libraries=["miopen"])
     g = rocmc.Graph("t")
@@ -42,8 +40,7 @@ def test_rnn_without_biases_or_states_and_one_bias(op):
     check(g, rand(rng, (5, 2, 4)), libraries=["miopen"])
 
 
-def test_sdpa_through_the_reference_provider_f16():
-    rng = np.random.default_rng()
+def test_sdpa_through_the_reference_provider_f16(rng):
     g = rocmc.Graph("t")
     q, k, v = (g.input(n, ("b", 3, s, 8), "f16") for n, s in (("q", 5), ("k", 9), ("v", 9)))
     g.output(ops.sdpa(q, k, v))
@@ -52,9 +49,8 @@ def test_sdpa_through_the_reference_provider_f16():
     check(g, *(rand(rng, (2, 3, s, 8), "f16", -1, 1) for s in (5, 9, 9)), tol=(1e-2, 1e-2), libraries=["miopen"])
 
 
-def test_gfx942_module_imports_half_rnn_and_attention(tmp_path):
+def test_gfx942_module_imports_half_rnn_and_attention(tmp_path, rng):
     g = rocmc.Graph("t")
-    rng = np.random.default_rng()
     x = g.input("x", ("s", "b", 6), "f16")
     y, h = ops.gru(x, rand(rng, (12, 6), "f16"), rand(rng, (12, 4), "f16"))
     q = g.input("q", (2, 2, 5, 8), "f16")

@@ -32,16 +32,14 @@ def _graph(layout, dtype, table_shape, t="t", pos_dtype=None, table_dtype=None, 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_rope_variants_batched(layout, interleaved):
+def test_rope_variants_batched(layout, interleaved, rng):
     # b > 1 in every variant: candle once had the interleaved batch stride wrong (t*d/2, not h*t*d).
-    rng = np.random.default_rng()
     g = _graph(layout, "f32", (9, D // 2), interleaved=interleaved)   # T = 9 >= t: rows 0..t-1 used
     check(g, rand(rng, _x_shape(layout)), *_tables(rng, (9, D // 2)))
 
 
-def test_rope_matches_pair_formula():
+def test_rope_matches_pair_formula(rng):
     # The reference itself, checked against op-semantics written out as loops (interleaved, b = 2).
-    rng = np.random.default_rng()
     g = _graph("bhsd", "f32", (T, D // 2), t=T, interleaved=True)
     x, (cos, sin) = rand(rng, _x_shape("bhsd")), _tables(rng, (T, D // 2))
     x64, c, s = (a.astype(np.float64) for a in (x, cos, sin))
@@ -56,23 +54,20 @@ def test_rope_matches_pair_formula():
 
 @pytest.mark.parametrize("dtype,layout,table_dtype", [("f16", "bhsd", "f16"), ("bf16", "bshd", "bf16"),
                                                      ("f16", "bshd", "f32")])
-def test_rope_half_types(dtype, layout, table_dtype):
-    rng = np.random.default_rng()
+def test_rope_half_types(dtype, layout, table_dtype, rng):
     g = _graph(layout, dtype, (T, D // 2), table_dtype=table_dtype, interleaved=layout == "bhsd")
     check(g, rand(rng, _x_shape(layout), dtype), *_tables(rng, (T, D // 2), table_dtype))
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_rope_per_batch_tables(interleaved):
-    rng = np.random.default_rng()
+def test_rope_per_batch_tables(interleaved, rng):
     g = _graph("bshd", "f32", (B, "t", D // 2), interleaved=interleaved)
     check(g, rand(rng, _x_shape("bshd")), *_tables(rng, (B, T, D // 2)))
 
 
 @pytest.mark.parametrize("interleaved,layout", [(True, "bhsd"), (False, "bshd")])
-def test_rope_partial_rotary_dim(interleaved, layout):
+def test_rope_partial_rotary_dim(interleaved, layout, rng):
     # Only the first 6 of 10 dims rotate (r = 3 pairs); the last 4 pass through unchanged.
-    rng = np.random.default_rng()
     g = _graph(layout, "f32", (7, 3), interleaved=interleaved, rotary_dim=6)
     x = rand(rng, _x_shape(layout))
     (y,) = check(g, x, *_tables(rng, (7, 3)))
@@ -80,8 +75,7 @@ def test_rope_partial_rotary_dim(interleaved, layout):
 
 
 @pytest.mark.parametrize("pos_dtype,interleaved,layout", [("i64", False, "bhsd"), ("i32", True, "bshd")])
-def test_rope_position_ids(pos_dtype, interleaved, layout):
-    rng = np.random.default_rng()
+def test_rope_position_ids(pos_dtype, interleaved, layout, rng):
     g = _graph(layout, "f32", (32, 3), pos_dtype=pos_dtype, interleaved=interleaved, rotary_dim=6)
     pos = rng.permutation(32)[:B * T].reshape(B, T).astype(rocmc.dtype(pos_dtype).np)  # distinct rows per batch
     check(g, rand(rng, _x_shape(layout)), *_tables(rng, (32, 3)), pos)

@@ -17,8 +17,7 @@ def same(got, want):
 # ---- reshape and its builders --------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "i64", "bool"])
-def test_reshape_split_symbolic(dtype):
-    rng = np.random.default_rng()
+def test_reshape_split_symbolic(dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("b", "seq", 96), dtype)
     y = ops.reshape(x, ("b", "seq", 8, -1))
@@ -30,8 +29,7 @@ def test_reshape_split_symbolic(dtype):
     assert "tensor.expand_shape" in text and "tensor.reshape" not in text
 
 
-def test_flatten_then_unflatten_by_symbols():
-    rng = np.random.default_rng()
+def test_flatten_then_unflatten_by_symbols(rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("b", "seq", 6, 5), "f32")
     f = ops.flatten(x, 0, 1)
@@ -45,8 +43,7 @@ def test_flatten_then_unflatten_by_symbols():
     assert "tensor.collapse_shape" in text and "tensor.reshape" not in text
 
 
-def test_reshape_static_regroup_and_scalar():
-    rng = np.random.default_rng()
+def test_reshape_static_regroup_and_scalar(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (6, 4, 1), "f16")
     s = g.input("s", (1, 1), "f32")
@@ -57,8 +54,7 @@ def test_reshape_static_regroup_and_scalar():
     assert got[1].shape == (1, 1, 1) and got[2].shape == (1,)
 
 
-def test_reshape_not_a_product_uses_a_shape_tensor():
-    rng = np.random.default_rng()
+def test_reshape_not_a_product_uses_a_shape_tensor(rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 3), "f32")
     y = ops.reshape(x, (-1, 2))                    # 3n/2 rows: known only at run time
@@ -69,8 +65,7 @@ def test_reshape_not_a_product_uses_a_shape_tensor():
     assert "tensor.reshape" in lower(g, "cpu").text
 
 
-def test_squeeze_unsqueeze():
-    rng = np.random.default_rng()
+def test_squeeze_unsqueeze(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (1, "n", 1, 3), "bf16")
     u = ops.unsqueeze(x, [0, -1])
@@ -115,8 +110,7 @@ def test_squeeze_errors():
 # ---- transpose -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bool"])
-def test_transpose_and_permute(dtype):
-    rng = np.random.default_rng()
+def test_transpose_and_permute(dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("b", 3, "n", 5), dtype)
     t = ops.transpose(x, 1, -1)
@@ -143,8 +137,7 @@ def test_transpose_errors():
 # ---- concat --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "i64"])
-def test_concat_symbolic_along_and_across(dtype):
-    rng = np.random.default_rng()
+def test_concat_symbolic_along_and_across(dtype, rng):
     g = rocmc.Graph("t")
     a = g.input("a", ("b", "n", 3), dtype)
     b = g.input("b_", ("b", 2, 3), dtype)
@@ -159,8 +152,7 @@ def test_concat_symbolic_along_and_across(dtype):
     same(got[1], np.concatenate([x1, x1], axis=2))
 
 
-def test_concat_bool_and_constant():
-    rng = np.random.default_rng()
+def test_concat_bool_and_constant(rng):
     g = rocmc.Graph("t")
     a = g.input("a", (3, "n"), "bool")
     k = rand(rng, (3, 4), "bool")
@@ -198,9 +190,8 @@ SLICES = [  # (shape as built, run shape, starts, ends, axes, steps, numpy index
 
 
 @pytest.mark.parametrize("case", range(len(SLICES)))
-def test_slice(case):
+def test_slice(case, rng):
     shape, run_shape, starts, ends, axes, steps, index = SLICES[case]
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", shape, "f32")
     g.output(ops.slice(x, starts, ends, axes, steps))
@@ -209,8 +200,7 @@ def test_slice(case):
 
 
 @pytest.mark.parametrize("dtype", ["f16", "i64", "bool"])
-def test_slice_dtypes_static_shapes(dtype):
-    rng = np.random.default_rng()
+def test_slice_dtypes_static_shapes(dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (5, 9), dtype)
     y = ops.slice(x, [-2, 1], [-1000, 9], [0, 1], [-1, 2])
@@ -229,10 +219,9 @@ def test_slice_symbolic_result_sizes():
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "i64"])
-def test_slice_empty_result_static(dtype):
+def test_slice_empty_result_static(dtype, rng):
     # A start clamped to the end of the axis gives a zero-size dim; nothing is read, so the
     # lowering makes an empty tensor instead of a slice whose offset sits at the edge.
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", (4, 8), dtype)
     y = ops.slice(x, [8], [100], [1], [1])
@@ -249,9 +238,8 @@ def test_slice_empty_result_static(dtype):
 
 
 @pytest.mark.parametrize("n", [8, 11])
-def test_slice_symbolic_empty_at_run_time(n):
+def test_slice_symbolic_empty_at_run_time(n, rng):
     # The same slice on a symbolic axis: empty when n == 8, three rows when n == 11.
-    rng = np.random.default_rng()
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 5), "f32")
     y = ops.slice(x, [8], [100], [0], [1])
@@ -288,8 +276,7 @@ def test_slice_errors():
 
 @pytest.mark.parametrize("dtype,idx_dtype,axis", [("f32", "i64", 1), ("f16", "i32", 0), ("i64", "i64", -1),
                                                   ("bool", "i32", 2)])
-def test_gather(dtype, idx_dtype, axis):
-    rng = np.random.default_rng()
+def test_gather(dtype, idx_dtype, axis, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (5, "n", 3), dtype)
     i = g.input("i", ("k", 2), idx_dtype)
@@ -301,8 +288,7 @@ def test_gather(dtype, idx_dtype, axis):
     same(check(g, a, idx)[0], np.take(a, idx, axis=axis))
 
 
-def test_embedding_and_scalar_index():
-    rng = np.random.default_rng()
+def test_embedding_and_scalar_index(rng):
     g = rocmc.Graph("t")
     ids = g.input("ids", ("b", "seq"), "i64")
     j = g.input("j", (1,), "i32")
@@ -328,8 +314,7 @@ def test_gather_errors():
 
 # ---- broadcast_to --------------------------------------------------------------------------
 
-def test_broadcast_to_graph_symbols():
-    rng = np.random.default_rng()
+def test_broadcast_to_graph_symbols(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (1, 3), "f16")
     m = g.input("m", ("n", "k"), "bool")
@@ -356,8 +341,7 @@ def test_broadcast_to_errors():
 # ---- pad -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,value", [("f32", 1.5), ("bf16", -2.0), ("i32", 7), ("bool", 1)])
-def test_pad_constant(dtype, value):
-    rng = np.random.default_rng()
+def test_pad_constant(dtype, value, rng):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 3), dtype)
     y = ops.pad(x, [(1, 2), (0, 3)], value=value)
@@ -370,8 +354,7 @@ def test_pad_constant(dtype, value):
 
 @pytest.mark.parametrize("mode", ["reflect", "edge"])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_pad_reflect_edge(mode, dtype):
-    rng = np.random.default_rng()
+def test_pad_reflect_edge(mode, dtype, rng):
     g = rocmc.Graph("t")
     x = g.input("x", (2, "n", 5), dtype)
     g.output(ops.pad(x, [(0, 0), (2, 3), (4, 1)], mode=mode), ops.pad(x, 1, mode=mode))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from .dtypes import DType
 
 Dim = Union[int, str]
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# IREE holds dims, element counts and byte sizes as signed 64-bit integers; a tensor beyond that can't
+# be written in the module (an MLIR parse failure much later), so building it is the error.
+MAX_SIZE = 2 ** 63 - 1
 
 
 _CHUNK = 16 << 20
@@ -105,6 +109,17 @@ def check_shape(shape, what: str) -> tuple:
         else:
             raise GraphError(f"{what}: dim {d!r} is neither an int >= 0 nor a symbol name like 'seq'")
     return tuple(out)
+
+
+def check_size(t: TensorType, what: str) -> None:
+    """Static dims, element count and bytes of `t` must fit IREE's signed 64-bit sizes."""
+    static = [d for d in t.shape if isinstance(d, int)]
+    if any(d > MAX_SIZE for d in static):
+        raise GraphError(f"{what}: {t} has a dim larger than 2**63-1, the largest size IREE can represent")
+    n = math.prod(static)
+    if n * t.dtype.np.itemsize > MAX_SIZE:
+        raise GraphError(f"{what}: {t} holds {n} elements ({n * t.dtype.np.itemsize} bytes); a tensor holds "
+                         f"at most 2**63-1 bytes, the largest size IREE can represent")
 
 
 class Value:
@@ -200,6 +215,7 @@ class Graph:
         if name in self._names:
             raise GraphError(f"input {name!r}: the name is already used in graph {self.name!r}")
         t = TensorType(check_shape(shape, f"input {name!r}"), _dt.dtype(dtype))
+        check_size(t, f"input {name!r}")
         v = Value(self, t, None, 0, name)
         self._names.add(name)
         self.inputs.append(v)
@@ -248,6 +264,8 @@ class Graph:
         node = Node(op, list(inputs), attrs, id=len(self.nodes))
         opdef.check_attrs(node)
         types = opdef.infer(node, [None if v is None else v.type for v in inputs], attrs)
+        for t in types:
+            check_size(t, node.describe())
         node.outputs = [Value(self, t, node, i, None) for i, t in enumerate(types)]
         self.nodes.append(node)
         return node.outputs

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import GraphError, ModelImportError, RocmcError
 from .graph import Graph, Value
+from .ops.shape import gather_indices
 
 MAX_OPSET = 23   # highest default-domain opset whose op definitions rocmc implements
 
@@ -34,6 +35,10 @@ _IDENT = re.compile(r"[^A-Za-z0-9_]")
 NEWER_COMPATIBLE = {op: 25 for op in ("Cast", "CastLike", "Constant", "ConstantOfShape", "Flatten", "Identity",
                                       "Pad", "Reshape", "Shape", "Size", "Squeeze", "Transpose", "Unsqueeze")}
 NEWER_COMPATIBLE["Range"] = 27
+# A value folded at import becomes a constant of the module. A tiny model can ask for a huge one
+# (ConstantOfShape([65536, 65536]), Range(0, 2**40, 1)); past this size it is an import error,
+# raised before anything is allocated. Real weights arrive as initializers, which this doesn't limit.
+MAX_FOLDED_BYTES = 1 << 30
 
 
 class Unsupported(Exception):
@@ -64,6 +69,23 @@ def _since_version(op_type: str, opset: int, domain: str) -> int | None:
         return onnx.defs.get_schema(op_type, opset, domain).since_version
     except onnx.defs.SchemaError:
         return None
+
+
+@lru_cache(maxsize=None)
+def _schema_attributes(op_type: str, opset: int, domain: str) -> frozenset:
+    import onnx.defs
+    return frozenset(onnx.defs.get_schema(op_type, opset, domain).attributes)
+
+
+def _check_folded(shape, dtype, what: str) -> None:
+    """Refuse (before allocating it) a folded constant larger than MAX_FOLDED_BYTES."""
+    if any(d < 0 for d in shape):
+        raise Unsupported(f"{what} has a negative dim in shape [{', '.join(map(str, shape))}]")
+    n = math.prod(shape)
+    size = n * np.dtype(dtype).itemsize
+    if size > MAX_FOLDED_BYTES:
+        raise Unsupported(f"{what} would fold into a constant of {n} elements ({size / (1 << 30):.3g} GiB) at "
+                          f"import; the limit is {MAX_FOLDED_BYTES >> 30} GiB per folded constant")
 
 
 # ---- values during import -------------------------------------------------------------------
@@ -191,6 +213,7 @@ class Importer:
         self.problems: list[tuple[str, str, str]] = []  # (op type, node name, reason)
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         self._used: set[str] = set()
+        self._writer: dict[str, str] = {}              # value name -> what defined it, for duplicates
 
     # -- values
     def value(self, t: Tensor) -> Value:
@@ -218,8 +241,12 @@ class Importer:
     def run(self) -> Graph:
         self._check_opsets()
         inits = {t.name: t for t in self.onnx_graph.initializer}
+        inits.update({t.values.name: t for t in self.onnx_graph.sparse_initializer})
         for t in self.onnx_graph.initializer:
             self._initializer(t)
+        for t in self.onnx_graph.sparse_initializer:
+            self.problems.append(("(initializer)", t.values.name, "sparse initializers are not supported"))
+            self._define(t.values.name, None, "a sparse initializer")
         for vi in self.onnx_graph.input:
             if vi.name not in inits:
                 self._input(vi)
@@ -240,9 +267,18 @@ class Importer:
             arr = numpy_helper.to_array(proto)
         except Exception as e:  # noqa: BLE001 - an unreadable tensor is an import problem, not a crash
             self.problems.append(("(initializer)", proto.name, f"cannot read tensor: {e}"))
-            self.env[proto.name] = None
+            self._define(proto.name, None, "an initializer")
             return
-        self.env[proto.name] = Tensor(known=np.asarray(arr), name=proto.name)
+        self._define(proto.name, Tensor(known=np.asarray(arr), name=proto.name), "an initializer")
+
+    def _define(self, name: str, t: "Tensor | None", writer: str) -> bool:
+        """Bind a value name once (ONNX graphs are SSA); a second writer is reported, the first kept."""
+        if name in self._writer:
+            self.problems.append(("(value)", name, f"is written twice: by {self._writer[name]} and by {writer}"))
+            return False
+        self._writer[name] = writer
+        self.env[name] = t
+        return True
 
     def _input(self, vi) -> None:
         tt = vi.type.tensor_type
@@ -260,10 +296,10 @@ class Importer:
                     sym = _identifier(d.dim_param, "") if d.dim_param else f"{_identifier(vi.name, 'x')}_d{i}"
                     shape.append(self.dims.get(d.dim_param or sym, sym))
             v = self.graph.input(self._unique(vi.name), shape, dt)
-            self.env[vi.name] = Tensor(value=v, name=vi.name)
+            self._define(vi.name, Tensor(value=v, name=vi.name), "a graph input")
         except (Unsupported, GraphError) as e:
             self.problems.append(("(input)", vi.name, str(e)))
-            self.env[vi.name] = None
+            self._define(vi.name, None, "a graph input")
 
     def _node(self, proto) -> None:
         op, label = proto.op_type, proto.name or (proto.output[0] if proto.output else "")
@@ -282,6 +318,7 @@ class Importer:
         outs = [None] * len(proto.output)
         try:
             version = self._version(proto)
+            self._check_attributes(proto)
             if not poisoned:   # downstream of a reported problem only the op and version are checked
                 outs = self._convert(proto, Node(self, proto, inputs, version))
         except (Unsupported, RocmcError) as e:
@@ -290,7 +327,7 @@ class Importer:
             if name:
                 if isinstance(t, Tensor):
                     t.name = t.name or name
-                self.env[name] = t
+                self._define(name, t, f"{op} node {label!r}")
 
     def _version(self, proto) -> int:
         domain = "" if proto.domain == "ai.onnx" else proto.domain
@@ -307,9 +344,20 @@ class Importer:
                               f"the last rocmc implements")
         return since
 
+    def _check_attributes(self, proto) -> None:
+        known = _schema_attributes(proto.op_type, self.opsets.get("", 0), "")
+        for a in proto.attribute:
+            if a.name not in known:
+                raise Unsupported(f"unknown attribute {a.name!r}: {proto.op_type} has "
+                                  f"{', '.join(sorted(known)) or 'no attributes'}")
+
     def _convert(self, proto, node: Node) -> list:
         fold = FOLDERS.get(proto.op_type)
-        if fold is not None and all(t is None or t.known is not None for t in node.inputs):
+        if not all(t is None or t.known is not None for t in node.inputs):
+            fold = None
+        elif fold is not None:
+            fold = _fold_if_small(proto.op_type, node, fold)
+        if fold is not None:
             try:
                 res = fold(node)
             except Unsupported:
@@ -338,9 +386,46 @@ class Importer:
                     self.problems.append(("(output)", vi.name, "no node produces it"))
                 continue
             try:
-                self.graph.output(self.value(t))
+                v = self.value(t)
+                _check_declared(vi, v)
+                self.graph.output(v)
             except (Unsupported, RocmcError) as e:
                 self.problems.append(("(output)", vi.name, str(e)))
+
+
+def _fold_if_small(op_type: str, node: Node, fold):
+    """`fold`, or None (convert to graph ops instead) when the broadcast result would be too large to
+    hold as a constant; an op rocmc only folds is then an error."""
+    if op_type not in _BROADCASTING_FOLDS:
+        return fold
+    arrays = [t.known for t in node.inputs if t is not None]
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    except ValueError:
+        raise Unsupported(f"inputs of shapes {', '.join(str(list(a.shape)) for a in arrays)} don't broadcast") from None
+    try:
+        _check_folded(shape, max((a.dtype for a in arrays), key=lambda d: d.itemsize), op_type)
+    except Unsupported:
+        if op_type in CONVERTERS:
+            return None
+        raise
+    return fold
+
+
+def _check_declared(vi, v: Value) -> None:
+    """A graph output's declared element type and static dims must be those computed."""
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        return
+    if tt.elem_type and _DTYPES.get(tt.elem_type) != v.dtype.name:
+        raise Unsupported(f"declared with element type {_dtype_name(tt.elem_type)}, but the model computes {v.type}")
+    if not tt.HasField("shape"):
+        return
+    declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if len(declared) != v.rank or any(isinstance(c, int) and d is not None and d != c
+                                      for d, c in zip(declared, v.shape)):
+        text = ",".join("?" if d is None else str(d) for d in declared)
+        raise Unsupported(f"declared with shape [{text}], but the model computes {v.type}")
 
 
 def _identifier(name: str, fallback: str) -> str:
@@ -441,6 +526,8 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "equ
 _NUMPY_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
                  "LessOrEqual": np.less_equal, "Greater": np.greater, "GreaterOrEqual": np.greater_equal,
                  "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}
+# Folders whose result has the broadcast shape of their inputs.
+_BROADCASTING_FOLDS = (*_NUMPY_BINARY, "Div", "Mod", "Max", "Min", "Where")
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh",
           "Sigmoid": "sigmoid", "Erf": "erf", "Relu": "relu", "Not": "logical_not"}
 
@@ -649,6 +736,7 @@ def _identity(n: Node):
                 raise Unsupported("training_mode=true with a nonzero ratio (random dropout) is not supported")
         if n.wants_output(1):   # the mask of an inference dropout keeps everything
             shape = _static(n.inputs[0].shape, "Dropout's mask output")
+            _check_folded(shape, bool, "Dropout's mask output")
             return [n.inputs[0], np.ones(shape, dtype=bool)]
     return [n.inputs[0]]
 
@@ -690,12 +778,19 @@ def _constant_of_shape(n: Node):
         raise Unsupported(f"ConstantOfShape of a symbolic shape {shape}")
     v = n.attr("value")
     fill = numpy_helper.to_array(v).reshape(-1)[0] if v is not None else np.float32(0)
+    _check_folded(shape, np.asarray(fill).dtype, "ConstantOfShape")
     return [np.full(shape, fill, dtype=np.asarray(fill).dtype)]
 
 
 @converts("Range")
 def _range(n: Node):
     start, limit, delta = (n.known(i, w) for i, w in enumerate(("start", "limit", "delta")))
+    if any(np.asarray(v).dtype == object for v in (start, limit, delta)):
+        raise Unsupported("Range over symbolic dims is not supported")
+    count = np.ceil((np.float64(limit) - np.float64(start)) / np.float64(delta)) if delta != 0 else np.inf
+    if not np.isfinite(count):
+        raise Unsupported(f"Range({start}, {limit}, {delta}) has no finite length")
+    _check_folded((max(int(count), 0),), np.asarray(start).dtype, "Range")
     return [np.arange(start, limit, delta).astype(np.asarray(start).dtype)]
 
 
@@ -1004,6 +1099,7 @@ def _attention(n: Node):
         # ONNX keeps key j for query i when j <= i + past_length; rocmc's is_causal aligns to the
         # bottom right (j <= i + kv_length - q_length). They differ here, so spell the mask out.
         s, total, past = _static((q.shape[2], k.shape[2], past), "is_causal with query and new key lengths that differ")
+        _check_folded((s, total), bool, "the is_causal mask")
         keep = n.imp.value(Tensor(known=np.tril(np.ones((s, total), dtype=bool), k=past), name="causal_keep"))
         mask, causal = _and_keep(R, q, mask, keep), False
     if softcap or n.wants_output(3):
@@ -1173,17 +1269,9 @@ def _np_slice(a, starts, ends, axes, steps):
 def _gather(n: Node):
     data, idx = n.inputs[0], n.inputs[1]
     axis = _axis(n.attr("axis", 0), data.rank)
-    if idx.known is not None:
-        dim = data.shape[axis]
-        k = idx.known.astype(np.int64)
-        if (k < 0).any():
-            if not isinstance(dim, int):
-                raise Unsupported(f"negative indices along symbolic dim {dim!r}")
-            k = np.where(k < 0, k + dim, k)
-        if data.known is not None:
-            return [np.take(data.known, k, axis=axis)]
-        idx = Tensor(known=k, name=idx.name)
-    return _ops().gather(n.value(0), n.imp.value(idx), axis=axis)
+    if idx.known is not None and data.known is not None and data.shape[axis] > 0:
+        return [np.take(data.known, gather_indices(idx.known, data.shape[axis]), axis=axis)]
+    return _ops().gather(n.value(0), n.value(1), axis=axis)
 
 
 def _unsqueeze_axes(n: Node, rank: int):

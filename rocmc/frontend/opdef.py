@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import symbolic
 from ..errors import GraphError
 from .dtypes import DType
 from .graph import Dim, Graph, Node, TensorType, Value
@@ -156,7 +157,8 @@ def dims_equal(a: Dim, b: Dim) -> bool:
 
 
 def dim_expr(op: str, a: Dim, b: Dim) -> Dim:
-    """Combine two dims; ints fold, symbols become an expression string such as 'seq+4'."""
+    """Combine two dims; ints fold, symbols become an expression string such as '(seq+4)' (the
+    spelling rocmc.symbolic parses)."""
     if isinstance(a, int) and isinstance(b, int):
         return {"+": a + b, "*": a * b, "-": a - b}[op]
     if op == "*" and (a == 1 or b == 1):
@@ -168,8 +170,17 @@ def dim_expr(op: str, a: Dim, b: Dim) -> Dim:
 
 def conv_out_dim(size: Dim, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> Dim:
     if isinstance(size, int):
-        return (size + pad_lo + pad_hi - dilation * (kernel - 1) - 1) // stride + 1
+        return symbolic.conv_size(symbolic.INT, size, kernel, stride, pad_lo, pad_hi, dilation)
     return f"conv({size},{kernel},{stride},{pad_lo},{pad_hi},{dilation})"
+
+
+def dim_constraints(graph: Graph) -> list:
+    """What a call's sizes must satisfy for the graph's types to hold (symbolic.constraints): checked
+    by `evaluate`, by the runtime from the metadata, and by the compiled module itself. Only sizes of
+    the inputs' symbols can be checked before a call."""
+    known = set(graph.symbols())
+    found = symbolic.constraints((n.describe(), [d for v in n.outputs for d in v.shape]) for n in graph.nodes)
+    return [c for c in found if c.lhs.symbols() | c.rhs.symbols() <= known]
 
 
 def np_float(x):

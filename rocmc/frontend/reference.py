@@ -6,8 +6,9 @@ import contextvars
 import numpy as np
 
 from ..errors import GraphError
+from ..signature import bind, input_specs
 from .graph import Graph
-from .opdef import get_op, np_float
+from .opdef import dim_constraints, get_op, np_float
 
 
 # Sizes of the graph's symbolic dims during `evaluate`, for references whose result sizes name a
@@ -15,25 +16,30 @@ from .opdef import get_op, np_float
 _SYMBOLS: contextvars.ContextVar = contextvars.ContextVar("rocmc_symbol_sizes", default={})
 
 
+def _array(x):
+    """Scalars and lists as arrays (a float64 reference takes them); None stays missing."""
+    return x if x is None or isinstance(x, np.ndarray) else np.asarray(x)
+
+
 def symbol_sizes() -> dict:
     """{symbol: size} of the graph being evaluated (a copy)."""
     return dict(_SYMBOLS.get())
 
 
-def evaluate(graph: Graph, *args, round_to_dtype: bool = False, **feeds):
+def evaluate(graph: Graph, *args, **feeds):
     """Run `graph` on numpy inputs in float64 (integers stay integers). Returns one array or a tuple.
 
-    round_to_dtype: round every intermediate result to its graph dtype (models storage rounding).
+    Inputs are checked as a compiled module checks them (InputError), except that any float dtype
+    is accepted for a float input. round_to_dtype=True rounds every intermediate result to its graph
+    dtype (models storage rounding); an array passed as `round_to_dtype=` is the input of that name.
     """
-    values = {}
-    names = [v.name for v in graph.inputs]
-    given = dict(zip(names, args))
-    given.update(feeds)
-    for v in graph.inputs:
-        if v.name not in given:
-            raise GraphError(f"evaluate: missing input {v.name!r}")
-        values[v.id] = np_float(given[v.name])
-    _SYMBOLS.set({d: n for v in graph.inputs for d, n in zip(v.shape, np.shape(given[v.name])) if isinstance(d, str)})
+    round_to_dtype = False
+    if "round_to_dtype" in feeds and not isinstance(feeds["round_to_dtype"], np.ndarray):
+        round_to_dtype = feeds.pop("round_to_dtype")
+    given, sizes = bind(input_specs(graph), [_array(a) for a in args], {k: _array(v) for k, v in feeds.items()},
+                        dim_constraints(graph), exact_dtype=False, what="graph")
+    values = {v.id: np_float(a) for v, a in zip(graph.inputs, given)}
+    _SYMBOLS.set(sizes)
     for node in graph.nodes:
         if node.op == "constant":
             values[node.outputs[0].id] = np_float(graph.constants[node.attrs["name"]])

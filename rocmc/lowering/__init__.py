@@ -1,20 +1,24 @@
 """Lowering: graph -> MLIR (per-node implementations from the registry) -> iree-compile -> Artifact."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 from .._version import __version__
-from ..errors import CompileError
-from ..artifact import Artifact
+from ..errors import ArtifactError, CompileError
+from ..artifact import Artifact, seal
 from ..frontend.graph import Graph
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
 from . import hip  # noqa: F401
 from . import kernels
 from . import extern  # noqa: F401
-from .cache import Cache, cache_key, cache_root, code_digest, host_cpu
-from .compiler import compile_bytecode, iree_version
+from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_stale
+from .compiler import compile_bytecode, iree_version, owned_tempdir
 from .module import lower
+from .registry import check_options
 from .target import Target, known_targets
 
 _stage_lock = threading.Lock()
@@ -28,9 +32,11 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
     libraries: opt into vendor-library implementations for every op they cover (e.g. ["miopen"]).
     dump_ir: a directory to write every lowering stage to.
     """
+    check_options(impl, libraries)
     target = Target.parse(target)
     libraries = tuple(libraries)
     root = cache_root() if cache else None
+    remove_stale(root, tempfile.gettempdir())
     key = cache_key(graph=graph.hash(), target=str(target), impl=impl, libraries=libraries, flags=list(flags),
                     rocmc=__version__, code=code_digest(), iree=iree_version(),
                     cpu=host_cpu() if target.kind == "cpu" else None,
@@ -38,23 +44,25 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
     store = Cache(root) if root is not None else None
     hit = store.get(key) if store else None
     if hit is not None:
-        used = hit["metadata"].get("compile_flags", list(flags))
-        art = Artifact(None, hit["metadata"], input_mlir=hit["input_mlir"], path=str(hit["path"]),
-                       stage_dir=_stage_producer(hit["dir"] / "module.mlirbc", target, used, hit["dir"] / "stages"))
+        used = _flags_used(target, list(flags), hit.tuning_dropped)
+        stages = _Stages(hit.dir / "module.mlirbc", target, used, hit.dir / "stages")
+        art = Artifact(None, {**hit.metadata, "compile_flags": used}, input_mlir=hit.dir / "input.mlir",
+                       path=str(hit.dir / "module.vmfb"), stage_dir=stages)
         art.cached = True
     else:
         lowered = lower(graph, target, impl=impl, libraries=libraries)
         vmfb, used, note = _compile_tuned(lowered.bytecode, target, list(flags))
+        vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used
         if note:
             lowered.metadata["compile_note"] = note
-        if store is not None:
-            d = store.put(key, vmfb, lowered.metadata, lowered.text, lowered.bytecode)
-            producer = _stage_producer(d / "module.mlirbc", target, used, d / "stages")
-        else:
-            producer = _stage_producer(lowered.bytecode, target, used, None)
-        art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=producer)
+        d = store.put(key, vmfb, lowered.metadata, lowered.text, lowered.bytecode,
+                      tuning_dropped=note is not None) if store is not None else None
+        stages = _Stages(d / "module.mlirbc", target, used, d / "stages") if d else \
+            _Stages(lowered.bytecode, target, used, None)
+        art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=stages)
         art.cached = False
+    weakref.finalize(art, stages.remove_temporary)
     if dump_ir is not None:
         art.dump_ir(dump_ir)
     return art
@@ -74,24 +82,43 @@ def _compile_tuned(bytecode: bytes, target: Target, flags: list):
     return compile_bytecode(bytecode, target, flags), flags, note
 
 
-def _stage_producer(source, target: Target, flags, stage_dir: Path | None):
-    """A function that compiles once more with IREE's phase dumps and returns their directory."""
-    state = {}
+def _flags_used(target: Target, flags: list, tuning_dropped: bool) -> list:
+    """The flags a module was compiled with: the request's, after the target's tuning flags unless IREE
+    failed with them."""
+    return flags if tuning_dropped else [*target.tuning_flags(), *flags]
 
-    def produce() -> Path:
+
+class _Stages:
+    """IREE's phase dumps of a module, produced by one more compile on the first request. Kept in the
+    module's cache entry, or else in a temporary directory that lives as long as the artifact."""
+
+    def __init__(self, source: bytes | Path, target: Target, flags: list, keep_in: Path | None):
+        self.source, self.target, self.flags, self.keep_in = source, target, flags, keep_in
+        self.dir = self.temporary = None
+
+    def __call__(self) -> Path:
         with _stage_lock:
-            if "dir" in state:
-                return state["dir"]
-            d = stage_dir
-            if d is not None and (d / "done").exists():
-                state["dir"] = d
-                return d
-            if d is None:
-                import tempfile
-                d = Path(tempfile.mkdtemp(prefix="rocmc-stages-"))
-            bytecode = source.read_bytes() if isinstance(source, Path) else source
-            compile_bytecode(bytecode, target, flags, dump_dir=d)
-            (d / "done").write_text("")
-            state["dir"] = d
+            if self.dir is None:
+                self.dir = self._produce()
+            return self.dir
+
+    def _produce(self) -> Path:
+        d = self.keep_in
+        if d is not None and (d / "done").exists():
             return d
-    return produce
+        if d is None:
+            d = self.temporary = self.temporary or owned_tempdir("rocmc-stages-")
+        else:
+            shutil.rmtree(d, ignore_errors=True)         # dumps of a compile that did not finish
+        try:
+            source = self.source.read_bytes() if isinstance(self.source, Path) else self.source
+        except OSError as e:
+            raise ArtifactError(f"the stages of this artifact can't be produced: its cached module "
+                                f"{self.source} is gone ({e.strerror}); compile it again") from None
+        compile_bytecode(source, self.target, self.flags, dump_dir=d)
+        (d / "done").write_text("")
+        return d
+
+    def remove_temporary(self) -> None:
+        if self.temporary is not None:
+            shutil.rmtree(self.temporary, ignore_errors=True)

@@ -1,11 +1,17 @@
 """Content-addressed compile cache: (graph hash, target, options, versions) -> compiled artifact.
 
-Layout: <root>/<key[:2]>/<key>/{module.vmfb, input.mlir, module.mlirbc, entry.json}. Entries are
-written to a temporary directory and renamed into place (atomic), so a reader never sees a half-written
-entry. A hit costs the entry.json read and a check of the module's size and header, not a read of the
-module: the Artifact maps the file when it is loaded (large modules are mostly weights). A truncated or
-damaged entry (size or header wrong, files missing) is removed and rebuilt; entry.json also keeps the
-module's sha256, which `Cache.verify` checks in full.
+Layout: <root>/<key[:2]>/<key>/{module.vmfb, module.mlirbc, input.mlir, entry.json}; the root is private to
+its user (created 0700). An entry is written to a staging directory `.<key[:8]>-<pid>-*` and renamed into
+place, so a reader never sees a half-written entry; a staging directory whose process died is removed at
+the next start.
+
+Trust: an entry is used only if its shard directory, its directory and its files are this user's and
+writable by no one else (anything else may have been planted by another user: it is ignored with a
+CacheWarning), and if entry.json names this entry's key and sha256s that every file matches. A process
+checks the digests the first time it uses an entry and again whenever a file's stamp (size, mtime, ctime,
+inode) changes, so a later hit costs a few stats, not a read of the module (hashing a 339 MB module takes
+~0.35 s). A damaged entry is removed and rebuilt. No compile flags are read from an entry: it records only
+whether the target's tuning flags were dropped.
 """
 from __future__ import annotations
 
@@ -13,21 +19,70 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
-import tempfile
+import stat
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..errors import CacheWarning
+from .compiler import owned_tempdir, remove_orphans
+
+FILES = ("module.vmfb", "module.mlirbc", "input.mlir")
+RECORD = "entry.json"
+FORMAT = 2
+_STAGING = re.compile(r"\.[0-9a-f]{8}-(\d+)-[a-z0-9_]+")     # owned_tempdir(".<key[:8]>-")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, CacheWarning, stacklevel=4)
+
 
 def cache_root() -> Path | None:
-    """None when caching is off (ROCMC_CACHE=0)."""
+    """The user's cache directory (created 0700). None when caching is off (ROCMC_CACHE=0) or when the
+    directory can't be used or trusted (with a CacheWarning)."""
     if os.environ.get("ROCMC_CACHE", "1").lower() in ("0", "off", "false", "no"):
         return None
     root = os.environ.get("ROCMC_CACHE_DIR")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "rocmc"
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "rocmc")
+    root = Path(root)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = distrust(os.stat(root), directory=True)
+    except OSError as e:
+        why = e.strerror or str(e)
+    if why is None and not os.access(root, os.W_OK | os.X_OK):
+        why = "not writable"
+    if why is not None:
+        _warn(f"compile cache {root} can't be used ({why}); compiling without the cache")
+        return None
+    return root
+
+
+def distrust(st: os.stat_result, *, directory: bool) -> str | None:
+    """Why a cache file or directory can't be trusted, or None: it must be a plain file (directory) of
+    this user's that no one else can write."""
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
+        return "not a plain directory" if directory else "not a plain file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+@lru_cache(maxsize=None)
+def remove_stale(root: Path | None, tmp: str) -> None:
+    """Once per process: remove what processes killed midway left behind (their iree-compile and stage
+    temporary directories in `tmp`, their staging directories in the cache)."""
+    remove_orphans(tmp)
+    for shard in root.glob("??") if root is not None else ():
+        remove_orphans(shard, _STAGING)
 
 
 @lru_cache(maxsize=None)
@@ -57,7 +112,23 @@ def cache_key(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-VMFB_HEADER_PROBE = b"\0" * 64     # how many leading bytes of the module an entry records
+@dataclass
+class Hit:
+    dir: Path
+    metadata: dict
+    tuning_dropped: bool     # the module was compiled without the target's tuning flags
+
+
+class _Rejected(Exception):
+    """Why an entry is not used; `path` is what gets removed."""
+
+    def __init__(self, why: str, path: Path):
+        super().__init__(why)
+        self.path = path
+
+
+# entry directory -> stamp of its files when their digests last matched, in this process
+_verified: dict[Path, tuple] = {}
 
 
 class Cache:
@@ -67,48 +138,135 @@ class Cache:
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> Hit | None:
         d = self.entry_dir(key)
         try:
-            entry = json.loads((d / "entry.json").read_text())
-            module = d / "module.vmfb"
-            with open(module, "rb") as f:
-                header = f.read(len(VMFB_HEADER_PROBE))
-                size = os.fstat(f.fileno()).st_size
-            if size != entry["size"] or header != entry["header"].encode("latin-1"):
-                raise ValueError("size or header mismatch")
-            if not (d / "input.mlir").is_file() or not (d / "module.mlirbc").is_file():
-                raise FileNotFoundError(d)
-            return {"path": module, "metadata": entry["metadata"], "input_mlir": d / "input.mlir", "dir": d}
-        except FileNotFoundError:
-            if d.exists():
-                shutil.rmtree(d, ignore_errors=True)   # partial entry
-            return None
-        except (ValueError, KeyError, OSError, json.JSONDecodeError):
-            shutil.rmtree(d, ignore_errors=True)       # corrupt: rebuild
-            return None
+            stamp = _trusted_stamp(d)
+            if stamp is None:
+                return None
+            record = _read_record(d, key)
+            if _verified.get(d) != stamp:
+                _check_files(d, record)
+                _verified[d] = stamp
+            return Hit(d, record["metadata"], record["tuning_dropped"])
+        except _Rejected as e:
+            why, path = str(e), e.path
+        except OSError as e:
+            why, path = e.strerror or str(e), d
+        _warn(f"ignoring cache entry {d}: {why}; compiling afresh")
+        _verified.pop(d, None)
+        _remove(path)
+        return None
 
-    def put(self, key: str, vmfb: bytes, metadata: dict, input_mlir: str, bytecode: bytes) -> Path:
+    def put(self, key: str, vmfb: bytes, metadata: dict, input_mlir: str, bytecode: bytes, *,
+            tuning_dropped: bool) -> Path | None:
+        """Store an entry and return its directory; None when it can't be stored (a CacheWarning says
+        why) or another process stored it first."""
         d = self.entry_dir(key)
-        d.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=d.parent))
-        (tmp / "module.vmfb").write_bytes(vmfb)
-        (tmp / "input.mlir").write_text(input_mlir)
-        (tmp / "module.mlirbc").write_bytes(bytecode)
-        (tmp / "entry.json").write_text(json.dumps({
-            "sha256": hashlib.sha256(vmfb).hexdigest(), "size": len(vmfb),
-            "header": vmfb[:len(VMFB_HEADER_PROBE)].decode("latin-1"), "metadata": metadata}))
+        files = {"module.vmfb": vmfb, "module.mlirbc": bytecode, "input.mlir": input_mlir.encode()}
+        record = json.loads(json.dumps({    # as it reads back, so the digest of what is read matches
+            "format": FORMAT, "key": key, "files": {n: hashlib.sha256(b).hexdigest() for n, b in files.items()},
+            "tuning_dropped": bool(tuning_dropped), "metadata": metadata}))
+        files[RECORD] = json.dumps({**record, "digest": _digest(record)}).encode()
+        tmp = None
         try:
+            d.parent.mkdir(mode=0o700, exist_ok=True)
+            tmp = owned_tempdir(f".{key[:8]}-", dir=d.parent)
+            for name, data in files.items():
+                _write_private(tmp / name, data)
             os.rename(tmp, d)
-        except OSError:          # another process won the race; its entry is as good as ours
-            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.isdir(d):     # else another process won the race to store it
+                _warn(f"can't write cache entry {d} ({e.strerror or e}); the module is not cached")
+            return None
+        try:
+            _verified[d] = _trusted_stamp(d)
+        except (_Rejected, OSError):
+            pass
         return d
 
     def verify(self, key: str) -> bool:
-        """Full check of one entry: the module's sha256 against the one recorded when it was written."""
+        """Full check of one entry (trust, record and every file's digest), whatever this process saw."""
         d = self.entry_dir(key)
         try:
-            entry = json.loads((d / "entry.json").read_text())
-            return hashlib.sha256((d / "module.vmfb").read_bytes()).hexdigest() == entry["sha256"]
-        except (OSError, ValueError, KeyError):
+            if _trusted_stamp(d) is None:
+                return False
+            _check_files(d, _read_record(d, key))
+            return True
+        except (_Rejected, OSError):
             return False
+
+
+def _trusted_stamp(d: Path) -> tuple | None:
+    """The stamp of an entry's files after checking that it, its files and its shard can be trusted;
+    None when there is no entry."""
+    try:
+        entry = os.lstat(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    why = distrust(os.lstat(d.parent), directory=True)
+    if why:
+        raise _Rejected(f"its shard directory {d.parent.name} is {why}", d.parent)
+    why = distrust(entry, directory=True)
+    if why:
+        raise _Rejected(f"its directory is {why}", d)
+    stamp = []
+    for name in (*FILES, RECORD):
+        try:
+            st = os.lstat(d / name)
+        except FileNotFoundError:
+            raise _Rejected(f"{name} is missing", d) from None
+        why = distrust(st, directory=False)
+        if why:
+            raise _Rejected(f"{name} is {why}", d)
+        stamp.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamp)
+
+
+def _read_record(d: Path, key: str) -> dict:
+    try:
+        record = json.loads((d / RECORD).read_bytes())
+    except (ValueError, RecursionError):
+        raise _Rejected(f"{RECORD} is not valid JSON (damaged)", d) from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise _Rejected(f"{RECORD} is not of format {FORMAT}", d)
+    if record.pop("digest", None) != _digest(record):
+        raise _Rejected(f"{RECORD} does not match its digest (damaged)", d)
+    if record.get("key") != key:
+        raise _Rejected(f"{RECORD} is the record of another entry", d)
+    files = record.get("files")
+    if not (isinstance(files, dict) and sorted(files) == sorted(FILES) and all(isinstance(v, str) for v in files.values())
+            and type(record.get("tuning_dropped")) is bool and isinstance(record.get("metadata"), dict)):
+        raise _Rejected(f"{RECORD} lacks the files' digests, tuning_dropped (a boolean) or the metadata", d)
+    return record
+
+
+def _check_files(d: Path, record: dict) -> None:
+    with ThreadPoolExecutor(len(FILES)) as pool:       # hashlib releases the GIL: large files in parallel
+        digests = dict(zip(FILES, pool.map(lambda name: _sha256(d / name), FILES)))
+    for name in FILES:
+        if digests[name] != record["files"][name]:
+            raise _Rejected(f"{name} does not match its digest (damaged)", d)
+
+
+def _digest(record: dict) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(data)
+
+
+def _remove(path: Path) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,7 +1,12 @@
 """The iree-compile driver: one call per (module, target), typed errors, optional stage dumps."""
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -33,9 +38,9 @@ def iree_version() -> str:
 def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: str | Path | None = None) -> bytes:
     """Compile an MLIR bytecode module to .vmfb bytes. With dump_dir, also write IREE's phase dumps
     (<dump_dir>/module.<n>.<phase>.mlir) and per-dispatch sources and binaries."""
-    with tempfile.TemporaryDirectory(prefix="rocmc-") as tmp:
-        src = Path(tmp) / "module.mlirbc"
-        out = Path(tmp) / "module.vmfb"
+    tmp = owned_tempdir("rocmc-")
+    try:
+        src, out = tmp / "module.mlirbc", tmp / "module.vmfb"
         src.write_bytes(bytecode)
         cmd = [iree_compile_path(), str(src), "-o", str(out), *target.iree_flags(), *extra_flags]
         if dump_dir is not None:
@@ -44,7 +49,9 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
             cmd += [f"--dump-compilation-phases-to={d}", "--mlir-print-debuginfo",
                     f"--iree-hal-dump-executable-sources-to={d / 'sources'}",
                     f"--iree-hal-dump-executable-binaries-to={d / 'binaries'}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        # run() kills the child on any exception here (KeyboardInterrupt included); the parent-death
+        # signal covers this process being killed outright.
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent())
         if proc.returncode != 0 or not out.exists():
             diag = proc.stderr.replace(str(src), "<module>")
             if proc.returncode < 0:
@@ -52,6 +59,60 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
             raise CompileError(f"iree-compile failed for target {target}", stage="iree-compile",
                                diagnostics=_trim(diag))
         return out.read_bytes()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _die_with_parent():
+    """A preexec_fn that makes the child die with this process (Linux), so a killed compile leaves no
+    iree-compile running. None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl     # resolved here: the child only calls it
+    parent = os.getpid()
+
+    def preexec():
+        prctl(1, int(signal.SIGKILL))                   # PR_SET_PDEATHSIG
+        if os.getppid() != parent:                      # the parent died before the signal was armed
+            os._exit(1)
+    return preexec
+
+
+# Temporary directories name their owner's pid, so those left by a killed process can be found and removed.
+_OWNED_TEMP = re.compile(r"rocmc-(?:stages-)?(\d+)-[a-z0-9_]+")
+
+
+def owned_tempdir(prefix: str, dir=None) -> Path:
+    """A new private temporary directory whose name carries this process's pid (see remove_orphans)."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=dir))
+
+
+def remove_orphans(directory, pattern: re.Pattern = _OWNED_TEMP) -> None:
+    """Remove this user's directories in `directory` whose name matches `pattern` (group 1: the owner's
+    pid) and whose owner is no longer running."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for e in entries:
+        m = pattern.fullmatch(e.name)
+        try:
+            mine = e.is_dir(follow_symlinks=False) and e.stat(follow_symlinks=False).st_uid == os.geteuid()
+        except OSError:
+            continue
+        if m and mine and not _running(int(m.group(1))):
+            shutil.rmtree(e.path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:          # running, as another user
+        pass
+    return True
 
 
 def _trim(text: str, limit: int = 8000) -> str:

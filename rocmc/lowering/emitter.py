@@ -55,6 +55,11 @@ FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
 _WIDTH = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 
 
+def mlir_string(s: str) -> str:
+    """The body of an MLIR string literal holding `s`."""
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def float_literal(x: float, elt: str) -> str:
     if np.isnan(x):
         return {"f16": "0x7E00", "bf16": "0x7FC0", "f32": "0x7FC00000", "f64": "0x7FF8000000000000"}[elt]
@@ -96,6 +101,11 @@ class Emitter:
         if elt == "i1":
             return self.op(f"arith.constant {'true' if value else 'false'}", "c")
         return self.op(f"arith.constant {int(value)} : {elt}", "c")
+
+    def check(self, ok: str, fact: str) -> None:
+        """Fail the call unless the i1 `ok` holds. The runtime finds `fact` in IREE's error by its
+        prefix (runtime/module.py) and raises it as an InputError."""
+        self.emit(f'cf.assert {ok}, "rocmc check: {mlir_string(fact)}"')
 
     def index(self, n: int) -> str:
         return self.op(f"arith.constant {int(n)} : index", "c")

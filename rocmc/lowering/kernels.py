@@ -21,7 +21,17 @@ from pathlib import Path
 from ..errors import CompileError
 from .cache import cache_root
 
-KERNEL_DIR = Path(os.environ.get("ROCMC_KERNEL_DIR") or Path(__file__).resolve().parents[2] / "custom_kernels")
+
+def _kernel_dir(package: Path) -> Path:
+    """ROCMC_KERNEL_DIR, else the sources a wheel installs as rocmc/kernels/, else a checkout's (or an editable
+    install's) custom_kernels/ beside the package."""
+    if os.environ.get("ROCMC_KERNEL_DIR"):
+        return Path(os.environ["ROCMC_KERNEL_DIR"])
+    installed, checkout = package / "kernels", package.parent / "custom_kernels"
+    return installed if installed.is_dir() or not checkout.is_dir() else checkout
+
+
+KERNEL_DIR = _kernel_dir(Path(__file__).resolve().parents[1])
 DTYPES = ("f32", "f16", "bf16")
 WORKGROUP = (256, 1, 1)   # every kernel's block: KERNEL(BLOCK) in the sources
 
@@ -192,7 +202,8 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
     kind, arch = split_arch(arch)
     src = KERNEL_DIR / source
     if not src.is_file():
-        raise CompileError(f"kernel source {source!r} not found in {KERNEL_DIR}", stage="kernel-build")
+        raise CompileError(f"kernel source {source!r} not found in {KERNEL_DIR}: set ROCMC_KERNEL_DIR to the "
+                           "directory of the kernel sources (custom_kernels/ in a checkout)", stage="kernel-build")
     clang = find_clang(kind)
     flags = clang_flags(kind, arch) + list(extra_flags)
     key = hashlib.sha256(json.dumps([sources_digest(), source, arch, flags, _clang_version(clang)]).encode())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,9 +11,12 @@ import numpy as np
 from .._version import __version__
 from ..errors import CompileError, LoweringError, RocmcError
 from ..frontend.graph import Graph, TensorType
+from ..frontend.opdef import dim_constraints
+from ..signature import input_specs
 from . import registry
-from .emitter import Emitter, T, tensor_type
+from .emitter import Emitter, T, mlir_string, tensor_type
 from .compiler import iree_version
+from .generated.shape import Ix
 from .target import Target
 
 
@@ -78,13 +82,9 @@ class Lowered:
     metadata: dict
 
 
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"')
-
-
 def signature(graph: Graph) -> dict:
     return {
-        "inputs": [{"name": v.name, "dtype": v.dtype.name, "shape": list(v.shape)} for v in graph.inputs],
+        "inputs": input_specs(graph),
         "outputs": [{"name": f"out{i}", "dtype": v.dtype.name, "shape": list(v.shape)}
                     for i, v in enumerate(graph.outputs)],
     }
@@ -99,15 +99,16 @@ class _Function:
     choices: list
 
 
-def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str) -> _Function:
-    """One function computing the graph: an implementation per node, emitted in order."""
+def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
+                   constraints: list) -> _Function:
+    """One function computing the graph: an implementation per node, emitted in order, after the
+    checks of its inputs' sizes."""
     E = Emitter()
     env: dict[int, T] = {}
-    args = []
-    for i, v in enumerate(graph.inputs):
-        abi = TensorType(v.shape, v.dtype)
-        arg = T(f"%arg{i}", abi, v.dtype.abi_mlir)
-        args.append(arg)
+    args = [T(f"%arg{i}", TensorType(v.shape, v.dtype), v.dtype.abi_mlir) for i, v in enumerate(graph.inputs)]
+    E.loc = 'loc("rocmc.checks")'
+    _emit_checks(E, graph, args, constraints)
+    for v, arg in zip(graph.inputs, args):
         E.loc = f'loc("rocmc.{v.id}:input")'
         env[v.id] = E.convert(arg, "i1") if v.dtype.kind == "bool" else arg
     choices = []
@@ -145,6 +146,55 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str) 
     return _Function(name, args, rets, E.lines, choices)
 
 
+class _IndexArith(Ix):
+    """symbolic's arithmetic on index values, for the sizes the checks compare."""
+
+    def floordiv(self, a, b):
+        return self._op("floordivsi", a, b, operator.floordiv)
+
+
+def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> None:
+    """Asserts that the sizes of a call are those the module was built for: a symbol has one size
+    across the inputs, and every constraint holds. The runtime checks the same from the metadata
+    first (with values in its messages); these make the module safe whatever its metadata says."""
+    sizes: dict = {}
+    for arg, v in zip(args, graph.inputs):
+        for axis, d in enumerate(v.shape):
+            if not isinstance(d, str):
+                continue
+            size = E.dim(arg, axis)
+            if d not in sizes:
+                sizes[d] = (size, v.name, axis)
+                continue
+            first, name, first_axis = sizes[d]
+            ok = E.op(f"arith.cmpi eq, {first}, {size} : index", "ok")
+            E.check(ok, f"dim {axis} of input {v.name!r} equals dim {first_axis} of input {name!r} ({d})")
+    values = {d: size for d, (size, _, _) in sizes.items()}
+    ar = _IndexArith(E)
+    for c in constraints:
+        a, b = E.as_index(c.lhs.compute(ar, values)), c.rhs.compute(ar, values)
+        if c.kind == "divisible":
+            ok = _divisible(E, a, b)
+        else:
+            ok = E.op(f"arith.cmpi sge, {a}, {E.as_index(b)} : index", "ok")
+        E.check(ok, c.describe())
+
+
+def _divisible(E: Emitter, a: str, b) -> str:
+    """a % b == 0 and b > 0 (remsi by b <= 0 is never evaluated)."""
+    zero = E.index(0)
+    if isinstance(b, int):
+        if b <= 0:
+            return E.op("arith.constant false", "ok")
+        rem = E.op(f"arith.remsi {a}, {E.index(b)} : index")
+        return E.op(f"arith.cmpi eq, {rem}, {zero} : index", "ok")
+    safe = E.op(f"arith.maxsi {b}, {E.index(1)} : index")
+    rem = E.op(f"arith.remsi {a}, {safe} : index")
+    exact = E.op(f"arith.cmpi eq, {rem}, {zero} : index", "ok")
+    positive = E.op(f"arith.cmpi sgt, {b}, {zero} : index", "ok")
+    return E.op(f"arith.andi {exact}, {positive} : i1", "ok")
+
+
 def _function_text(f: _Function, attrs: str = "") -> list[str]:
     sig_in = ", ".join(f"{a.name}: {a.mlir}" for a in f.args)
     sig_out = ", ".join(r.mlir for r in f.rets)
@@ -156,7 +206,8 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
     graph.validate()
     target = Target.parse(target)
     ctx = LowerContext(target, graph)
-    main = _emit_function(graph, ctx, impl, libraries, "main")
+    constraints = dim_constraints(graph)
+    main = _emit_function(graph, ctx, impl, libraries, "main", constraints)
     functions = [main]
     meta = {
         "rocmc": __version__,
@@ -166,6 +217,7 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
         "graph_text": str(graph),
         "target": str(target),
         "signature": signature(graph),
+        "constraints": [c.to_json() for c in constraints],
         "implementations": main.choices,
         "kernels": ctx.kernels,
         "externs": ctx.externs,
@@ -176,10 +228,10 @@ def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
         from .generated.attention import DECOMPOSE_UP_TO_SCORES
         kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_sdpa)
         ctx.sdpa_form = "fused"
-        functions.append(_emit_function(graph, ctx, impl, libraries, "main_long"))
+        functions.append(_emit_function(graph, ctx, impl, libraries, "main_long", constraints))
         ctx.kernels[:], ctx.externs[:] = kernels, externs
         meta["long_form"] = {"function": "main_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
-    refl = f'attributes {{iree.reflection = {{rocmc.meta = "{_escape(json.dumps(meta, sort_keys=True))}"}}}} '
+    refl = f'attributes {{iree.reflection = {{rocmc.meta = "{mlir_string(json.dumps(meta, sort_keys=True))}"}}}} '
     text = "\n".join(["module {", *ctx.decls, *_function_text(main, refl),
                       *[line for f in functions[1:] for line in _function_text(f)], "}"])
     return Lowered(target, text, _to_bytecode(text, ctx.resources), meta)

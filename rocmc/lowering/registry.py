@@ -51,6 +51,32 @@ class Choice:
                 "impl": self.impl.name, "skipped": [f"{n}: {r}" for n, r in self.skipped]}
 
 
+def check_options(impl, libraries) -> None:
+    """Reject unknown names in compile's `impl` and `libraries` before anything is lowered: a typo
+    would otherwise fall back to the defaults without a word."""
+    names = sorted({i.name for impls in REGISTRY.values() for i in impls.values()})
+    if isinstance(impl, str):
+        if impl not in names:
+            raise LoweringError(f"compile(impl={impl!r}): unknown implementation; known: {', '.join(names)}")
+    elif isinstance(impl, dict):
+        for op, name in impl.items():
+            if op not in REGISTRY:
+                raise LoweringError(f"compile(impl={{{op!r}: ...}}): unknown op {op!r}; known: "
+                                    f"{', '.join(sorted(REGISTRY))}")
+            if name not in REGISTRY[op]:
+                raise LoweringError(f"compile(impl={{{op!r}: {name!r}}}): unknown implementation of {op}; "
+                                    f"known: {', '.join(sorted(REGISTRY[op]))}")
+    elif impl is not None:
+        raise LoweringError(f"compile(impl={impl!r}): expected an implementation name or a dict {{op: name}}")
+    known = sorted({i.library for impls in REGISTRY.values() for i in impls.values() if i.library})
+    if not isinstance(libraries, (list, tuple)):
+        raise LoweringError(f"compile(libraries={libraries!r}): expected a list of library names, "
+                            f"e.g. [{', '.join(map(repr, known))}]")
+    for lib in libraries:
+        if lib not in known:
+            raise LoweringError(f"compile(libraries=[{lib!r}]): unknown library; known: {', '.join(known)}")
+
+
 def choose(node: Node, target: Target, impl=None, libraries=()) -> Choice:
     """Pick the implementation of `node` for `target`.
 

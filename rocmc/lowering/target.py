@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..archs import CUDA_ARCHS, ROCM_ARCHS, known_targets  # noqa: F401  (known_targets is re-exported)
 from ..errors import TargetError
 
-# Architectures IREE 3.13 generates code for (its known-target tables). sm_90 is missing there;
-# sm_80 PTX runs on Hopper through the driver's JIT.
-ROCM_ARCHS = ("gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201")
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89")
 _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
 
 
@@ -67,7 +64,3 @@ class Target:
 # IREE 3.13 fails to compile some graphs with them (e.g. a decomposed attention feeding a matmul:
 # "all stack allocations need to be hoisted"); those are compiled without them.
 CPU_TUNING = ("--iree-opt-data-tiling", "--iree-global-opt-use-im2col-for-convs")
-
-
-def known_targets() -> list[str]:
-    return ["cpu"] + [f"rocm:{a}" for a in ROCM_ARCHS] + [f"cuda:{a}" for a in CUDA_ARCHS]

@@ -7,19 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import symbolic
 from ..artifact import Artifact
-from ..errors import DeviceError, InputError
+from ..errors import ArtifactError, DeviceError, InputError
+from ..signature import bind, np_dtype as _np_dtype
 from .devices import get_device, kind_of
-
-_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
-           "i64": np.dtype(np.int64), "bool": np.dtype(np.bool_)}
-
-
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bf16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return _DTYPES[name]
 
 
 class Module:
@@ -42,6 +34,8 @@ class Module:
         self.device_name = device
         self.device = get_device(device)
         self._sig = meta["signature"]
+        self._constraints = _constraints(meta.get("constraints", []))
+        self._long = _long_form(meta.get("long_form"))
         self._lock = threading.Lock()
         self._ctx = rt.SystemContext(config=rt.Config(device=self.device))
         self._providers = []
@@ -57,7 +51,6 @@ class Module:
             raise DeviceError(f"could not load the module on {device!r}: {e}") from None
         self._fn = self._ctx.modules.module["main"]
         # A second function for inputs whose attention scores would not fit (lowering/module.py).
-        self._long = meta.get("long_form")
         self._fn_long = self._ctx.modules.module[self._long["function"]] if self._long else None
 
     @property
@@ -70,44 +63,11 @@ class Module:
 
     def _validate(self, args, kwargs) -> tuple[list, dict]:
         """The inputs as the module takes them, and the size of each symbolic dim."""
-        specs = self._sig["inputs"]
-        names = [s["name"] for s in specs]
-        if len(args) > len(specs):
-            raise InputError(f"expected {len(specs)} input(s) ({', '.join(names)}), got {len(args)}")
-        values = list(args) + [None] * (len(specs) - len(args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise InputError(f"unknown input {k!r}; inputs are {', '.join(names)}")
-            i = names.index(k)
-            if values[i] is not None:
-                raise InputError(f"input {k!r} given twice")
-            values[i] = v
-        missing = [n for n, v in zip(names, values) if v is None]
-        if missing:
-            raise InputError(f"missing input(s) {', '.join(missing)}; expected {len(specs)}: {', '.join(names)}")
-        symbols: dict = {}
-        out = []
         from iree import runtime as rt
-        for spec, v in zip(specs, values):
-            name = spec["name"]
-            if not isinstance(v, (np.ndarray, rt.DeviceArray)):
-                raise InputError(f"input {name!r}: expected a numpy array, got {type(v).__name__}")
-            want = _np_dtype(spec["dtype"])
-            if v.dtype != want:
-                raise InputError(f"input {name!r}: dtype {v.dtype} but the module expects {spec['dtype']} ({want})")
-            shape = tuple(v.shape)
-            if len(shape) != len(spec["shape"]):
-                raise InputError(f"input {name!r}: rank {len(shape)} {list(shape)}, expected rank "
-                                 f"{len(spec['shape'])} {spec['shape']}")
-            for axis, (got, d) in enumerate(zip(shape, spec["shape"])):
-                if isinstance(d, int):
-                    if got != d:
-                        raise InputError(f"input {name!r}: dim {axis} is {got}, expected {d} (shape {list(shape)} vs {spec['shape']})")
-                else:
-                    if d in symbols and symbols[d][0] != got:
-                        raise InputError(f"input {name!r}: dim {axis} ({d}) is {got}, but {d}={symbols[d][0]} "
-                                         f"from input {symbols[d][1]!r}")
-                    symbols.setdefault(d, (got, name))
+        values, sizes = bind(self._sig["inputs"], args, kwargs, self._constraints,
+                             arrays=(np.ndarray, rt.DeviceArray))
+        out = []
+        for v in values:
             if isinstance(v, np.ndarray):
                 v = np.asarray(v, order="C")
                 if v.dtype == np.bool_:
@@ -115,7 +75,7 @@ class Module:
                 elif v.dtype.name == "bfloat16":
                     v = self._bf16_view(v)
             out.append(v)
-        return out, {d: n for d, (n, _) in symbols.items()}
+        return out, sizes
 
     def _bf16_view(self, v: np.ndarray):
         """A device array with IREE's bf16 element type (numpy's asarray path maps it to a raw 16-bit type)."""
@@ -125,14 +85,27 @@ class Module:
             buffer=v.view(np.uint16), element_type=rt.HalElementType.BFLOAT_16)
         return rt.DeviceArray(self.device, bv, override_dtype=v.dtype)
 
-    def __call__(self, *args, output: str = "numpy", **kwargs):
-        """Run the module. output="numpy" copies results to host; "device" keeps them on the device."""
+    def __call__(self, *args, **kwargs):
+        """Run the module on inputs given by position or by name.
+
+        output="numpy" (the default) copies results to host; "device" keeps them on the device. An
+        array passed as `output=` is the graph input of that name, not this option.
+        """
+        from iree import runtime as rt
+        output = "numpy"
+        if "output" in kwargs and not isinstance(kwargs["output"], (np.ndarray, rt.DeviceArray)):
+            output = kwargs.pop("output")
         if output not in ("numpy", "device"):
             raise InputError(f"output={output!r}: expected 'numpy' or 'device'")
+        if self._ctx is None:
+            raise DeviceError("module was closed; load the artifact again to call it")
         inputs, sizes = self._validate(args, kwargs)
         fn = self._fn_long if self._long and self._too_long(sizes) else self._fn
         with self._lock:
-            results = fn(*inputs)
+            try:
+                results = fn(*inputs)
+            except RuntimeError as e:
+                raise _call_error(e, self.device_name) from None
         if not isinstance(results, (tuple, list)):
             results = (results,)
         outs = []
@@ -148,55 +121,74 @@ class Module:
                 outs.append(r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _too_long(self, symbols: dict) -> bool:
+    def _too_long(self, sizes: dict) -> bool:
         """Whether some attention's b * hq * s * skv, at these sizes, exceeds the decomposition's limit."""
-        limit = self._long["limit"]
         for term in self._long["scores"]:
             n = 1
             for d in term:
-                n *= d if isinstance(d, int) else _size_of(d, symbols)
-            if n > limit:
+                n *= d.evaluate(sizes)
+            if n > self._long["limit"]:
                 return True
         return False
 
     def close(self) -> None:
-        """Free runtime objects now (they are also freed when the module is collected)."""
-        self._fn = None
+        """Free runtime objects now (they are also freed when the module is collected); calls after
+        this raise DeviceError."""
+        self._fn = self._fn_long = None
         self._vm_module = None
         self._ctx = None
         self._providers = []
 
 
-_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+def _long_form(meta) -> dict | None:
+    """The metadata's `long_form` with each score term's sizes parsed (they are evaluated per call)."""
+    if meta is None:
+        return None
+    ok = (isinstance(meta, dict) and isinstance(meta.get("function"), str) and isinstance(meta.get("limit"), int)
+          and isinstance(meta.get("scores"), list) and all(isinstance(t, list) for t in meta["scores"]))
+    if not ok:
+        raise ArtifactError(f"metadata long_form {meta!r}: expected {{function, scores: [[sizes]], limit: int}}")
+    scores = [[symbolic.parse(d, ArtifactError) for d in term] for term in meta["scores"]]
+    return {"function": meta["function"], "scores": scores, "limit": meta["limit"]}
 
 
-def _size_of(expr: str, symbols: dict) -> int:
-    """A symbolic dim's size: a symbol, or an arithmetic expression of symbols (from reshapes)."""
-    text = _SYMBOL.sub(lambda m: str(symbols.get(m.group(0), 0)), expr)
-    if not re.fullmatch(r"[0-9+\-*/() ]*", text):
-        return 0
-    try:
-        return int(eval(text, {"__builtins__": {}}))   # digits and + - * / ( ) only, checked above
-    except (SyntaxError, ZeroDivisionError, ValueError):
-        return 0
+def _constraints(meta) -> list:
+    """The metadata's constraints on input sizes, parsed (they are checked per call)."""
+    if not isinstance(meta, list):
+        raise ArtifactError(f"metadata constraints {meta!r}: expected a list")
+    return [symbolic.Constraint.from_json(c, ArtifactError) for c in meta]
+
+
+# What a failed assert of the module (lowering/module.py) says: "... rocmc check: <fact>; ..."
+_CHECK = re.compile(r"rocmc check: ([^;]*)")
+
+
+def _call_error(e: RuntimeError, device: str) -> Exception:
+    """A typed error for a call IREE failed: the module's own input check, or the device."""
+    m = _CHECK.search(str(e))
+    if m:
+        return InputError(f"the module rejected the call: {m.group(1).strip()}")
+    return DeviceError(f"the call failed on {device!r}: {e}")
 
 
 def _vm_module(instance, artifact: Artifact):
-    """Map the module's file when there is one and its bytes were never read (no copy of the weights);
-    copy the bytes otherwise."""
+    """Map the module's file when there is one and its bytes were never read (no copy of the weights):
+    an Artifact of the compile cache, which verified the file. Copy the bytes otherwise: those of a
+    loaded file are the ones `Artifact.load` verified, so the file can't change in between."""
     from iree import runtime as rt
     if getattr(artifact, "_vmfb", None) is None and artifact.path:
         return rt.VmModule.mmap(instance, str(artifact.path))
     return rt.VmModule.copy_buffer(instance, artifact.vmfb)
 
 
-def load(artifact, device: str | None = None) -> Module:
-    """Load an Artifact or a .vmfb path on a device (default: the one the artifact's target runs on)."""
+def load(artifact, device: str | None = None, *, verify: bool = True) -> Module:
+    """Load an Artifact, a .vmfb path or .vmfb bytes on a device (default: the one the artifact's target
+    runs on). A file or bytes are checked first (see `Artifact.load`); verify=False skips their integrity
+    check, for a file you trust that has none."""
     if isinstance(artifact, (str, Path)):
-        artifact = Artifact.load(artifact)
+        artifact = Artifact.load(artifact, verify=verify)
     elif isinstance(artifact, (bytes, bytearray)):
-        from ..artifact import read_metadata
-        artifact = Artifact(bytes(artifact), read_metadata(bytes(artifact)))
+        artifact = Artifact.from_bytes(bytes(artifact), "bytes", verify=verify)
     elif not isinstance(artifact, Artifact):
         raise InputError(f"load: expected an Artifact or a .vmfb path, got {type(artifact).__name__}")
     return Module(artifact, device)

@@ -7,14 +7,13 @@ concat, a clamped slice) is an opaque atom that only matches itself.
 """
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 
-from ...errors import GraphError
+from ...errors import GraphError, InputError
+from ...symbolic import BIG, slice_bounds
 from ..graph import TensorType, Value
 from ..opdef import (as_value, broadcast_shapes, builder, defop, dim_expr, graph_of, normalize_axis, reference,
                      same_dtype)
@@ -22,10 +21,6 @@ from ..reference import symbol_sizes
 
 __all__ = ["reshape", "transpose", "permute", "concat", "slice", "gather", "embedding", "broadcast_to", "pad",
            "squeeze", "unsqueeze", "flatten"]
-
-# ONNX spells "to the end" as INT_MAX-like numbers; beyond this, an index means "past the edge".
-BIG = 2 ** 31 - 1
-
 
 # ---- symbolic sizes as products ------------------------------------------------------------
 
@@ -127,7 +122,8 @@ def resolve_reshape(desc: str, in_shape: tuple, shape) -> tuple[list, tuple]:
 
     Entries are ints >= 0, at most one -1, or dims built from x's symbols ('seq', '(b*seq)'). The
     -1 becomes the quotient when it is a product; otherwise it stays -1 in the attribute and the
-    output dim is an opaque '(total/known)' computed at run time. Idempotent on its own result.
+    output dim is an exact division '(total/known)' computed at run time: a call whose sizes do not
+    divide is an InputError (symbolic.constraints). Idempotent on its own result.
     """
     shape = [shape] if isinstance(shape, (int, np.integer, str)) else shape
     if not isinstance(shape, (list, tuple)):
@@ -353,34 +349,6 @@ def concat(values, axis=0):
 
 # ---- slice ---------------------------------------------------------------------------------
 
-# Integer arithmetic for `slice_bounds`; the lowering passes index-op emitters with the same names.
-INT_ARITH = SimpleNamespace(add=operator.add, sub=operator.sub, mul=operator.mul, min=min, max=max,
-                            ceildiv=lambda a, b: -(-a // b))
-
-
-def slice_bounds(dim, start: int, end: int, step: int, ar=INT_ARITH):
-    """ONNX Slice on one axis of size `dim`: (first index, element count).
-
-    Negative start/end count from the end; both are clamped to [0, dim] for positive steps and
-    to [0, dim-1] / [-1, dim-1] for negative ones. `ar` does the arithmetic, so one rule gives the
-    static sizes here and emits index ops in the lowering (where `dim` may be a run-time value).
-    """
-    def at(i, lo):
-        if i >= BIG:
-            return dim if step > 0 else ar.sub(dim, 1)
-        if i <= -BIG:
-            return lo
-        return ar.add(dim, i) if i < 0 else i
-    if step > 0:
-        s = ar.min(ar.max(at(start, 0), 0), dim)
-        e = ar.min(ar.max(at(end, 0), 0), dim)
-        return s, ar.max(ar.ceildiv(ar.sub(e, s), step), 0)
-    top = ar.sub(dim, 1)
-    s = ar.min(ar.max(at(start, 0), 0), top)
-    e = ar.min(ar.max(at(end, -1), -1), top)
-    return s, ar.max(ar.ceildiv(ar.sub(s, e), -step), 0)
-
-
 def _slice_dim(d, start, end, step):
     if isinstance(d, int):
         return slice_bounds(d, start, end, step)[1]
@@ -457,20 +425,35 @@ def _gather(node, types, attrs):
         raise GraphError(f"{desc}: x is a scalar ({x}); expected rank >= 1")
     if not _is_int(axis) or not 0 <= axis < x.rank:
         raise GraphError(f"{desc}: axis={axis!r} out of range for rank {x.rank}")
+    if x.shape[axis] == 0 and 0 not in idx.shape:
+        raise GraphError(f"{desc}: gathers from axis {axis} of {x}, which is empty; nothing to read")
     return x.with_shape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+
+
+def gather_indices(idx: np.ndarray, n: int) -> np.ndarray:
+    """Where `gather` reads along an axis of size n > 0: negative indices count from the end once,
+    then everything is clamped to [0, n-1] (the compiled module does the same)."""
+    i = idx.astype(np.int64)
+    return np.clip(np.where(i < 0, i + n, i), 0, n - 1)
 
 
 @reference("gather")
 def _gather_ref(node, ins, attrs):
     x, idx = ins
     n = x.shape[attrs["axis"]]
-    return [np.take(x, np.where(idx < 0, idx + n, idx), axis=attrs["axis"])]
+    if n == 0 and idx.size:
+        raise InputError(f"{node.describe()}: gathers {idx.size} indices from axis {attrs['axis']} of a "
+                         f"{x.shape} array, which is empty; nothing to read")
+    return [np.take(x, gather_indices(idx, n), axis=attrs["axis"])]
 
 
 @builder
 def gather(x, indices, axis=0):
-    """numpy.take: out shape x.shape[:axis] + indices.shape + x.shape[axis+1:]; negative indices wrap
-    once (ONNX Gather). Out-of-range indices are clamped, never read out of bounds."""
+    """numpy.take: out shape x.shape[:axis] + indices.shape + x.shape[axis+1:].
+
+    Negative indices count from the end, as in numpy and ONNX Gather (-1 is the last). Indices still
+    out of range after that are clamped to [0, n-1], as JAX does for out-of-bounds reads (`x[i]`): the
+    compiled module never reads out of bounds, and `rocmc.evaluate` gives the same result."""
     g = graph_of("gather", x, indices)
     xv = as_value("gather", "x", x, g)
     iv = as_value("gather", "indices", indices, g)

@@ -263,6 +263,19 @@ def _clamp(E: Emitter, i: str, hi: str) -> str:
     return E.op(f"arith.minsi {i}, {hi} : index")
 
 
+def _assert_not_empty(E: Emitter, node, x: T, axis: int, idx: T) -> None:
+    """A call whose gather axis is empty but whose indices are not has nothing to clamp to: fail it
+    rather than read out of bounds (a static empty axis is already a GraphError)."""
+    if isinstance(x.shape[axis], int) or 0 in idx.shape:
+        return
+    ok = E.op(f"arith.cmpi ne, {E.dim(x, axis)}, {E.index(0)} : index")
+    for i, d in enumerate(idx.shape):
+        if not isinstance(d, int):
+            none = E.op(f"arith.cmpi eq, {E.dim(idx, i)}, {E.index(0)} : index")
+            ok = E.op(f"arith.ori {ok}, {none} : i1")
+    E.check(ok, f"{node.describe()}: gathers from axis {axis} of x, which is empty in this call")
+
+
 @lowering("gather")
 def _lower_gather(E: Emitter, node, ins, ctx):
     x, idx = ins
@@ -270,6 +283,7 @@ def _lower_gather(E: Emitter, node, ins, ctx):
     n = E.as_index(E.dim(x, axis))
     sizes = E.dims(x)[:axis] + E.dims(idx) + E.dims(x)[axis + 1:]
     ielt = idx.mlir_elt
+    _assert_not_empty(E, node, x, axis, idx)
 
     def coords(E, at, scalars):
         i = E.op(f"arith.index_cast {scalars[0]} : {ielt} to index")
