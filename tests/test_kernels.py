@@ -132,6 +132,19 @@ def test_build_is_cached(monkeypatch):
     assert again.data == first.data and again.path == first.path
 
 
+def test_a_cached_kernel_others_can_write_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path / "cache"))
+    first = kernels.build("rope.hip", "gfx942")
+    assert first.path.stat().st_mode & 0o077 == 0                 # private: written through mkstemp
+    first.path.chmod(0o666)                                        # planted or loosened: not used
+    rebuilt = []
+    real = kernels._run_clang
+    monkeypatch.setattr(kernels, "_run_clang", lambda *a: rebuilt.append(1) or real(*a))
+    again = kernels.build("rope.hip", "gfx942")
+    assert rebuilt and again.data == first.data
+    assert first.path.stat().st_mode & 0o077 == 0                 # and replaced by a private copy
+
+
 def test_build_all_lists_every_kernel():
     rows = kernels.build_all("gfx1100")
     assert {r["symbol"] for r in rows} == set(kernels.KERNELS)

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import CompileError
-from .cache import cache_root
+from .cache import cache_root, distrust
 
 
 def _kernel_dir(package: Path) -> Path:
@@ -212,7 +212,7 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
     if root is not None:
         path = root / "kernels" / f"{Path(source).stem}-{arch}-{key.hexdigest()[:24]}{ext}"
         meta = path.with_suffix(ext + ".json")
-        if path.is_file() and meta.is_file():
+        if path.is_file() and meta.is_file() and not _untrusted(path, meta):
             try:
                 res = json.loads(meta.read_text())
                 data = path.read_bytes()
@@ -223,7 +223,7 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
     data, resources = _run_clang(clang, src, flags, ext)
     obj = KernelObject(source, kind, arch, data, None, resources)
     if root is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _atomic_write(path, data)
         _atomic_write(meta, json.dumps({"sha256": obj.sha256, "resources": resources}).encode())
         obj.path = path
@@ -241,10 +241,26 @@ def _run_clang(clang: str, src: Path, flags: list, ext: str) -> tuple[bytes, dic
         return out.read_bytes(), _resource_remarks(proc.stderr)
 
 
+def _untrusted(*paths: Path) -> bool:
+    """A cached kernel is embedded in modules as it is: use it only if its files are this user's and no
+    one else can write them (as compile-cache entries, lowering/cache.py)."""
+    try:
+        return bool(distrust(os.lstat(paths[0].parent), directory=True)
+                    or any(distrust(os.lstat(p), directory=False) for p in paths))
+    except OSError:
+        return True
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Write through a private temporary file of an unpredictable name in the same directory."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 _REMARK = re.compile(r"remark:\s+(Function Name: (\w+)|([\w ]+?)(?: \[[^\]]*\])?: (\d+))")
