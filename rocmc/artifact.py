@@ -84,21 +84,10 @@ class Artifact:
         if not path.parent.is_dir():
             raise ArtifactError(f"can't save the artifact to {str(path)!r}: directory {str(path.parent)!r} "
                                 f"does not exist")
-        data = self.vmfb
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), 0o644 & ~_umask())    # mkstemp's 0600 would make a saved model private
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException as e:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-            if isinstance(e, OSError):
-                raise ArtifactError(f"can't save the artifact to {str(path)!r}: {e.strerror or e}") from None
-            raise
+            write_atomic(path, self.vmfb, 0o644 & ~_umask())   # mkstemp's 0600 would make a saved model private
+        except OSError as e:
+            raise ArtifactError(f"can't save the artifact to {str(path)!r}: {e.strerror or e}") from None
         self.path = str(path)
         return path
 
@@ -276,6 +265,23 @@ def check_seal(data: bytes, what: str = "artifact") -> None:
 def _check_header(data: bytes, what: str) -> None:
     if len(data) < 16 or _VMFB_MAGIC not in data[:256]:
         raise ArtifactError(f"{what}: not an IREE .vmfb module (bad header, {len(data)} bytes)")
+
+
+def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `path` whole or not at all: through a temporary file of a random name, created exclusively
+    in the same directory (never following a planted link; mode 0600 unless `mode`), renamed over it
+    once complete, and removed on any failure."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _umask() -> int:

@@ -10,17 +10,14 @@ import numpy as np
 
 from . import symbolic
 from .errors import InputError
+from .frontend.dtypes import ALL as DTYPES
 
-_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32),
-           "i64": np.dtype(np.int64), "bool": np.dtype(np.bool_)}
-_KINDS = {"f32": "f", "f16": "f", "bf16": "f", "i32": "iu", "i64": "iu", "bool": "b"}
+# numpy's dtype.kind letters that a float64 reference accepts for each kind of rocmc dtype
+_NP_KINDS = {"float": "f", "int": "iu", "bool": "b"}
 
 
 def np_dtype(name: str) -> np.dtype:
-    if name == "bf16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return _DTYPES[name]
+    return DTYPES[name].np
 
 
 def input_specs(graph) -> list[dict]:
@@ -62,13 +59,13 @@ def bind(specs: list, args, kwargs: dict, constraints=(), *, arrays=(np.ndarray,
 
 def _check_input(spec: dict, v, symbols: dict, arrays, exact_dtype: bool, what: str) -> None:
     name, want = spec["name"], spec["dtype"]
-    if want not in _KINDS:
-        raise InputError(f"input {name!r}: the signature's dtype {want!r} is not one of {', '.join(_KINDS)}")
+    if want not in DTYPES:
+        raise InputError(f"input {name!r}: the signature's dtype {want!r} is not one of {', '.join(DTYPES)}")
     if not isinstance(v, arrays):
         raise InputError(f"input {name!r}: expected a numpy array, got {type(v).__name__}")
     if exact_dtype and v.dtype != np_dtype(want):
         raise InputError(f"input {name!r}: dtype {v.dtype} but the {what} expects {want} ({np_dtype(want)})")
-    if not exact_dtype and _kind(np.dtype(v.dtype)) not in _KINDS[want]:
+    if not exact_dtype and _kind(np.dtype(v.dtype)) not in _NP_KINDS[DTYPES[want].kind]:
         raise InputError(f"input {name!r}: dtype {v.dtype} but the {what} expects {want} (an array of that kind)")
     shape = tuple(v.shape)
     if len(shape) != len(spec["shape"]):

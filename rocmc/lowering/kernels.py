@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from ..artifact import write_atomic
 from ..errors import CompileError
 from .cache import cache_root, distrust
 
@@ -224,8 +225,8 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
     obj = KernelObject(source, kind, arch, data, None, resources)
     if root is not None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _atomic_write(path, data)
-        _atomic_write(meta, json.dumps({"sha256": obj.sha256, "resources": resources}).encode())
+        write_atomic(path, data)
+        write_atomic(meta, json.dumps({"sha256": obj.sha256, "resources": resources}).encode())
         obj.path = path
     return obj
 
@@ -249,18 +250,6 @@ def _untrusted(*paths: Path) -> bool:
                     or any(distrust(os.lstat(p), directory=False) for p in paths))
     except OSError:
         return True
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write through a private temporary file of an unpredictable name in the same directory."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 _REMARK = re.compile(r"remark:\s+(Function Name: (\w+)|([\w ]+?)(?: \[[^\]]*\])?: (\d+))")
