@@ -10,6 +10,8 @@ from .lowering import compile
 from .lowering.target import Target, known_targets
 from .runtime import load
 from .frontend.reference import evaluate
+from .parameters import Parameters, save_parameters
+from . import llm
 
 
 def import_onnx(model, **kwargs):
@@ -19,5 +21,5 @@ def import_onnx(model, **kwargs):
 
 __all__ = ["Artifact", "ArtifactError", "CacheWarning", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
            "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
-           "__version__", "compile", "dtype", "evaluate", "import_onnx", "known_targets", "load", "ops",
+           "__version__", "compile", "dtype", "evaluate", "import_onnx", "known_targets", "llm", "load", "ops", "Parameters", "save_parameters",
            "f32", "f16", "bf16", "i32", "i64", "bool_"]

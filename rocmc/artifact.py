@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import struct
@@ -29,6 +30,8 @@ from .frontend.dtypes import ALL as DTYPES
 STAGES = ("graph", "input", "abi", "preprocessing", "global-optimization", "dispatch-creation", "flow",
           "stream", "executable-sources", "executable-configurations", "executable-targets", "hal", "vm")
 _VMFB_MAGIC = b"IREE"
+# The scope of the module's named parameters (#flow.parameter.named<"model"::"name">).
+PARAMETER_SCOPE = "model"
 
 
 class Artifact:
@@ -43,6 +46,8 @@ class Artifact:
         self._input_mlir = input_mlir
         self._stage_dir = stage_dir    # produces (once) a directory of phase dumps
         self.path = path
+        # Bytes of the constants compiled as parameters (compile(constants=...)), by name.
+        self.parameter_arrays: dict = {}
 
     # ---- what it is -----------------------------------------------------------------------
     @property
@@ -77,7 +82,8 @@ class Artifact:
     # ---- files ----------------------------------------------------------------------------
     def save(self, path) -> Path:
         """Write the module to `path` atomically: a temporary file of a random name, created exclusively
-        next to it (never following a planted link), renamed over it once complete."""
+        next to it (never following a planted link), renamed over it once complete. The constants
+        compiled as parameters go to an .irpa of the same name beside it."""
         path = Path(path)
         if path.is_dir():
             raise ArtifactError(f"can't save the artifact to {str(path)!r}: it is a directory; give a file name")
@@ -88,6 +94,9 @@ class Artifact:
             write_atomic(path, self.vmfb, 0o644 & ~_umask())   # mkstemp's 0600 would make a saved model private
         except OSError as e:
             raise ArtifactError(f"can't save the artifact to {str(path)!r}: {e.strerror or e}") from None
+        if self.parameter_arrays:
+            from .parameters import save_parameters
+            save_parameters(path.with_suffix(".irpa"), self.parameter_arrays)
         self.path = str(path)
         return path
 
@@ -166,7 +175,7 @@ class Artifact:
     def dispatches(self) -> list[dict]:
         """Each dispatch of the compiled module: name, the graph nodes fused into it, implementation."""
         flow = self.ir("flow")
-        impl_of = {c["node"]: c for c in self.implementations}
+        impl_of = {c["node"]: c for f in functions(self.metadata) for c in f["implementations"]}
         out = []
         for name, nodes in dispatch_nodes(flow):
             impls = sorted({impl_of[n]["impl"] for n in nodes if n in impl_of})
@@ -180,8 +189,39 @@ class Artifact:
                         "kind": "extern call"})
         return out
 
+    @property
+    def parameters(self) -> list[dict]:
+        """The named parameters the module loads: {name, shape, dtype, from} ("graph": a
+        graph.parameter; "constant": a constant made external by compile(constants=...))."""
+        return self.metadata.get("parameters", [])
+
+    @property
+    def functions(self) -> list[str]:
+        return [f["name"] for f in functions(self.metadata)]
+
+    def parameter_source(self) -> str:
+        """Where `rocmc.load` takes the parameters from when it is given none."""
+        if not self.parameters:
+            return "none needed"
+        if self.parameter_arrays:
+            return "the constants of the compiled graph (in memory; save() writes them to an .irpa)"
+        if self.path and Path(self.path).with_suffix(".irpa").exists():
+            return f"{Path(self.path).with_suffix('.irpa')}"
+        return "load(..., parameters=...): an .irpa, .safetensors, checkpoint directory or arrays"
+
     def summary(self) -> str:
-        lines = [repr(self), "dispatches:"]
+        lines = [repr(self)]
+        if len(self.functions) > 1:
+            lines.append(f"functions: {', '.join(self.functions)}")
+        if self.parameters:
+            total = sum(math.prod(p["shape"]) * DTYPES[p["dtype"]].np.itemsize for p in self.parameters)
+            lines.append(f"parameters: {len(self.parameters)} ({total / 2**20:.1f} MiB), from {self.parameter_source()}")
+            for p in self.parameters:
+                n = math.prod(p["shape"]) * DTYPES[p["dtype"]].np.itemsize
+                lines.append(f"  {p['name']:<48} {p['dtype']}[{','.join(map(str, p['shape']))}] {n} bytes")
+        for st in self.metadata.get("states", []):
+            lines.append(f"state: {st['name']} {st['dtype']}[{','.join(map(str, st['shape']))}] (on the device)")
+        lines.append("dispatches:")
         for d in self.dispatches():
             extra = f" [{d['arch']}]" if "arch" in d else ""
             lines.append(f"  {d['name']:<60} {d['kind']:<12} {d['impl']:<10}{extra} {' '.join(d['nodes'])} ({', '.join(d['ops'])})")
@@ -300,12 +340,14 @@ def read_metadata(data: bytes, what: str = "artifact") -> dict:
     try:
         inst = rt.VmInstance()
         mod = rt.VmModule.copy_buffer(inst, data)
-        fn = mod.lookup_function("main")
+        # The metadata is on the module's first function: `main`, or the first of a program.
+        fns = [f for f in (mod.lookup_function(n) for n in mod.function_names) if f is not None]
     except Exception as e:
         raise ArtifactError(f"{what}: corrupt or truncated .vmfb ({e})") from None
-    if fn is None:
+    fn = next((f for f in fns if "rocmc.meta" in f.reflection), None)
+    if fn is None and not any(f.name == "main" for f in fns):
         raise ArtifactError(f"{what}: the module has no 'main' function; not built by rocmc")
-    meta = fn.reflection.get("rocmc.meta")
+    meta = None if fn is None else fn.reflection.get("rocmc.meta")
     if meta is None:
         raise ArtifactError(f"{what}: no rocmc metadata in the module; was it built by rocmc?")
     try:
@@ -328,6 +370,13 @@ METADATA_SCHEMA = {
     "externs": [{"node": str, "op": str, "import": str, "impl": str, "dtype": str, "attrs?": dict}],
     "graph_text?": str, "compile_flags?": [str], "compile_note?": str,
     "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
+    # A program of several functions: the first is described above (named `function`, default "main").
+    "function?": str,
+    "functions?": [{"name": str, "signature": {"inputs": [_TENSOR], "outputs": [_TENSOR]}, "constraints": list,
+                    "implementations": [{"node": str, "op": str, "impl": str}],
+                    "long_form?": {"function": str, "scores": [[_DIM]], "limit": int}}],
+    "parameters?": [{"name": str, "shape": [int], "dtype": frozenset(DTYPES), "from": frozenset(("graph", "constant"))}],
+    "states?": [{"name": str, "shape": [int], "dtype": frozenset(DTYPES)}],
 }
 _KIND = {str: "a string", int: "a non-negative integer", dict: "an object", _DIM: "a size or a symbol"}
 
@@ -383,9 +432,24 @@ def check_signatures(module, meta: dict, what: str = "artifact") -> None:
     the long form): counts, element types, ranks and static sizes, as IREE's reflection and the
     functions' calling conventions state them. Symbolic sizes show as `?` there; the module itself
     checks the equalities between them when called."""
-    sig = meta["signature"]
+    for f in functions(meta):
+        _check_function(module, f, what)
+
+
+def functions(meta: dict) -> list[dict]:
+    """Each function of the module as {name, signature, constraints, implementations, long_form?}: the
+    first as the top level of the metadata describes it, then those of `functions`."""
+    first = {"name": meta.get("function", "main"), "signature": meta["signature"],
+             "constraints": meta.get("constraints", []), "implementations": meta["implementations"]}
+    if "long_form" in meta:
+        first["long_form"] = meta["long_form"]
+    return [first, *meta.get("functions", [])]
+
+
+def _check_function(module, f: dict, what: str) -> None:
+    sig = f["signature"]
     want = ([_abi_type(x) for x in sig["inputs"]], [_abi_type(x) for x in sig["outputs"]])
-    names = ["main"] + ([meta["long_form"]["function"]] if "long_form" in meta else [])
+    names = [f["name"]] + ([f["long_form"]["function"]] if "long_form" in f else [])
     for name in names:
         fn = module.lookup_function(name)
         if fn is None:

@@ -98,10 +98,9 @@ def test_gpu_sdpa_with_symbolic_keys_has_a_long_form_chosen_at_run_time():
 
 
 def test_long_form_choice_follows_the_score_count():
-    from rocmc.runtime.module import Module, _long_form
-    m = Module.__new__(Module)
-    m._long = _long_form({"function": "main_long", "scores": [[1, 4, "s", "t"]], "limit": 1000})
-    assert not m._too_long({"s": 10, "t": 25}) and m._too_long({"s": 10, "t": 26})
+    from rocmc.runtime.module import _long_form, _too_long
+    long = _long_form({"function": "main_long", "scores": [[1, 4, "s", "t"]], "limit": 1000})
+    assert not _too_long(long, {"s": 10, "t": 25}) and _too_long(long, {"s": 10, "t": 26})
 
 
 @pytest.mark.parametrize("mask", [None, "bool", "add"])

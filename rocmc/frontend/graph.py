@@ -21,6 +21,8 @@ from .dtypes import DType
 
 Dim = Union[int, str]
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Parameter and state names: a checkpoint's own tensor names ("model.layers.0.self_attn.q_proj.weight").
+_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:]{0,255}$")
 # IREE holds dims, element counts and byte sizes as signed 64-bit integers; a tensor beyond that can't
 # be written in the module (an MLIR parse failure much later), so building it is the error.
 MAX_SIZE = 2 ** 63 - 1
@@ -200,6 +202,9 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
+        self.parameters: dict[str, TensorType] = {}   # weights known by name only (see `parameter`)
+        self.states: dict[str, TensorType] = {}       # device-resident tensors kept across calls
+        self.assigns: dict[str, Value] = {}           # state name -> its value after a call
         self._digests: dict[str, tuple] = {}
         self._ids = 0
         self._names: set[str] = set()
@@ -253,6 +258,60 @@ class Graph:
         self.nodes.append(node)
         return v
 
+    def parameter(self, name: str, shape, dtype="f32") -> Value:
+        """A weight known only by name, shape and dtype: the compiled module holds no bytes of it, and
+        they come at load time (`rocmc.load(art, parameters=...)`) from an .irpa or .safetensors file,
+        or from arrays. `name` is the tensor's name there, e.g. "model.layers.0.mlp.up_proj.weight"."""
+        if not isinstance(name, str) or not _KEY.match(name):
+            raise GraphError(f"parameter(name={name!r}): expected a tensor name of letters, digits and _.-/: "
+                             f"(at most 256 characters)")
+        if name in self.parameters:
+            raise GraphError(f"parameter {name!r}: the name is already used in graph {self.name!r}")
+        t = TensorType(check_shape(shape, f"parameter {name!r}"), _dt.dtype(dtype))
+        if not t.is_static:
+            raise GraphError(f"parameter {name!r}: shape {list(t.shape)} has a symbolic dim; a parameter's "
+                             f"shape is static")
+        check_size(t, f"parameter {name!r}")
+        self.parameters[name] = t
+        return self._leaf("parameter", name, t)
+
+    def state(self, name: str, shape, dtype="f32") -> Value:
+        """A tensor that lives on the device across calls (a KV cache): its value at the start of a call.
+        It starts as zeros when the module is loaded; `assign(name, value)` sets its value for the next
+        call. Functions compiled together (`rocmc.compile({"prefill": g1, "decode": g2})`) share the
+        states of the same name."""
+        if not isinstance(name, str) or not _KEY.match(name):
+            raise GraphError(f"state(name={name!r}): expected a name of letters, digits and _.-/:")
+        if name in self.states:
+            raise GraphError(f"state {name!r}: the name is already used in graph {self.name!r}")
+        t = TensorType(check_shape(shape, f"state {name!r}"), _dt.dtype(dtype))
+        if not t.is_static:
+            raise GraphError(f"state {name!r}: shape {list(t.shape)} has a symbolic dim; a state's shape is "
+                             f"static (size it for the largest use)")
+        check_size(t, f"state {name!r}")
+        self.states[name] = t
+        return self._leaf("state", name, t)
+
+    def assign(self, name: str, value: Value) -> None:
+        """Make `value` the state's value after this call (at most once per state and call)."""
+        if name not in self.states:
+            raise GraphError(f"assign({name!r}): graph {self.name!r} has no state of that name; declare it "
+                             f"with graph.state(name, shape, dtype)")
+        if not isinstance(value, Value) or value.graph is not self:
+            raise GraphError(f"assign({name!r}): {value!r} is not a value of graph {self.name!r}")
+        if name in self.assigns:
+            raise GraphError(f"assign({name!r}): the state is already assigned in graph {self.name!r}")
+        if value.type != self.states[name]:
+            raise GraphError(f"assign({name!r}): value is {value.type}, but the state is {self.states[name]}")
+        self.assigns[name] = value
+
+    def _leaf(self, op: str, name: str, t: TensorType) -> Value:
+        node = Node(op, [], {"name": name}, id=len(self.nodes))
+        v = Value(self, t, node, 0, None)
+        node.outputs = [v]
+        self.nodes.append(node)
+        return v
+
     def apply(self, op: str, inputs: Sequence, attrs: dict | None = None) -> list[Value]:
         """Add a node; its result types come from the op's shape/dtype rule."""
         from .opdef import get_op
@@ -293,18 +352,25 @@ class Graph:
             if n.op == "constant":
                 lines.append(f"  {res} = constant {n.attrs['name']}")
                 continue
+            if n.op in ("parameter", "state"):
+                lines.append(f"  {res} = {n.op} {json.dumps(n.attrs['name'])}")
+                continue
             attrs = ""
             if n.attrs:
                 attrs = " {" + ", ".join(f"{k}={_format_attr(v)}" for k, v in n.attrs.items()) + "}"
             lines.append(f"  {res} = {n.describe()}{attrs}")
+        for name, v in self.assigns.items():
+            lines.append(f"  assign {json.dumps(name)} = %{v.id}")
         lines.append(f"  return {', '.join(f'%{v.id}' for v in self.outputs)}")
         lines.append("}")
         return "\n".join(lines)
 
     __repr__ = __str__
 
-    def hash(self) -> str:
-        """Stable content hash: structure, attributes and every constant's bytes."""
+    def hash(self, bytes_below: int | None = None) -> str:
+        """Stable content hash: structure, attributes and every constant's bytes (with `bytes_below`,
+        only of constants smaller than that many bytes: the others become parameters, and the module
+        depends on their names, shapes and dtypes alone). Parameters count by name, shape and dtype."""
         # Each constant's digest is computed once, from when it was added (constants are read-only
         # copies owned by the graph; one replaced in `constants` directly gets a fresh digest).
         h = hashlib.sha256(str(self).encode())
@@ -313,9 +379,10 @@ class Graph:
             if self._digests.get(name, (None,))[0] is not a:
                 self._digests[name] = (a, ContentDigest(a))
             h.update(f"{name}:{a.dtype.str}:{a.shape}:".encode())
-            h.update(self._digests[name][1].result())
+            if bytes_below is None or a.nbytes < bytes_below:
+                h.update(self._digests[name][1].result())
         return h.hexdigest()
 
     def validate(self) -> None:
-        if not self.outputs:
+        if not self.outputs and not self.assigns:
             raise GraphError(f"graph {self.name!r} has no outputs: call graph.output(value)")

@@ -785,8 +785,8 @@ def _constant_of_shape(n: Node):
 @converts("Range")
 def _range(n: Node):
     start, limit, delta = (n.known(i, w) for i, w in enumerate(("start", "limit", "delta")))
-    if any(np.asarray(v).dtype == object for v in (start, limit, delta)):
-        raise Unsupported("Range over symbolic dims is not supported")
+    if any(np.asarray(v).dtype.kind in "OU" for v in (start, limit, delta)):   # a symbolic dim among them
+        return _symbolic_range(n, start, limit, delta)
     count = np.ceil((np.float64(limit) - np.float64(start)) / np.float64(delta)) if delta != 0 else np.inf
     if not np.isfinite(count):
         raise Unsupported(f"Range({start}, {limit}, {delta}) has no finite length")
@@ -1351,3 +1351,49 @@ def _pad(n: Node):
     for i, a in enumerate(axes):
         width[a] = [int(pads[i]), int(pads[i + k])]
     return _ops().pad(x, [tuple(w) for w in width], mode=mode, value=value)
+
+
+# ---- index ops: ArgMax, TopK, CumSum, and Range up to a symbolic dim ---------------------------
+
+NEWER_COMPATIBLE["TopK"] = 24     # TopK-24 only added bfloat16 inputs
+
+def _one_int(n: Node, i: int, what: str) -> int:
+    """An input that must hold one integer known at import time (TopK's K, CumSum's axis)."""
+    values = n.ints(i, what)
+    if values is None or len(values) != 1:
+        raise Unsupported(f"input {what!r} must hold one integer, got {values}")
+    return values[0]
+
+
+@converts("ArgMax")
+def _argmax(n: Node):
+    if n.attr("select_last_index", 0):
+        raise Unsupported("select_last_index=1 (the last position of the maximum) is not supported")
+    x = n.value(0)
+    return _ops().argmax(x, axis=_axis(n.attr("axis", 0), x.rank), keepdims=bool(n.attr("keepdims", 1)))
+
+
+@converts("TopK")
+def _topk(n: Node):
+    x = n.value(0)
+    k = _one_int(n, 1, "K") if n.version >= 10 else n.attr("k")
+    values, indices = _ops().topk(x, k, axis=_axis(n.attr("axis", -1), x.rank),
+                                  largest=bool(n.attr("largest", 1)), sorted=bool(n.attr("sorted", 1)))
+    return [values, indices]
+
+
+@converts("CumSum")
+def _cumsum(n: Node):
+    x = n.value(0)
+    return _ops().cumsum(x, _axis(_one_int(n, 1, "axis"), x.rank), exclusive=bool(n.attr("exclusive", 0)),
+                         reverse=bool(n.attr("reverse", 0)))
+
+
+def _symbolic_range(n: Node, start, limit, delta):
+    """Range(start, s, 1) up to a symbolic dim s (positions from a Shape): arange in the graph."""
+    lim = np.asarray(limit).reshape(-1)
+    plain = all(np.asarray(v).dtype.kind == "i" for v in (start, delta))
+    if not (plain and lim.size == 1 and isinstance(lim[0], str) and int(delta) == 1):
+        raise Unsupported(f"Range({_fmt(start)}, {_fmt(limit)}, {_fmt(delta)}) over symbolic dims is supported "
+                          f"only as Range(start, dim, 1) with an integer start")
+    return _ops().arange(n.imp.graph, int(start), str(lim[0]), 1, dtype=n.inputs[0].dtype_name())

@@ -5,7 +5,7 @@ import contextvars
 
 import numpy as np
 
-from ..errors import GraphError
+from ..errors import GraphError, InputError
 from ..signature import bind, input_specs
 from .graph import Graph
 from .opdef import dim_constraints, get_op, np_float
@@ -32,10 +32,16 @@ def evaluate(graph: Graph, *args, **feeds):
     Inputs are checked as a compiled module checks them (InputError), except that any float dtype
     is accepted for a float input. round_to_dtype=True rounds every intermediate result to its graph
     dtype (models storage rounding); an array passed as `round_to_dtype=` is the input of that name.
+    parameters={name: array} gives the graph's parameters. A graph with states takes state={name:
+    array} (their values before the call) and returns (outputs, new state dict).
     """
-    round_to_dtype = False
-    if "round_to_dtype" in feeds and not isinstance(feeds["round_to_dtype"], np.ndarray):
-        round_to_dtype = feeds.pop("round_to_dtype")
+    round_to_dtype = _option(feeds, "round_to_dtype", False)
+    parameters = _option(feeds, "parameters", None) or {}
+    state = _option(feeds, "state", None)
+    _check_leaves(graph, "parameter", graph.parameters, parameters)
+    if graph.states:
+        _check_leaves(graph, "state", graph.states, state if state is not None else {})
+    state = dict(state or {})
     given, sizes = bind(input_specs(graph), [_array(a) for a in args], {k: _array(v) for k, v in feeds.items()},
                         dim_constraints(graph), exact_dtype=False, what="graph")
     values = {v.id: np_float(a) for v, a in zip(graph.inputs, given)}
@@ -43,6 +49,9 @@ def evaluate(graph: Graph, *args, **feeds):
     for node in graph.nodes:
         if node.op == "constant":
             values[node.outputs[0].id] = np_float(graph.constants[node.attrs["name"]])
+            continue
+        if node.op in ("parameter", "state"):
+            values[node.outputs[0].id] = np_float((parameters if node.op == "parameter" else state)[node.attrs["name"]])
             continue
         ref = get_op(node.op).reference
         if ref is None:
@@ -60,4 +69,28 @@ def evaluate(graph: Graph, *args, **feeds):
                 o = o.astype(v.dtype.np)
             values[v.id] = o
     res = tuple(values[v.id] for v in graph.outputs)
-    return res[0] if len(res) == 1 else res
+    out = res[0] if len(res) == 1 else res
+    if graph.states:
+        new_state = {**state, **{name: values[v.id] for name, v in graph.assigns.items()}}
+        return out, new_state
+    return out
+
+
+def _option(feeds: dict, key: str, default):
+    """A keyword option of evaluate, unless an array of that name is a graph input."""
+    if key in feeds and not isinstance(feeds[key], np.ndarray):
+        return feeds.pop(key)
+    return default
+
+
+def _check_leaves(graph: Graph, kind: str, declared: dict, given) -> None:
+    """Every parameter (or state) the graph declares, given as an array of its shape."""
+    keyword = "state" if kind == "state" else "parameters"
+    if not isinstance(given, dict):
+        raise InputError(f"evaluate: {keyword}= must be a dict of name -> array, got {type(given).__name__}")
+    for name, t in declared.items():
+        if name not in given:
+            raise InputError(f"evaluate: graph {graph.name!r} needs {kind} {name!r} ({t}); pass it in {keyword}=")
+        a = np.asarray(given[name])
+        if tuple(a.shape) != tuple(t.shape):
+            raise InputError(f"evaluate: {kind} {name!r} has shape {list(a.shape)}, expected {list(t.shape)}")

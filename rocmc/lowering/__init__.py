@@ -8,7 +8,7 @@ import weakref
 from pathlib import Path
 
 from .._version import __version__
-from ..errors import ArtifactError, CompileError
+from ..errors import ArtifactError, CompileError, LoweringError
 from ..artifact import Artifact, seal
 from ..frontend.graph import Graph
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
@@ -17,27 +17,36 @@ from . import kernels
 from . import extern  # noqa: F401
 from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_stale
 from .compiler import compile_bytecode, iree_version, owned_tempdir
-from .module import lower
+from .module import lower, program_hash, program_of
 from .registry import check_options
 from .target import Target, known_targets
 
 _stage_lock = threading.Lock()
 
 
-def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool = True,
+def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", cache: bool = True,
             dump_ir=None, flags=()) -> Artifact:
     """Compile `graph` for `target` ("cpu", "gfx942", "rocm:gfx942", "cuda:sm_80", ...).
+
+    graph: a Graph (the module's function `main`), or a dict {name: Graph} of functions compiled into one
+    module, sharing its parameters and states (e.g. {"prefill": g1, "decode": g2}).
+    constants: "embed" (the module holds every constant), "external" (constants of at least
+    EXTERNAL_MIN_BYTES become named parameters: the module holds none of their bytes, `save` writes
+    them to an .irpa beside it), or a size in bytes from which a constant becomes a parameter.
 
     impl: {op: implementation} overrides, or one implementation name for every op ("generated").
     libraries: opt into vendor-library implementations for every op they cover (e.g. ["miopen"]).
     dump_ir: a directory to write every lowering stage to.
     """
     check_options(impl, libraries)
+    program = program_of(graph)
+    external = _external(constants)
     target = Target.parse(target)
     libraries = tuple(libraries)
     root = cache_root() if cache else None
     remove_stale(root, tempfile.gettempdir())
-    key = cache_key(graph=graph.hash(), target=str(target), impl=impl, libraries=libraries, flags=list(flags),
+    key = cache_key(graph=program_hash(program, external), functions=list(program), external=external,
+                    target=str(target), impl=impl, libraries=libraries, flags=list(flags),
                     rocmc=__version__, code=code_digest(), iree=iree_version(),
                     cpu=host_cpu() if target.kind == "cpu" else None,
                     kernels=kernels.sources_digest() if target.is_gpu else None)
@@ -50,7 +59,7 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
                        path=str(hit.dir / "module.vmfb"), stage_dir=stages)
         art.cached = True
     else:
-        lowered = lower(graph, target, impl=impl, libraries=libraries)
+        lowered = lower(program, target, impl=impl, libraries=libraries, external=external)
         vmfb, used, note = _compile_tuned(lowered.bytecode, target, list(flags))
         vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used
@@ -62,10 +71,33 @@ def compile(graph: Graph, target="cpu", *, impl=None, libraries=(), cache: bool 
             _Stages(lowered.bytecode, target, used, None)
         art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=stages)
         art.cached = False
+    art.parameter_arrays = _constant_parameters(program, art.metadata)
     weakref.finalize(art, stages.remove_temporary)
     if dump_ir is not None:
         art.dump_ir(dump_ir)
     return art
+
+
+EXTERNAL_MIN_BYTES = 4096
+
+
+def _external(constants) -> int | None:
+    """compile's `constants=` as the size from which a constant becomes a parameter (None: embed all)."""
+    if constants == "embed":
+        return None
+    if constants == "external":
+        return EXTERNAL_MIN_BYTES
+    if isinstance(constants, int) and not isinstance(constants, bool) and constants >= 0:
+        return constants
+    raise LoweringError(f"compile(constants={constants!r}): expected 'embed', 'external' or a size in bytes "
+                        f"from which a constant becomes a parameter")
+
+
+def _constant_parameters(program: dict, meta: dict) -> dict:
+    """The arrays of the constants the module takes as parameters, from the graphs compiled (a cache hit
+    has the module but not these bytes)."""
+    wanted = {p["name"] for p in meta.get("parameters", []) if p.get("from") == "constant"}
+    return {name: g.constants[name] for g in program.values() for name in g.constants if name in wanted}
 
 
 def _compile_tuned(bytecode: bytes, target: Target, flags: list):

@@ -1,15 +1,18 @@
 """Graph -> MLIR module: choose an implementation per node, emit, parse, verify, write bytecode."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import operator
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._version import __version__
-from ..errors import CompileError, LoweringError, RocmcError
+from ..artifact import PARAMETER_SCOPE
+from ..errors import CompileError, GraphError, LoweringError, RocmcError
 from ..frontend.graph import Graph, TensorType
 from ..frontend.opdef import dim_constraints
 from ..signature import input_specs
@@ -35,7 +38,73 @@ class LowerContext:
     # when those scores would not fit.
     sdpa_form: str = "decomposed"
     long_sdpa: list = field(default_factory=list)
+    # The size of each symbolic dim of the function being emitted (an index SSA value defined at its
+    # top), for lowerings whose result size is a symbol bound by another input (e.g. narrow).
+    symbols: dict = field(default_factory=dict)
+    # Constants of at least this many bytes become named parameters instead of module data (None: all
+    # embedded); every parameter and state of the module, by name (shared by all its functions).
+    external: int | None = None
+    parameters: dict = field(default_factory=dict)
+    states: dict = field(default_factory=dict)
     _resource_of: dict = field(default_factory=dict)  # (id(array), elt) -> resource name
+
+    def symbol_size(self, name: str) -> str:
+        """The index SSA value holding symbol `name`'s size in the function being emitted."""
+        if name not in self.symbols:
+            raise LoweringError(f"symbol {name!r} is not a dim of any input of graph {self.graph.name!r}")
+        return self.symbols[name]
+
+    def parameter(self, E: Emitter, name: str, type: TensorType, source: str) -> T:
+        """Load the named parameter: a global initialised from the parameter scope at load time (the
+        module holds no bytes of it)."""
+        info = self._global(self.parameters, name, type, source, "p")
+        elt = _storage_elt(type)
+        self.declare(f"parameter:{name}", f'util.global private @{info["global"]} = #flow.parameter.named<'
+                                          f'"{PARAMETER_SCOPE}"::"{mlir_string(name)}"> : {tensor_type(type.shape, elt)}')
+        return self._load(E, info["global"], type)
+
+    def state(self, E: Emitter, name: str, type: TensorType) -> T:
+        """Load a state: a mutable global of the module, zeros until a function assigns it."""
+        twin = next((n for n, i in self.states.items() if n != name and
+                     (i["shape"], i["dtype"]) == (list(type.shape), type.dtype.name)), None)
+        if twin is not None:
+            # IREE 3.13 merges mutable globals of one type and initial value once they are updated in
+            # place, so both states would read and write the same memory (docs/architecture.md, "State").
+            raise LoweringError(f"states {twin!r} and {name!r} are both {type}: IREE 3.13 would store them in "
+                                f"one buffer once updated in place; stack them into one state (a leading axis)")
+        info = self._global(self.states, name, type, None, "s")
+        elt = _storage_elt(type)
+        zero = "0.000000e+00" if type.dtype.kind == "float" else "0"
+        self.declare(f"state:{name}", f'util.global private mutable @{info["global"]} = dense<{zero}> : '
+                                      f'{tensor_type(type.shape, elt)}')
+        return self._load(E, info["global"], type)
+
+    def store_state(self, E: Emitter, name: str, value: T) -> None:
+        info = self.states[name]
+        elt = _storage_elt(value.type)
+        if value.mlir_elt != elt:
+            value = E.convert(value, elt)
+        E.emit(f"util.global.store {value.name}, @{info['global']} : {tensor_type(value.shape, elt)}")
+
+    def _global(self, table: dict, name: str, type: TensorType, source, prefix: str) -> dict:
+        info = table.get(name)
+        if info is None:
+            info = {"name": name, "shape": list(type.shape), "dtype": type.dtype.name,
+                    "global": f"rocmc_{prefix}{len(table)}"}
+            if source is not None:
+                info["from"] = source
+            table[name] = info
+        elif (info["shape"], info["dtype"]) != (list(type.shape), type.dtype.name):
+            kind = "parameter" if table is self.parameters else "state"
+            raise LoweringError(f"{kind} {name!r} is {type} in one function and "
+                                f"{info['dtype']}[{','.join(map(str, info['shape']))}] in another")
+        return info
+
+    @staticmethod
+    def _load(E: Emitter, sym: str, type: TensorType) -> T:
+        elt = _storage_elt(type)
+        v = T(E.op(f"util.global.load @{sym} : {tensor_type(type.shape, elt)}", "w"), type, elt)
+        return E.convert(v, "i1") if type.dtype.kind == "bool" else T(v.name, type)
 
     def declare(self, key: str, text: str) -> None:
         """Add a module-level op once (keyed, so several nodes can share it)."""
@@ -53,6 +122,11 @@ class LowerContext:
 
 
 SMALL = 16
+
+
+def _storage_elt(type: TensorType) -> str:
+    """How a tensor is held in memory: bools as i8 (i1 has no byte layout)."""
+    return "i8" if type.dtype.kind == "bool" else type.dtype.mlir
 
 
 def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str, hint: str) -> str:
@@ -107,16 +181,26 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
     env: dict[int, T] = {}
     args = [T(f"%arg{i}", TensorType(v.shape, v.dtype), v.dtype.abi_mlir) for i, v in enumerate(graph.inputs)]
     E.loc = 'loc("rocmc.checks")'
-    _emit_checks(E, graph, args, constraints)
+    ctx.symbols = _emit_checks(E, graph, args, constraints)
     for v, arg in zip(graph.inputs, args):
         E.loc = f'loc("rocmc.{v.id}:input")'
         env[v.id] = E.convert(arg, "i1") if v.dtype.kind == "bool" else arg
     choices = []
     for node in graph.nodes:
         E.loc = f'loc("rocmc.{node.outputs[0].id}:{node.op}")'
+        out = node.outputs[0]
         if node.op == "constant":
-            out = node.outputs[0]
-            env[out.id] = ctx.constant(E, graph.constants[node.attrs["name"]], out.type, "w")
+            arr = graph.constants[node.attrs["name"]]
+            if ctx.external is not None and arr.nbytes >= ctx.external and arr.size > SMALL:
+                env[out.id] = ctx.parameter(E, node.attrs["name"], out.type, "constant")
+            else:
+                env[out.id] = ctx.constant(E, arr, out.type, "w")
+            continue
+        if node.op == "parameter":
+            env[out.id] = ctx.parameter(E, node.attrs["name"], out.type, "graph")
+            continue
+        if node.op == "state":
+            env[out.id] = ctx.state(E, node.attrs["name"], out.type)
             continue
         choice = registry.choose(node, ctx.target, impl, libraries)
         operands = [None if v is None else env[v.id] for v in node.inputs]
@@ -137,6 +221,8 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
             env[v.id] = T(r.name, v.type)
         choices.append(choice.record(node))
     E.loc = 'loc("rocmc.return")'
+    for state, v in graph.assigns.items():
+        ctx.store_state(E, state, env[v.id])
     rets = []
     for v in graph.outputs:
         r = env[v.id]
@@ -153,7 +239,7 @@ class _IndexArith(Ix):
         return self._op("floordivsi", a, b, operator.floordiv)
 
 
-def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> None:
+def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dict:
     """Asserts that the sizes of a call are those the module was built for: a symbol has one size
     across the inputs, and every constraint holds. The runtime checks the same from the metadata
     first (with values in its messages); these make the module safe whatever its metadata says."""
@@ -178,6 +264,7 @@ def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> Non
         else:
             ok = E.op(f"arith.cmpi sge, {a}, {E.as_index(b)} : index", "ok")
         E.check(ok, c.describe())
+    return values
 
 
 def _divisible(E: Emitter, a: str, b) -> str:
@@ -198,42 +285,88 @@ def _divisible(E: Emitter, a: str, b) -> str:
 def _function_text(f: _Function, attrs: str = "") -> list[str]:
     sig_in = ", ".join(f"{a.name}: {a.mlir}" for a in f.args)
     sig_out = ", ".join(r.mlir for r in f.rets)
-    return [f"func.func @{f.name}({sig_in}) -> ({sig_out}) {attrs}{{", *f.lines,
-            f"  return {', '.join(r.name for r in f.rets)} : {sig_out}", "}"]
+    ret = f"  return {', '.join(r.name for r in f.rets)} : {sig_out}" if f.rets else "  return"
+    return [f"func.func @{f.name}({sig_in}) -> ({sig_out}) {attrs}{{", *f.lines, ret, "}"]
 
 
-def lower(graph: Graph, target, impl=None, libraries=()) -> Lowered:
-    graph.validate()
+def program_of(program) -> dict:
+    """{function name: Graph}: one graph is the function `main`; a dict names several functions that
+    share the module's parameters and states."""
+    if isinstance(program, Graph):
+        return {"main": program}
+    if not isinstance(program, dict) or not program:
+        raise GraphError(f"compile: expected a Graph or a non-empty dict of function name -> Graph, got "
+                         f"{type(program).__name__}")
+    for name, g in program.items():
+        if not isinstance(name, str) or not _FUNCTION.match(name) or name.endswith("_long"):
+            raise GraphError(f"compile: function name {name!r} is not an identifier (or ends in _long, which "
+                             f"rocmc uses for long forms)")
+        if not isinstance(g, Graph):
+            raise GraphError(f"compile: function {name!r} is a {type(g).__name__}, expected a Graph")
+    return dict(program)
+
+
+_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def program_hash(program: dict, bytes_below: int | None = None) -> str:
+    """The content hash of a program; that of its graph alone for the one-function case."""
+    if list(program) == ["main"]:
+        return program["main"].hash(bytes_below)
+    h = hashlib.sha256()
+    for name, g in program.items():
+        h.update(f"{name}:{g.hash(bytes_below)};".encode())
+    return h.hexdigest()
+
+
+def lower(program, target, impl=None, libraries=(), external: int | None = None) -> Lowered:
+    """Lower a Graph (function `main`) or a {name: Graph} program; with `external`, constants of at least
+    that many bytes become named parameters."""
+    program = program_of(program)
     target = Target.parse(target)
-    ctx = LowerContext(target, graph)
-    constraints = dim_constraints(graph)
-    main = _emit_function(graph, ctx, impl, libraries, "main", constraints)
-    functions = [main]
+    first = next(iter(program.values()))
+    ctx = LowerContext(target, first, external=external)
+    emitted, infos = [], []
+    for name, graph in program.items():
+        graph.validate()
+        ctx.graph, ctx.long_sdpa, ctx.sdpa_form = graph, [], "decomposed"
+        constraints = dim_constraints(graph)
+        f = _emit_function(graph, ctx, impl, libraries, name, constraints)
+        emitted.append(f)
+        info = {"name": name, "signature": signature(graph), "constraints": [c.to_json() for c in constraints],
+                "implementations": f.choices}
+        if ctx.long_sdpa:
+            # The same graph with every such sdpa fused (sharing constants, kernels and imports): what
+            # the runtime calls when a decomposed sdpa's scores would exceed the limit.
+            from .generated.attention import DECOMPOSE_UP_TO_SCORES
+            kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_sdpa)
+            ctx.sdpa_form = "fused"
+            emitted.append(_emit_function(graph, ctx, impl, libraries, f"{name}_long", constraints))
+            ctx.kernels[:], ctx.externs[:] = kernels, externs
+            info["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
+        infos.append(info)
+    main = infos[0]
     meta = {
         "rocmc": __version__,
         "iree": iree_version(),
-        "graph": graph.name,
-        "graph_hash": graph.hash(),
-        "graph_text": str(graph),
+        "graph": first.name if len(program) == 1 else "+".join(program),
+        "graph_hash": program_hash(program, external),
+        "graph_text": "\n".join(str(g) for g in program.values()),
         "target": str(target),
-        "signature": signature(graph),
-        "constraints": [c.to_json() for c in constraints],
-        "implementations": main.choices,
+        **{k: v for k, v in main.items() if k != "name"},
         "kernels": ctx.kernels,
         "externs": ctx.externs,
     }
-    if ctx.long_sdpa:
-        # The same graph with every such sdpa fused (sharing constants, kernels and imports): what
-        # the runtime calls when a decomposed sdpa's scores would exceed the limit.
-        from .generated.attention import DECOMPOSE_UP_TO_SCORES
-        kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_sdpa)
-        ctx.sdpa_form = "fused"
-        functions.append(_emit_function(graph, ctx, impl, libraries, "main_long", constraints))
-        ctx.kernels[:], ctx.externs[:] = kernels, externs
-        meta["long_form"] = {"function": "main_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
+    if main["name"] != "main":
+        meta["function"] = main["name"]
+    if len(infos) > 1:
+        meta["functions"] = infos[1:]
+    for kind, table in (("parameters", ctx.parameters), ("states", ctx.states)):
+        if table:
+            meta[kind] = [{k: v for k, v in info.items() if k != "global"} for info in table.values()]
     refl = f'attributes {{iree.reflection = {{rocmc.meta = "{mlir_string(json.dumps(meta, sort_keys=True))}"}}}} '
-    text = "\n".join(["module {", *ctx.decls, *_function_text(main, refl),
-                      *[line for f in functions[1:] for line in _function_text(f)], "}"])
+    text = "\n".join(["module {", *ctx.decls, *_function_text(emitted[0], refl),
+                      *[line for f in emitted[1:] for line in _function_text(f)], "}"])
     return Lowered(target, text, _to_bytecode(text, ctx.resources), meta)
 
 

@@ -8,16 +8,30 @@ from pathlib import Path
 import numpy as np
 
 from .. import symbolic
-from ..artifact import Artifact
+from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
 from ..signature import bind, np_dtype as _np_dtype
 from .devices import get_device, kind_of
 
 
-class Module:
-    """A compiled graph loaded on a device; call it with numpy arrays (or device arrays)."""
+class _Entry:
+    """One function of the module as the runtime calls it: its signature, the constraints on its sizes,
+    and its long form (when attention scores may not fit the short one)."""
 
-    def __init__(self, artifact: Artifact, device: str | None = None):
+    def __init__(self, ctx, info: dict):
+        self.name = info["name"]
+        self.sig = info["signature"]
+        self.constraints = _constraints(info.get("constraints", []))
+        self.long = _long_form(info.get("long_form"))
+        self.fn = ctx.modules.module[self.name]
+        self.fn_long = ctx.modules.module[self.long["function"]] if self.long else None
+
+
+class Module:
+    """A compiled graph loaded on a device; call it with numpy arrays (or device arrays). A module of
+    several functions is called by function name: `mod.decode(...)` or `mod.call("decode", ...)`."""
+
+    def __init__(self, artifact: Artifact, device: str | None = None, parameters=None):
         from iree import runtime as rt
         self.artifact = artifact
         meta = artifact.metadata
@@ -33,10 +47,9 @@ class Module:
                               f"{dev_kind} code; recompile with the matching target or pick another device")
         self.device_name = device
         self.device = get_device(device)
-        self._sig = meta["signature"]
-        self._constraints = _constraints(meta.get("constraints", []))
-        self._long = _long_form(meta.get("long_form"))
         self._lock = threading.Lock()
+        # Parameters are found and checked (names, shapes, dtypes) before anything reaches the device.
+        self._parameters, self.parameter_notes = _parameters_for(artifact, parameters)
         self._ctx = rt.SystemContext(config=rt.Config(device=self.device))
         self._providers = []
         if meta.get("externs"):
@@ -45,26 +58,58 @@ class Module:
             for m in self._providers:
                 self._ctx.add_vm_module(m)
         try:
+            if self._parameters is not None:
+                self._providers.append(self._parameters.provider(self._ctx.instance, scope=PARAMETER_SCOPE,
+                                                                 specs=self._specs))
+                self._ctx.add_vm_module(self._providers[-1])
             self._vm_module = _vm_module(self._ctx.instance, artifact)
             self._ctx.add_vm_module(self._vm_module)
         except Exception as e:
             raise DeviceError(f"could not load the module on {device!r}: {e}") from None
-        self._fn = self._ctx.modules.module["main"]
-        # A second function for inputs whose attention scores would not fit (lowering/module.py).
-        self._fn_long = self._ctx.modules.module[self._long["function"]] if self._long else None
+        # Each function, with a second one for inputs whose attention scores would not fit (lowering/module.py).
+        self._entries = {f["name"]: _Entry(self._ctx, f) for f in functions(meta)}
+        self._default = next(iter(self._entries.values()))
+
+    @property
+    def _specs(self) -> list:
+        from ..parameters import Spec
+        return [Spec(p["name"], tuple(p["shape"]), p["dtype"]) for p in self.artifact.parameters]
 
     @property
     def signature(self) -> dict:
-        return self._sig
+        """The signature of the module's first (or only) function."""
+        return self._default.sig
+
+    @property
+    def functions(self) -> list[str]:
+        return list(self._entries)
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{i['name']}:{i['dtype']}[{','.join(map(str, i['shape']))}]" for i in self._sig["inputs"])
-        return f"<rocmc.Module {self.artifact.metadata.get('graph')}({ins}) on {self.device_name}>"
+        def one(e):
+            ins = ", ".join(f"{i['name']}:{i['dtype']}[{','.join(map(str, i['shape']))}]" for i in e.sig["inputs"])
+            return f"{e.name}({ins})"
+        return f"<rocmc.Module {'; '.join(one(e) for e in self._entries.values())} on {self.device_name}>"
 
-    def _validate(self, args, kwargs) -> tuple[list, dict]:
+    def __getattr__(self, name: str):
+        entries = self.__dict__.get("_entries", {})
+        if name in entries:
+            return lambda *args, **kwargs: self._call(entries[name], args, kwargs)
+        raise AttributeError(f"rocmc.Module has no attribute or function {name!r}"
+                             + (f"; its functions are {', '.join(entries)}" if entries else ""))
+
+    def call(self, function: str, *args, **kwargs):
+        """Call the module's function of that name (see __call__ for the arguments)."""
+        if self._ctx is None:
+            raise DeviceError("module was closed; load the artifact again to call it")
+        if function not in self._entries:
+            raise InputError(f"call({function!r}): the module has no such function; it has "
+                             f"{', '.join(self._entries)}")
+        return self._call(self._entries[function], args, kwargs)
+
+    def _validate(self, entry: _Entry, args, kwargs) -> tuple[list, dict]:
         """The inputs as the module takes them, and the size of each symbolic dim."""
         from iree import runtime as rt
-        values, sizes = bind(self._sig["inputs"], args, kwargs, self._constraints,
+        values, sizes = bind(entry.sig["inputs"], args, kwargs, entry.constraints,
                              arrays=(np.ndarray, rt.DeviceArray))
         out = []
         for v in values:
@@ -86,12 +131,18 @@ class Module:
         return rt.DeviceArray(self.device, bv, override_dtype=v.dtype)
 
     def __call__(self, *args, **kwargs):
-        """Run the module on inputs given by position or by name.
+        """Run the module's (first) function on inputs given by position or by name.
 
         output="numpy" (the default) copies results to host; "device" keeps them on the device. An
         array passed as `output=` is the graph input of that name, not this option.
         """
+        if self._ctx is None:
+            raise DeviceError("module was closed; load the artifact again to call it")
+        return self._call(self._default, args, kwargs)
+
+    def _call(self, entry: _Entry, args, kwargs):
         from iree import runtime as rt
+        kwargs = dict(kwargs)
         output = "numpy"
         if "output" in kwargs and not isinstance(kwargs["output"], (np.ndarray, rt.DeviceArray)):
             output = kwargs.pop("output")
@@ -99,8 +150,8 @@ class Module:
             raise InputError(f"output={output!r}: expected 'numpy' or 'device'")
         if self._ctx is None:
             raise DeviceError("module was closed; load the artifact again to call it")
-        inputs, sizes = self._validate(args, kwargs)
-        fn = self._fn_long if self._long and self._too_long(sizes) else self._fn
+        inputs, sizes = self._validate(entry, args, kwargs)
+        fn = entry.fn_long if entry.long and _too_long(entry.long, sizes) else entry.fn
         with self._lock:
             try:
                 results = fn(*inputs)
@@ -109,7 +160,9 @@ class Module:
         if not isinstance(results, (tuple, list)):
             results = (results,)
         outs = []
-        for spec, r in zip(self._sig["outputs"], results):
+        if not entry.sig["outputs"]:
+            return None
+        for spec, r in zip(entry.sig["outputs"], results):
             if output == "numpy":
                 a = r.to_host() if hasattr(r, "to_host") else np.asarray(r)
                 if spec["dtype"] == "bool":
@@ -121,23 +174,50 @@ class Module:
                 outs.append(r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _too_long(self, sizes: dict) -> bool:
-        """Whether some attention's b * hq * s * skv, at these sizes, exceeds the decomposition's limit."""
-        for term in self._long["scores"]:
-            n = 1
-            for d in term:
-                n *= d.evaluate(sizes)
-            if n > self._long["limit"]:
-                return True
-        return False
-
     def close(self) -> None:
         """Free runtime objects now (they are also freed when the module is collected); calls after
         this raise DeviceError."""
-        self._fn = self._fn_long = None
+        self._entries = {}
+        self._default = None
         self._vm_module = None
         self._ctx = None
         self._providers = []
+
+
+def _too_long(long: dict, sizes: dict) -> bool:
+    """Whether some attention's b * hq * s * skv, at these sizes, exceeds the decomposition's limit."""
+    for term in long["scores"]:
+        n = 1
+        for d in term:
+            n *= d.evaluate(sizes)
+        if n > long["limit"]:
+            return True
+    return False
+
+
+def _parameters_for(artifact: Artifact, given):
+    """The parameters a module loads, checked against what it needs: `given` (a file, a checkpoint
+    directory, arrays, or a list of these), else the constants compiled as parameters, else the .irpa
+    saved beside the artifact. Returns (Parameters or None, notes on conversions made at load)."""
+    needed = artifact.parameters
+    if not needed:
+        if given is not None:
+            raise InputError("load(parameters=...): this module takes no parameters")
+        return None, []
+    from ..parameters import Parameters, Spec
+    if given is None:
+        if artifact.parameter_arrays:
+            given = artifact.parameter_arrays
+        elif artifact.path and Path(artifact.path).with_suffix(".irpa").is_file():
+            given = Path(artifact.path).with_suffix(".irpa")
+        else:
+            names = ", ".join(repr(p["name"]) for p in needed[:3]) + (", ..." if len(needed) > 3 else "")
+            raise InputError(f"the module needs {len(needed)} parameter(s) ({names}) and none were given: pass "
+                             f"load(..., parameters=) an .irpa, a .safetensors file, a checkpoint directory or "
+                             f"a dict of arrays")
+    params = Parameters.open(given)
+    notes = params.check([Spec(p["name"], tuple(p["shape"]), p["dtype"]) for p in needed])
+    return params, notes
 
 
 def _long_form(meta) -> dict | None:
@@ -181,14 +261,19 @@ def _vm_module(instance, artifact: Artifact):
     return rt.VmModule.copy_buffer(instance, artifact.vmfb)
 
 
-def load(artifact, device: str | None = None, *, verify: bool = True) -> Module:
+def load(artifact, device: str | None = None, *, verify: bool = True, parameters=None) -> Module:
     """Load an Artifact, a .vmfb path or .vmfb bytes on a device (default: the one the artifact's target
     runs on). A file or bytes are checked first (see `Artifact.load`); verify=False skips their integrity
-    check, for a file you trust that has none."""
+    check, for a file you trust that has none.
+
+    parameters: where a module of external parameters takes them: an .irpa, a .safetensors file, a
+    sharded checkpoint's index.json, a checkpoint directory, a dict of numpy arrays, or a list of
+    these. Every parameter is checked (present, shape, dtype) before the module is loaded; a float
+    dtype that differs is converted once here (see `Module.parameter_notes`)."""
     if isinstance(artifact, (str, Path)):
         artifact = Artifact.load(artifact, verify=verify)
     elif isinstance(artifact, (bytes, bytearray)):
         artifact = Artifact.from_bytes(bytes(artifact), "bytes", verify=verify)
     elif not isinstance(artifact, Artifact):
         raise InputError(f"load: expected an Artifact or a .vmfb path, got {type(artifact).__name__}")
-    return Module(artifact, device)
+    return Module(artifact, device, parameters)

@@ -1,3 +1,4 @@
 """The `generated` implementation of every op: linalg / tensor / arith / math / iree_linalg_ext,
 leaving code generation to IREE. One module per op family; importing registers them."""
 from . import attention, conv, elementwise, linalg, norm, reduce, rnn, rope, shape  # noqa: F401
+from . import index  # noqa: F401

@@ -1,0 +1,172 @@
+"""A Hugging Face causal LM as a rocmc program: `prefill`, `decode` and `logits` functions sharing the
+checkpoint's weights (named parameters, so the module holds none of their bytes) and a KV cache that
+stays on the device (one state per layer for keys and one for values).
+
+Every parameter has the checkpoint's own tensor name and layout: projections stay (out, in) and are
+applied with `matmul(x, w, transpose_b=True)`, the layout IREE's decode GEMVs are fast with.
+
+The cache is one state of shape (2 * layers * max_seq_len, max_batch * kv_heads * head_dim): the keys of
+layer i are rows [2i * max_seq_len, (2i + 1) * max_seq_len), its values the next max_seq_len rows, a row
+holding one position of every batch row and kv head. A call writes its new positions with
+`update_slice` (rows, so one contiguous copy per layer and kind) and attends to the first `kv`
+positions through `narrow`, so a decode step reads what attention needs and writes one position: IREE
+updates the state in place. One state, not one per layer: IREE 3.13 stores same-typed states updated
+in place in one buffer (see docs/architecture.md, "State").
+
+Batches are left-padded by the caller (rocmc.llm.runtime): rows share cache slots, a row's positions
+start at its first real token, and the masks (inputs, bool, true = attend) hide the padding and, for
+sliding-window layers, the positions outside the window.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..frontend.graph import Graph, Value
+from ..frontend.dtypes import dtype as _dtype
+from .config import LlmConfig, param_names, rope_tables
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a compiled model is sized for, besides its config."""
+    max_seq_len: int
+    max_batch: int
+    dtype: str          # compute and cache dtype: "f32", "f16" or "bf16"
+
+
+FUNCTIONS = ("prefill", "decode", "logits")
+
+
+CACHE = "kv_cache"
+
+
+def cache_shape(cfg: LlmConfig, shape: "Shape") -> tuple[int, int]:
+    return (2 * cfg.num_hidden_layers * shape.max_seq_len,
+            shape.max_batch * cfg.num_key_value_heads * cfg.head_dim)
+
+
+def build(cfg: LlmConfig, shape: Shape, functions=FUNCTIONS) -> dict:
+    """{function name: Graph} for `rocmc.compile`."""
+    return {name: _BUILDERS[name](cfg, shape) for name in functions}
+
+
+def _prefill(cfg: LlmConfig, shape: Shape) -> Graph:
+    """Prompt of `s` tokens per row -> the next token (greedy) and the last position's logits."""
+    g, w, h = _forward(cfg, shape, "prefill", "s", "s")
+    last = ops.gather(h, np.array([-1], dtype=np.int64), axis=1)          # (b, 1, hidden)
+    logits = ops.reshape(_lm_head(cfg, w, last), (shape.max_batch, cfg.vocab_size))
+    g.output(ops.argmax(logits, axis=-1), logits)
+    return g
+
+
+def _logits(cfg: LlmConfig, shape: Shape) -> Graph:
+    """Prompt -> logits of every position (f32), as `transformers` returns them; fills the cache too."""
+    g, w, h = _forward(cfg, shape, "logits", "s", "s")
+    g.output(_lm_head(cfg, w, h))
+    return g
+
+
+def _decode(cfg: LlmConfig, shape: Shape) -> Graph:
+    """One token per row at cache slot kv-1 -> the next token (greedy) and its logits."""
+    g, w, h = _forward(cfg, shape, "decode", 1, "kv")
+    logits = ops.reshape(_lm_head(cfg, w, h), (shape.max_batch, cfg.vocab_size))
+    g.output(ops.argmax(logits, axis=-1), logits)
+    return g
+
+
+_BUILDERS = {"prefill": _prefill, "decode": _decode, "logits": _logits}
+
+
+class _Weights:
+    """The checkpoint's tensors as graph parameters, by their own names."""
+
+    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str):
+        self.g, self.dtype = g, dtype
+        self.shapes = dict(param_names(cfg))
+        self.values: dict = {}
+
+    def __call__(self, name: str) -> Value:
+        if name not in self.values:      # a tied embedding is read twice, as one parameter
+            self.values[name] = self.g.parameter(name, self.shapes[name], self.dtype)
+        return self.values[name]
+
+
+def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv):
+    """The decoder stack over `t` new tokens per row whose keys go to cache slots [kv - t, kv): returns
+    the graph, its weights and the final hidden states (b, t, hidden)."""
+    b, dt = shape.max_batch, shape.dtype
+    g = Graph(name)
+    tokens = g.input("tokens", (b, t), "i64")
+    positions = g.input("positions", (b, t), "i64")
+    masks = {"full_attention": g.input("mask", (b, 1, t, kv), "bool")}
+    if "sliding_attention" in cfg.layer_types:
+        masks["sliding_attention"] = g.input("window_mask", (b, 1, t, kv), "bool")
+    w = _Weights(g, cfg, dt)
+    cos, sin = (np.asarray(a, dtype=np.float32) for a in rope_tables(cfg, shape.max_seq_len))
+    cos, sin = g.constant("rope_cos", cos), g.constant("rope_sin", sin)
+    # The first cache slot this call writes: 0 for a prompt, kv - 1 for one decoded token.
+    start = 0 if t == "s" else ops.gather(ops.arange(g, 0, kv), np.array([-1], dtype=np.int64), axis=0)
+
+    cache = [g.state(CACHE, cache_shape(cfg, shape), dt)]     # the latest value, updated layer by layer
+    h = ops.embedding(tokens, w("model.embed_tokens.weight"))
+    if cfg.embed_scale != 1.0:
+        h = h * np.asarray(cfg.embed_scale, dtype=_dtype(dt).np)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        x = _norm(cfg, h, w(p + "input_layernorm.weight"))
+        a = _attention(cfg, w, p + "self_attn.", x, i, cos, sin, positions, masks[cfg.layer_types[i]],
+                       cache, start, kv, t, shape.max_seq_len)
+        h = h + a
+        x = _norm(cfg, h, w(p + "post_attention_layernorm.weight"))
+        h = h + _mlp(cfg, w, p + "mlp.", x)
+    g.assign(CACHE, cache[0])
+    return g, w, _norm(cfg, h, w("model.norm.weight"))
+
+
+def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
+    if cfg.norm_offset:
+        weight = weight + np.asarray(cfg.norm_offset, dtype=weight.dtype.np)
+    return ops.rms_norm(x, weight, eps=cfg.rms_norm_eps)
+
+
+def _linear(w: _Weights, name: str, x: Value, bias: bool) -> Value:
+    y = ops.matmul(x, w(name + ".weight"), transpose_b=True)
+    return y + w(name + ".bias") if bias else y
+
+
+def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv, t, max_seq_len):
+    b = x.shape[0]
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = ops.reshape(_linear(w, p + "q_proj", x, cfg.attention_bias), (b, t, hq, d))
+    k = ops.reshape(_linear(w, p + "k_proj", x, cfg.attention_bias), (b, t, hkv, d))
+    v = ops.reshape(_linear(w, p + "v_proj", x, cfg.attention_bias), (b, t, hkv, d))
+    q = ops.rope(q, cos, sin, layout="bshd", position_ids=positions)
+    k = ops.rope(k, cos, sin, layout="bshd", position_ids=positions)
+    read = []
+    for j, new in ((2 * layer, k), (2 * layer + 1, v)):
+        rows = ops.reshape(ops.permute(new, (1, 0, 2, 3)), (t, b * hkv * d))      # (t, b*hkv*d)
+        base = j * max_seq_len
+        at = base if isinstance(start, int) else start + np.array([base], dtype=np.int64)
+        cache[0] = ops.update_slice(cache[0], rows, at, axis=0)
+        if t != "s":               # a prompt attends to its own keys: no need to read the cache back
+            past = ops.reshape(ops.narrow(cache[0], 0, base, kv), (kv, b, hkv, d))
+            read.append(ops.permute(past, (1, 2, 0, 3)))                         # (b, hkv, kv, d)
+    q = ops.permute(q, (0, 2, 1, 3))
+    keys, values = read or (ops.permute(k, (0, 2, 1, 3)), ops.permute(v, (0, 2, 1, 3)))
+    a = ops.sdpa(q, keys, values, mask=mask, scale=cfg.attention_scale)
+    a = ops.reshape(ops.permute(a, (0, 2, 1, 3)), (b, t, hq * d))
+    return _linear(w, p + "o_proj", a, cfg.o_proj_bias)
+
+
+def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value) -> Value:
+    gate = _linear(w, p + "gate_proj", x, cfg.mlp_bias)
+    act = ops.silu(gate) if cfg.hidden_act == "silu" else ops.gelu(gate, approximate="tanh")
+    return _linear(w, p + "down_proj", act * _linear(w, p + "up_proj", x, cfg.mlp_bias), cfg.mlp_bias)
+
+
+def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:
+    name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    return ops.cast(ops.matmul(h, w(name), transpose_b=True), "f32")

@@ -1,0 +1,253 @@
+"""Running a compiled causal LM: prompts in, tokens (or text) out.
+
+The host keeps only token ids and the masks of a batch; the weights and the KV cache stay on the device.
+A batch of prompts is left-padded to one length, so every row writes the same cache slot at each step;
+a row's positions count from its first real token, and the masks hide the padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .. import compile as _compile, load as _load
+from ..artifact import Artifact
+from ..errors import InputError, ModelImportError
+from .config import LlmConfig, default_max_seq_len, load_config, param_names
+from .model import CACHE, FUNCTIONS, Shape, build
+
+# The compute dtype of each target kind when the caller names none: the CPU runs f32 (fast and exact
+# there), a GPU the checkpoint's own dtype.
+_CHECKPOINT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def compile_hf(config, target: str = "cpu", *, dtype: str | None = None, max_seq_len: int | None = None,
+               max_batch: int = 1, functions=FUNCTIONS, **compile_kwargs) -> Artifact:
+    """Compile a causal LM from its config.json alone (a file, its directory, or an LlmConfig): no weight
+    is read, and the module holds none (they are parameters named as in the checkpoint)."""
+    cfg = config if isinstance(config, LlmConfig) else load_config(config)
+    shape = model_shape(cfg, target, dtype, max_seq_len, max_batch)
+    return _compile(build(cfg, shape, functions), target, **compile_kwargs)
+
+
+def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch) -> Shape:
+    from ..lowering.target import Target
+    kind = Target.parse(target).kind
+    if dtype is None:
+        dtype = "f32" if kind == "cpu" else _CHECKPOINT_DTYPES[cfg.dtype]
+    if dtype not in ("f32", "f16", "bf16"):
+        raise InputError(f"dtype={dtype!r}: expected 'f32', 'f16' or 'bf16'")
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise InputError(f"max_batch={max_batch!r}: expected an int >= 1")
+    if max_seq_len is None:
+        max_seq_len = default_max_seq_len(cfg, max_batch=max_batch, dtype=dtype)
+    if not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or not 1 <= max_seq_len:
+        raise InputError(f"max_seq_len={max_seq_len!r}: expected an int >= 1")
+    if max_seq_len > cfg.max_position_embeddings:
+        raise InputError(f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings "
+                         f"({cfg.max_position_embeddings})")
+    return Shape(max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype)
+
+
+def load_hf(directory, target: str = "cpu", *, device: str | None = None, dtype: str | None = None,
+            max_seq_len: int | None = None, max_batch: int = 1, **compile_kwargs) -> "LanguageModel":
+    """Compile the checkpoint in `directory` (config.json + *.safetensors [+ tokenizer.json]) and load it."""
+    directory = _checkpoint_dir(directory)
+    art = compile_hf(directory, target, dtype=dtype, max_seq_len=max_seq_len, max_batch=max_batch, **compile_kwargs)
+    return LanguageModel(art, directory, device=device)
+
+
+def load(artifact, checkpoint, *, device: str | None = None) -> "LanguageModel":
+    """A saved artifact (from compile_hf) with a checkpoint directory: needs no compiler."""
+    art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
+    return LanguageModel(art, _checkpoint_dir(checkpoint), device=device)
+
+
+def _checkpoint_dir(directory) -> Path:
+    d = Path(directory)
+    if not d.is_dir():
+        raise InputError(f"checkpoint {str(d)!r} is not a directory (expected config.json and *.safetensors)")
+    return d
+
+
+@dataclass
+class _Sizes:
+    max_seq_len: int
+    max_batch: int
+
+
+class LanguageModel:
+    """A compiled causal LM loaded with its weights on a device."""
+
+    def __init__(self, artifact: Artifact, checkpoint: Path, device: str | None = None):
+        self.config = load_config(checkpoint)
+        self.artifact = artifact
+        self.sizes = _sizes_of(artifact, self.config)
+        _check_artifact(artifact, self.config)
+        self.module = _load(artifact, device, parameters=checkpoint)
+        self.tokenizer = _tokenizer(checkpoint)
+        self._has_window = "sliding_attention" in self.config.layer_types
+
+    # ---- public API -----------------------------------------------------------------------
+    def logits(self, ids) -> np.ndarray:
+        """The prompt's logits, (1, len, vocab) f32 (one prompt) or (rows, max_len, vocab) for a list of
+        prompts, left-padded (padded positions hold no meaningful values)."""
+        if "logits" not in self.module.functions:
+            raise InputError("this artifact was compiled without the 'logits' function")
+        prompts, _ = _prompts(ids)
+        rows, batch = self._batch(prompts, 0)
+        out = self.module.logits(**batch.prefill_inputs(self._has_window, self.config))
+        return out[:len(rows)]
+
+    def generate(self, prompt, max_new_tokens: int = 32, *, stop_tokens=None):
+        """Continue `prompt` greedily: a str (needs tokenizer.json) gives the new text; a list of token ids
+        gives the new ids; a list of prompts gives a list of results. Stops at the config's eos tokens."""
+        prompts, many = _prompts(prompt)
+        outs = [[] for _ in prompts]
+        for step in self.stream(prompts if many else prompt, max_new_tokens, stop_tokens=stop_tokens):
+            for i, tok in enumerate(step if many else [step]):
+                if tok is not None:
+                    outs[i].append(tok)
+        texts = [isinstance(p, str) for p in prompts]
+        res = [self.tokenizer.decode(o) if t else o for o, t in zip(outs, texts)]
+        return res if many else res[0]
+
+    def stream(self, prompt, max_new_tokens: int = 32, *, stop_tokens=None) -> Iterator:
+        """Yield new tokens as they are made: an id per step (a list of ids or None per row for a list of
+        prompts; None once a row has stopped)."""
+        prompts, many = _prompts(prompt)
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
+        rows, batch = self._batch(prompts, max_new_tokens)
+        stop = set(self.config.eos_token_ids if stop_tokens is None else stop_tokens)
+        done = [False] * len(rows)
+        if max_new_tokens == 0:
+            return
+        nxt, _ = self.module.prefill(**batch.prefill_inputs(self._has_window, self.config))
+        for step in range(max_new_tokens):
+            toks = [int(t) for t in nxt[:len(rows)]]
+            out = [None if d else t for t, d in zip(toks, done)]
+            done = [d or t in stop for t, d in zip(toks, done)]
+            yield out if many else out[0]
+            if all(done) or step == max_new_tokens - 1:
+                return
+            nxt, _ = self.module.decode(**batch.decode_inputs(nxt, self._has_window, self.config))
+
+    def text_stream(self, prompt: str, max_new_tokens: int = 32, *, stop_tokens=None) -> Iterator[str]:
+        """Yield the new text as it is made (whole characters only)."""
+        from .tokenizer import StreamDecoder
+        dec = StreamDecoder(self._need_tokenizer())
+        for tok in self.stream(prompt, max_new_tokens, stop_tokens=stop_tokens):
+            if tok is not None:
+                piece = dec.push(tok)
+                if piece:
+                    yield piece
+        rest = dec.flush()
+        if rest:
+            yield rest
+
+    # ---- internals --------------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise InputError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+        return self.tokenizer
+
+    def _batch(self, prompts, max_new_tokens: int):
+        rows = [self._ids(p, i) for i, p in enumerate(prompts)]
+        if len(rows) > self.sizes.max_batch:
+            raise InputError(f"{len(rows)} prompts but the model was compiled for max_batch="
+                             f"{self.sizes.max_batch}")
+        longest = max(len(r) for r in rows)
+        if longest + max_new_tokens > self.sizes.max_seq_len:
+            raise InputError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the cache of "
+                             f"{self.sizes.max_seq_len} positions (compile with a larger max_seq_len=)")
+        return rows, _Batch(rows, self.sizes.max_batch, self.config.pad_token_id or 0)
+
+    def _ids(self, prompt, i: int) -> list:
+        if isinstance(prompt, str):
+            ids = self._need_tokenizer().encode(prompt)
+        elif isinstance(prompt, (list, tuple, np.ndarray)):
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+                raise InputError(f"prompt {i}: expected token ids (ints), got {list(prompt)[:4]!r}")
+            ids = [int(t) for t in prompt]
+        else:
+            raise InputError(f"prompt {i}: expected a str or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise InputError(f"prompt {i} is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise InputError(f"prompt {i}: token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
+
+
+def _prompts(prompt) -> tuple[list, bool]:
+    """(the prompts, whether several were given): a str or a list of ids is one prompt; a list of those
+    is several."""
+    many = isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], (str, list, tuple, np.ndarray))
+    return (list(prompt) if many else [prompt]), many
+
+
+class _Batch:
+    """Left-padded prompts and what every call of a generation needs: positions and masks."""
+
+    def __init__(self, rows: list, max_batch: int, pad: int):
+        self.s = max(len(r) for r in rows)
+        # Rows past the prompts (the module's batch is fixed) hold one padding token attending to itself.
+        rows = rows + [[pad]] * (max_batch - len(rows))
+        self.pad_len = np.array([self.s - len(r) for r in rows])
+        self.tokens = np.array([[pad] * (self.s - len(r)) + list(r) for r in rows], dtype=np.int64)
+        j = np.arange(self.s)
+        self.valid = j[None, :] >= self.pad_len[:, None]                      # (b, s): a real token
+        self.positions = np.maximum(j[None, :] - self.pad_len[:, None], 0).astype(np.int64)
+        self.next_pos = self.positions[:, -1] + 1
+        self.kv = self.s                                                      # filled cache slots
+
+    def prefill_inputs(self, window: bool, cfg: LlmConfig) -> dict:
+        i, j = np.arange(self.s)[:, None], np.arange(self.s)[None, :]
+        keep = ((j <= i)[None] & self.valid[:, None, :]) | (i == j)[None]     # a padded query sees itself
+        feeds = {"tokens": self.tokens, "positions": self.positions, "mask": keep[:, None]}
+        if window:
+            feeds["window_mask"] = (keep & (i - j < cfg.sliding_window)[None])[:, None]
+        return feeds
+
+    def decode_inputs(self, nxt, window: bool, cfg: LlmConfig) -> dict:
+        """Inputs of the decode step that writes slot `kv` (the step's token is `nxt`)."""
+        slot = self.kv
+        self.kv += 1
+        j = np.arange(self.kv)[None, :]
+        keep = np.concatenate([self.valid, np.ones((len(self.valid), self.kv - self.s), bool)], axis=1)
+        feeds = {"tokens": np.asarray(nxt, dtype=np.int64).reshape(-1, 1),
+                 "positions": self.next_pos.reshape(-1, 1).astype(np.int64), "mask": keep[:, None, None, :]}
+        if window:
+            feeds["window_mask"] = (keep & (slot - j < cfg.sliding_window))[:, None, None, :]
+        self.next_pos = self.next_pos + 1
+        return feeds
+
+
+def _sizes_of(art: Artifact, cfg: LlmConfig) -> _Sizes:
+    states = {s["name"]: s for s in art.metadata.get("states", [])}
+    cache = states.get(CACHE)
+    if cache is None:
+        raise ModelImportError("the artifact is not a causal LM compiled by rocmc.llm (it has no KV cache state)")
+    rows, cols = cache["shape"]
+    return _Sizes(max_seq_len=rows // (2 * cfg.num_hidden_layers),
+                  max_batch=cols // (cfg.num_key_value_heads * cfg.head_dim))
+
+
+def _check_artifact(art: Artifact, cfg: LlmConfig) -> None:
+    """The artifact must be the model of this config: the same parameter names and shapes."""
+    want = {name: list(shape) for name, shape in param_names(cfg)}
+    got = {p["name"]: p["shape"] for p in art.parameters}
+    if got != {k: v for k, v in want.items() if k in got} or not set(got) <= set(want):
+        diff = sorted(set(got) ^ set(want) | {k for k in set(got) & set(want) if got[k] != want[k]})
+        raise ModelImportError(f"the artifact was compiled for another model than this checkpoint's config.json "
+                               f"(parameter {diff[0]!r} differs)")
+
+
+def _tokenizer(directory: Path):
+    if not (directory / "tokenizer.json").is_file():
+        return None
+    from .tokenizer import Tokenizer
+    return Tokenizer.from_dir(directory)

@@ -1,0 +1,339 @@
+"""Generated lowering of the index-driven ops: update_slice and narrow as tensor.insert_slice /
+tensor.extract_slice at a run-time offset, argmax as a two-result linalg reduction, topk as
+iree_linalg_ext.topk over packed keys, cumsum as iree_linalg_ext.scan, arange as a generic.
+
+update_slice stays a tensor.insert_slice on purpose: that is the op IREE turns into an in-place copy
+of the update's rows when x is a mutable global (a KV cache), where a generic would rewrite x whole.
+"""
+from __future__ import annotations
+
+from ...frontend.graph import TensorType
+from ..emitter import Emitter, T, affine_map, tensor_type
+from ..registry import lowering
+from .elementwise import compute_elt
+from .shape import Ix, _gather_generic, _insert
+
+
+def _ints(values) -> str:
+    return ", ".join(map(str, values))
+
+
+def _generic2(E: Emitter, ins, outs, maps, iterators, body) -> list[str]:
+    """E.generic with two results, whose trailing type list MLIR wants in parentheses."""
+    res = E.generic(ins, outs, maps, iterators, body)
+    head, _, tys = E.lines[-1].rpartition("} -> ")
+    tys, _, loc = tys.partition(" loc(")
+    E.lines[-1] = f"{head}}} -> ({tys})" + (f" loc({loc}" if loc else "")
+    return res
+
+
+def _start(E: Emitter, node, ins, at: int):
+    """The requested start: the int attribute, or the one integer of operand `at` as an index."""
+    if len(ins) <= at:
+        return node.attrs["start"]
+    s = ins[at]
+    where = ", ".join(E.index(0) for _ in range(s.rank))
+    v = E.op(f"tensor.extract {s.name}[{where}] : {s.mlir}")
+    return E.op(f"arith.index_cast {v} : {s.mlir_elt} to index")
+
+
+def _clamped(E: Emitter, start, dim, length):
+    """XLA's clamp of a window start into [0, dim - length] (folded when everything is static)."""
+    ix = Ix(E)
+    return ix.max(ix.min(start, ix.sub(dim, length)), 0)
+
+
+def _check_fits(E: Emitter, node, length, dim, what: str) -> None:
+    """Fail the call when a run-time `length` exceeds `dim` (static cases are GraphErrors)."""
+    if isinstance(length, int) and isinstance(dim, int) or length == dim:
+        return
+    ok = E.op(f"arith.cmpi sle, {E.as_index(length)}, {E.as_index(dim)} : index", "ok")
+    E.check(ok, f"{node.describe()}: {what}")
+
+
+# ---- update_slice / narrow ---------------------------------------------------------------------
+
+@lowering("update_slice")
+def _lower_update_slice(E: Emitter, node, ins, ctx):
+    x, upd, axis = ins[0], ins[1], node.attrs["axis"]
+    n, u = E.dim(x, axis), E.dim(upd, axis)
+    _check_fits(E, node, u, n, f"'update' has more entries along axis {axis} than 'x'")
+    offsets = [0] * x.rank
+    offsets[axis] = _clamped(E, _start(E, node, ins, 2), n, u)
+    return [T(_insert(E, upd, x.name, x.mlir, offsets), x.type, x.elt)]
+
+
+@lowering("narrow")
+def _lower_narrow(E: Emitter, node, ins, ctx):
+    x, axis, length = ins[0], node.attrs["axis"], node.attrs["length"]
+    out = node.outputs[0].type
+    n = E.dim(x, axis)
+    size = n if length == x.shape[axis] else ctx.symbol_size(length) if isinstance(length, str) else length
+    _check_fits(E, node, size, n, f"length {length} is larger than dim {axis} of 'x'")
+    offsets, sizes = [0] * x.rank, E.dims(x)
+    offsets[axis], sizes[axis] = _clamped(E, _start(E, node, ins, 1), n, size), size
+    r = E.op(f"tensor.extract_slice {x.name}[{_ints(offsets)}][{_ints(sizes)}][{_ints([1] * x.rank)}] : "
+             f"{x.mlir} to {tensor_type(out.shape, x.mlir_elt)}")
+    return [T(r, out, x.elt)]
+
+
+# ---- argmax ------------------------------------------------------------------------------------
+
+def _check_nonempty(E: Emitter, node, x: T, axis: int) -> None:
+    if isinstance(x.shape[axis], int):
+        return                      # a static empty axis is a GraphError
+    ok = E.op(f"arith.cmpi ne, {E.dim(x, axis)}, {E.index(0)} : index", "ok")
+    E.check(ok, f"{node.describe()}: axis {axis} of 'x' is empty in this call (nothing to select)")
+
+
+@lowering("argmax")
+def _lower_argmax(E: Emitter, node, ins, ctx):
+    """Two plain reductions: the maximum (NaN if any entry is NaN), then the lowest position holding it.
+    One reduction carrying (value, position) pairs made IREE's GPU code keep a whole row in shared
+    memory (128 KB for a 32000-entry vocabulary, over gfx942's 64 KB)."""
+    x, axis, keep = ins[0], node.attrs["axis"], node.attrs["keepdims"]
+    out = node.outputs[0].type
+    _check_nonempty(E, node, x, axis)
+    storage = x.mlir_elt
+    acc = compute_elt(storage)
+    is_float = acc in ("f16", "bf16", "f32", "f64")
+    dims = E.dims(x)
+    sizes = [1 if i == axis else d for i, d in enumerate(dims)] if keep else dims[:axis] + dims[axis + 1:]
+    out_map = affine_map(x.rank, ["0" if i == axis else i for i in range(x.rank)] if keep
+                         else [i for i in range(x.rank) if i != axis])
+    iterators = ["reduction" if i == axis else "parallel" for i in range(x.rank)]
+    lowest = float("-inf") if is_float else -(1 << (int(acc[1:]) - 1))
+    max_ty = tensor_type(out.shape, acc)
+
+    def biggest(E, a):
+        v = E.cast_scalar(a[0], storage, acc)
+        return [E.op(f"arith.{'maximumf' if is_float else 'maxsi'} {v}, {a[1]} : {acc}")]
+    m = E.generic([(x.name, x.mlir)], [(E.filled(sizes, acc, lowest), max_ty)],
+                  [affine_map(x.rank, range(x.rank)), out_map], iterators, biggest)[0]
+
+    def first(E, a):
+        v = E.cast_scalar(a[0], storage, acc)
+        if is_float:
+            same = E.op(f"arith.cmpf oeq, {v}, {a[1]} : {acc}")
+            both_nan = E.op(f"arith.andi {E.op(f'arith.cmpf uno, {v}, {v} : {acc}')}, "
+                            f"{E.op(f'arith.cmpf uno, {a[1]}, {a[1]} : {acc}')} : i1")
+            same = E.op(f"arith.ori {same}, {both_nan} : i1")
+        else:
+            same = E.op(f"arith.cmpi eq, {v}, {a[1]} : {acc}")
+        j = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")
+        cand = E.op(f"arith.select {same}, {j}, {E.const((1 << 63) - 1, 'i64')} : i64")
+        return [E.op(f"arith.minsi {cand}, {a[2]} : i64")]
+    r = E.generic([(x.name, x.mlir), (m, max_ty)], [(E.filled(sizes, "i64", (1 << 63) - 1), tensor_type(out.shape, "i64"))],
+                  [affine_map(x.rank, range(x.rank)), out_map, out_map], iterators, first)[0]
+    return [T(r, out)]
+
+
+# ---- topk --------------------------------------------------------------------------------------
+#
+# iree_linalg_ext.topk compares values only, and fills its result with a value that real entries
+# can equal; so it runs on one distinct i64 key per entry, whose descending order is topk's:
+#   bits 63..32  the value's order bits (complemented for smallest), -0.0 as 0.0, every NaN as one
+#                NaN above +inf
+#   bits 31..1   0x7FFFFFFF - position: equal values put the lower position first
+#   bit 0        the sign of a zero, so -0.0 comes back as -0.0 (never decides the order)
+# The values are decoded from the chosen keys, the positions are topk's own index result: both
+# results are used, which keeps IREE from holding an unused one in a stack buffer.
+
+_POS_MAX = (1 << 31) - 1
+
+
+def _order_bits(E: Emitter, v: str, elt: str) -> tuple[str, str | None]:
+    """(i32 whose signed order is the value order, i1 'v is -0.0' or None)."""
+    if elt == "i32":
+        return v, None
+    if elt != "f32":
+        v = E.cast_scalar(v, elt, "f32")
+    zero = E.const(0.0, "f32")
+    is_zero = E.op(f"arith.cmpf oeq, {v}, {zero} : f32")
+    neg = E.op(f"arith.cmpi slt, {E.op(f'arith.bitcast {v} : f32 to i32')}, {E.const(0, 'i32')} : i32")
+    neg_zero = E.op(f"arith.andi {is_zero}, {neg} : i1")
+    v = E.op(f"arith.select {is_zero}, {zero}, {v} : f32")
+    nan = E.op(f"arith.cmpf uno, {v}, {v} : f32")
+    v = E.op(f"arith.select {nan}, {E.const(float('nan'), 'f32')}, {v} : f32")
+    return _flip_negative(E, E.op(f"arith.bitcast {v} : f32 to i32")), neg_zero
+
+
+def _flip_negative(E: Emitter, bits: str) -> str:
+    """Float bits <-> order bits (its own inverse): negative floats get their magnitude bits flipped."""
+    neg = E.op(f"arith.cmpi slt, {bits}, {E.const(0, 'i32')} : i32")
+    flipped = E.op(f"arith.xori {bits}, {E.const(0x7FFFFFFF, 'i32')} : i32")
+    return E.op(f"arith.select {neg}, {flipped}, {bits} : i32")
+
+
+def _topk_keys(E: Emitter, x: T, axis: int, largest: bool) -> T:
+    elt = x.mlir_elt
+
+    def key(E, a):
+        o, neg_zero = _order_bits(E, a[0], elt)
+        if not largest:
+            o = E.op(f"arith.xori {o}, {E.const(-1, 'i32')} : i32")
+        high = E.op(f"arith.shli {E.op(f'arith.extsi {o} : i32 to i64')}, {E.const(32, 'i64')} : i64")
+        j = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")
+        rest = E.op(f"arith.subi {E.const(_POS_MAX, 'i64')}, {j} : i64")
+        low = E.op(f"arith.shli {rest}, {E.const(1, 'i64')} : i64")
+        if neg_zero is not None:
+            low = E.op(f"arith.ori {low}, {E.op(f'arith.extui {neg_zero} : i1 to i64')} : i64")
+        return [E.op(f"arith.ori {high}, {low} : i64")]
+    init = E.empty(E.dims(x), "i64")
+    ident = affine_map(x.rank, range(x.rank))
+    ty = tensor_type(x.shape, "i64")
+    r = E.generic([(x.name, x.mlir)], [(init, ty)], [ident, ident], ["parallel"] * x.rank, key)[0]
+    # Its own dispatch: fused into topk's, the whole key row would go to a stack buffer.
+    r = E.op(f"util.optimization_barrier {r} : {ty}")
+    dyn = [d for d in E.dims(x) if not isinstance(d, int)]
+    if dyn:                    # sizes IREE cannot read through the barrier
+        r = E.op(f"flow.tensor.tie_shape {r} : {ty}{{{', '.join(dyn)}}}")
+    return T(r, x.type, "i64")
+
+
+def _decode_value(E: Emitter, key: str, elt: str, largest: bool) -> str:
+    """The entry a key was made from (NaN payloads aside)."""
+    high = E.op(f"arith.shrsi {key}, {E.const(32, 'i64')} : i64")
+    o = E.op(f"arith.trunci {high} : i64 to i32")
+    if not largest:
+        o = E.op(f"arith.xori {o}, {E.const(-1, 'i32')} : i32")
+    if elt == "i32":
+        return o
+    v = E.op(f"arith.bitcast {_flip_negative(E, o)} : i32 to f32")
+    neg_zero = E.op(f"arith.trunci {key} : i64 to i1")
+    v = E.op(f"arith.select {neg_zero}, {E.const(-0.0, 'f32')}, {v} : f32")
+    return E.cast_scalar(v, "f32", elt)
+
+
+def _topk_select(E: Emitter, keys: T, sizes, shape, axis: int) -> tuple[str, str]:
+    """The largest keys along `axis` in descending order, and their positions (i32)."""
+    best = E.filled(sizes, "i64", -(1 << 63))     # below every key: keys have a non-zero position part
+    slots = E.filled(sizes, "i32", 0)
+    ty_k, ty_i = tensor_type(shape, "i64"), tensor_type(shape, "i32")
+    r = E.fresh("topk")
+    E.lines.append(f"  {r}:2 = iree_linalg_ext.topk dimension({axis}) ins({keys.name} : {keys.mlir}) "
+                   f"outs({best}, {slots} : {ty_k}, {ty_i}) {{")
+    a, b = E.fresh("a"), E.fresh("a")
+    E.lines.append(f"  ^bb0({a}: i64, {b}: i64):")
+    gt = E.op(f"arith.cmpi sgt, {a}, {b} : i64")
+    E.emit(f"  iree_linalg_ext.yield {gt} : i1")
+    E.lines.append(f"  }} -> {ty_k}, {ty_i}" + (f" {E.loc}" if E.loc else ""))
+    return f"{r}#0", f"{r}#1"
+
+
+def _topk_by_sort(E: Emitter, x: T, axis: int, sizes, largest: bool, out_shape) -> tuple[str, str]:
+    """i64 values, whose key cannot also hold a position: a full sort of (value, position) pairs
+    with the order spelled out in the comparator (quadratic per row in IREE's sort), then the first k."""
+    ident = affine_map(x.rank, range(x.rank))
+    pos = E.generic([], [(E.empty(E.dims(x), "i64"), tensor_type(x.shape, "i64"))], [ident], ["parallel"] * x.rank,
+                    lambda E, _: [E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")])[0]
+    r = E.fresh("sort")
+    E.lines.append(f"  {r}:2 = iree_linalg_ext.sort dimension({axis}) outs({x.name}, {pos} : {x.mlir}, "
+                   f"{tensor_type(x.shape, 'i64')}) {{")
+    a, b, ia, ib = (E.fresh("a") for _ in range(4))
+    E.lines.append(f"  ^bb0({a}: i64, {b}: i64, {ia}: i64, {ib}: i64):")
+    before = E.op(f"arith.cmpi {'sgt' if largest else 'slt'}, {a}, {b} : i64")
+    tie = E.op(f"arith.andi {E.op(f'arith.cmpi eq, {a}, {b} : i64')}, {E.op(f'arith.cmpi slt, {ia}, {ib} : i64')} : i1")
+    E.emit(f"  iree_linalg_ext.yield {E.op(f'arith.ori {before}, {tie} : i1')} : i1")
+    E.lines.append(f"  }} -> {x.mlir}, {tensor_type(x.shape, 'i64')}" + (f" {E.loc}" if E.loc else ""))
+    offsets, strides = _ints([0] * x.rank), _ints([1] * x.rank)
+    first = []
+    for i in range(2):
+        ty = tensor_type(x.shape, "i64")
+        first.append(E.op(f"tensor.extract_slice {r}#{i}[{offsets}][{_ints(sizes)}][{strides}] : {ty} to "
+                          f"{tensor_type(out_shape, 'i64')}"))
+    return first[0], first[1]
+
+
+@lowering("topk")
+def _lower_topk(E: Emitter, node, ins, ctx):
+    x, a = ins[0], node.attrs
+    axis, k = a["axis"], a["k"]
+    values_t, indices_t = (v.type for v in node.outputs)
+    sizes = E.dims(x)
+    sizes[axis] = k
+    if k == 0:
+        return [T(E.empty(sizes, x.mlir_elt), values_t, x.elt), T(E.empty(sizes, "i64"), indices_t)]
+    _check_fits(E, node, k, E.dim(x, axis), f"k={k} is larger than dim {axis} of 'x'")
+    if x.mlir_elt == "i64":
+        v, i = _topk_by_sort(E, x, axis, sizes, a["largest"], values_t.shape)
+        return [T(v, values_t), T(i, indices_t)]
+    keys = _topk_keys(E, x, axis, a["largest"])
+    top, slots = _topk_select(E, keys, sizes, values_t.shape, axis)
+    elt = x.mlir_elt
+
+    def decode(E, args):
+        return [_decode_value(E, args[0], elt, a["largest"]), E.op(f"arith.extui {args[1]} : i32 to i64")]
+    ident = affine_map(x.rank, range(x.rank))
+    ins_ = [(top, tensor_type(values_t.shape, "i64")), (slots, tensor_type(values_t.shape, "i32"))]
+    outs = [(E.empty(sizes, elt), tensor_type(values_t.shape, elt)),
+            (E.empty(sizes, "i64"), tensor_type(values_t.shape, "i64"))]
+    v, i = _generic2(E, ins_, outs, [ident] * 4, ["parallel"] * x.rank, decode)
+    return [T(v, values_t, x.elt), T(i, indices_t)]
+
+
+# ---- cumsum ------------------------------------------------------------------------------------
+
+def _flip(E: Emitter, t: T, axis: int) -> T:
+    """t reversed along `axis`."""
+    top = E.as_index(Ix(E).sub(E.dim(t, axis), 1))
+
+    def coords(E, at, _):
+        return at[:axis] + [E.op(f"arith.subi {top}, {at[axis]} : index")] + at[axis + 1:]
+    return T(_gather_generic(E, E.dims(t), t.mlir_elt, t, coords), t.type, t.elt)
+
+
+def _scan(E: Emitter, t: T, axis: int, inclusive: bool) -> T:
+    """Running sums of t along `axis` (iree_linalg_ext.scan), in t's element type."""
+    elt = t.mlir_elt
+    sizes = E.dims(t)
+    rest = sizes[:axis] + sizes[axis + 1:]
+    total = E.filled(rest, elt, 0)
+    ty, ty_total = tensor_type(t.shape, elt), tensor_type(t.shape[:axis] + t.shape[axis + 1:], elt)
+    r = E.fresh("scan")
+    E.lines.append(f"  {r}:2 = iree_linalg_ext.scan dimension({axis}) inclusive({'true' if inclusive else 'false'}) "
+                   f"ins({t.name} : {ty}) outs({E.empty(sizes, elt)}, {total} : {ty}, {ty_total}) {{")
+    a, b = E.fresh("a"), E.fresh("a")
+    E.lines.append(f"  ^bb0({a}: {elt}, {b}: {elt}):")
+    add = "arith.addf" if elt in ("f16", "bf16", "f32", "f64") else "arith.addi"
+    s = E.op(f"{add} {a}, {b} : {elt}")
+    E.emit(f"  iree_linalg_ext.yield {s} : {elt}")
+    E.lines.append(f"  }} -> {ty}, {ty_total}" + (f" {E.loc}" if E.loc else ""))
+    return T(f"{r}#0", t.type, elt)
+
+
+@lowering("cumsum")
+def _lower_cumsum(E: Emitter, node, ins, ctx):
+    x, a = ins[0], node.attrs
+    axis, storage = a["axis"], ins[0].mlir_elt
+    if 0 in x.shape:
+        return [x]
+    t = E.convert(x, compute_elt(storage))
+    if a["reverse"]:
+        t = _flip(E, t, axis)
+    t = _scan(E, t, axis, not a["exclusive"])
+    if a["reverse"]:
+        t = _flip(E, t, axis)
+    return [E.convert(t, storage)]
+
+
+# ---- arange ------------------------------------------------------------------------------------
+
+@lowering("arange")
+def _lower_arange(E: Emitter, node, ins, ctx):
+    a, out = node.attrs, node.outputs[0].type
+    start, limit, delta = a["start"], a["limit"], a["delta"]
+    size = Ix(E).sub(ctx.symbol_size(limit), start) if isinstance(limit, str) else out.shape[0]
+    elt = out.dtype.mlir
+    calc = "i64" if out.dtype.kind == "int" else "f32"
+
+    def body(E, _):
+        i = E.op(f"arith.index_cast {E.op('linalg.index 0 : index')} : index to i64")
+        if calc == "i64":
+            v = E.op(f"arith.addi {E.const(start, 'i64')}, {E.op(f'arith.muli {i}, {E.const(delta, calc)} : i64')} : i64")
+        else:
+            f = E.op(f"arith.sitofp {i} : i64 to f32")
+            v = E.op(f"arith.addf {E.const(start, 'f32')}, {E.op(f'arith.mulf {f}, {E.const(delta, calc)} : f32')} : f32")
+        return [E.cast_scalar(v, calc, elt)]
+    r = E.generic([], [(E.empty([size], elt), tensor_type(out.shape, elt))], [affine_map(1, [0])], ["parallel"], body)
+    return [T(r[0], out)]

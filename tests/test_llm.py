@@ -1,0 +1,156 @@
+"""rocmc.llm against transformers: tiny random-init checkpoints of every family (tests/llm_models.py) compiled
+for the CPU with their weights as parameters read from the checkpoint's own safetensors."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import rocmc
+from llm_models import N_NEW, PROMPT_IDS, hf_greedy, hf_logits, llm_checkpoint  # noqa: F401
+from rocmc.llm.runtime import _Batch
+
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "gemma"]
+
+
+@pytest.fixture(scope="module")
+def models(llm_checkpoint):  # noqa: F811
+    """family -> LanguageModel (f32, CPU), compiled once per module."""
+    built = {}
+
+    def get(family):
+        if family not in built:
+            built[family] = rocmc.llm.load_hf(llm_checkpoint(family), "cpu", max_seq_len=64, max_batch=2)
+        return built[family]
+    return get
+
+
+def _rel(a, b):
+    return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_logits_and_greedy_match_transformers(models, llm_checkpoint, family):  # noqa: F811
+    lm, d = models(family), llm_checkpoint(family)
+    assert _rel(lm.logits(list(PROMPT_IDS))[0], hf_logits(d, PROMPT_IDS)) < 1e-4
+    assert lm.generate(list(PROMPT_IDS), N_NEW, stop_tokens=()) == hf_greedy(d, PROMPT_IDS, N_NEW)
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_decode_equals_full_recompute_at_every_step(models, family):
+    """The KV cache path: each decode step's logits equal the logits of the whole sequence so far."""
+    lm = models(family)
+    seq = list(PROMPT_IDS)
+    b = lm._batch([seq], 24)[1]
+    nxt, logits = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    for _ in range(24):
+        seq.append(int(nxt[0]))
+        nxt, logits = lm.module.decode(**b.decode_inputs(nxt, lm._has_window, lm.config))
+        full = lm.logits(seq)[0, -1]
+        assert _rel(logits[0], full) < 1e-5
+        assert int(nxt[0]) == int(np.argmax(full))
+
+
+def test_batch_of_prompts_of_different_lengths(models, rng):
+    """Left padding is invisible: each row of a batch continues as it does alone."""
+    lm = models("mistral")
+    prompts = [list(PROMPT_IDS), [int(t) for t in rng.integers(4, 250, size=3)]]
+    both = lm.generate(prompts, 20, stop_tokens=())
+    assert both == [lm.generate(p, 20, stop_tokens=()) for p in prompts]
+
+
+def test_stream_and_stop_tokens(models, llm_checkpoint):  # noqa: F811
+    lm = models("llama")
+    want = hf_greedy(llm_checkpoint("llama"), PROMPT_IDS, 12)
+    assert list(lm.stream(list(PROMPT_IDS), 12, stop_tokens=())) == want
+    stop = want[5]
+    got = lm.generate(list(PROMPT_IDS), 12, stop_tokens=[stop])
+    assert got == want[:want.index(stop) + 1]
+
+
+def test_text_in_text_out(models):
+    lm = models("llama")          # the llama checkpoint carries a tokenizer.json (306 of the model's 384 ids)
+    ids = lm.tokenizer.encode("the cat sat")
+    new = lm.generate(ids, 3, stop_tokens=())
+    assert max(new) < lm.tokenizer.vocab_size        # this prompt's greedy path stays in the tokenizer's ids
+    text = lm.generate("the cat sat", 3, stop_tokens=())
+    assert isinstance(text, str) and text == lm.tokenizer.decode(new)
+    assert "".join(lm.text_stream("the cat sat", 3, stop_tokens=())) == text
+
+
+def test_saved_artifact_with_checkpoint_needs_no_compile(llm_checkpoint, tmp_path):  # noqa: F811
+    d = llm_checkpoint("qwen2", sharded=True)
+    art = rocmc.llm.compile_hf(d / "config.json", "cpu", max_seq_len=48)
+    assert not any(p["from"] == "constant" and p["name"].startswith("model.") for p in art.parameters)
+    assert art.size < 2 << 20              # weights stay in the checkpoint
+    art.save(tmp_path / "m.vmfb")
+    lm = rocmc.llm.load(tmp_path / "m.vmfb", d)
+    assert lm.generate(list(PROMPT_IDS), 10, stop_tokens=()) == hf_greedy(d, PROMPT_IDS, 10)
+    text = art.summary()
+    assert "model.layers.0.self_attn.q_proj.weight" in text and "kv_cache" in text
+
+
+def test_bad_inputs(models, llm_checkpoint, tmp_path):  # noqa: F811
+    lm = models("llama")
+    with pytest.raises(rocmc.InputError, match="empty"):
+        lm.generate([], 4)
+    with pytest.raises(rocmc.InputError, match="outside the vocabulary"):
+        lm.generate([1, 999999], 4)
+    with pytest.raises(rocmc.InputError, match="exceeds the cache"):
+        lm.generate(list(PROMPT_IDS), 100)
+    with pytest.raises(rocmc.InputError, match="max_batch"):
+        lm.generate([[1], [2], [3]], 2)
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bad_checkpoints(llm_checkpoint, tmp_path):  # noqa: F811
+    src = llm_checkpoint("llama")
+    art = rocmc.llm.compile_hf(src, "cpu", max_seq_len=32)
+    # a missing tensor, named
+    d = _copy(src, tmp_path / "missing")
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(rocmc.InputError, match="model.layers.1.mlp.up_proj.weight"):
+        rocmc.llm.load(art, d)
+    # a tensor of the wrong shape, named
+    d = _copy(src, tmp_path / "shape")
+    tensors = load_file(d / "model.safetensors")
+    tensors["model.norm.weight"] = np.ones(7, np.float32)
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(rocmc.InputError, match="model.norm.weight"):
+        rocmc.llm.load(art, d)
+    # a truncated file
+    d = _copy(src, tmp_path / "truncated")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(rocmc.ArtifactError, match="model.safetensors"):
+        rocmc.llm.load(art, d)
+    # an unsupported architecture, named
+    d = _copy(src, tmp_path / "arch")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = "falcon", ["FalconForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(rocmc.ModelImportError, match="FalconForCausalLM"):
+        rocmc.llm.compile_hf(d, "cpu")
+    with pytest.raises(rocmc.InputError, match="not a directory"):
+        rocmc.llm.load(art, tmp_path / "nowhere")
+
+
+def test_cache_is_updated_in_place(llm_checkpoint):  # noqa: F811
+    """A decode step writes its position into the cache: no copy of the whole cache in the stream phase."""
+    art = rocmc.llm.compile_hf(llm_checkpoint("llama3"), "cpu", max_seq_len=128, functions=("decode",))
+    cache = next(s for s in art.metadata["states"] if s["name"] == "kv_cache")
+    nbytes = cache["shape"][0] * cache["shape"][1] * 4
+    stream = art.ir("stream")
+    import re
+    copies = [int(n) for n in re.findall(r"stream\.cmd\.copy [^\n]*?, %c(\d+) :", stream)]
+    assert nbytes not in copies and all(c < nbytes // 8 for c in copies)
+    assert "!stream.resource<variable>{%c" + str(nbytes) + "}" in stream
