@@ -377,6 +377,7 @@ METADATA_SCHEMA = {
                     "long_form?": {"function": str, "scores": [[_DIM]], "limit": int}}],
     "parameters?": [{"name": str, "shape": [int], "dtype": frozenset(DTYPES), "from": frozenset(("graph", "constant"))}],
     "states?": [{"name": str, "shape": [int], "dtype": frozenset(DTYPES)}],
+    "info?": dict,
 }
 _KIND = {str: "a string", int: "a non-negative integer", dict: "an object", _DIM: "a size or a symbol"}
 

@@ -177,6 +177,33 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    """Stream a continuation of --prompt (text, or comma-separated token ids) as it is made."""
+    from . import llm
+    kw = dict(device=args.device, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    if args.module:
+        lm = llm.load(args.module, args.checkpoint, device=args.device)
+    else:
+        lm = llm.load_hf(args.checkpoint, args.target, **kw)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    ids = _token_ids(args.prompt) if args.ids else None
+    if ids is not None:
+        for tok in lm.stream(ids, args.max_new_tokens, **sampling):
+            print(tok, end=" ", flush=True)
+    else:
+        for piece in lm.text_stream(args.prompt, args.max_new_tokens, **sampling):
+            print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def _token_ids(text: str) -> list:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise RocmcError(f"--ids: the prompt {text!r} is not a list of token ids (e.g. '1, 450, 7483')") from None
+
+
 NO_VERIFY = "skip the integrity check (a trusted module with no rocmc trailer)"
 
 
@@ -211,6 +238,22 @@ def main(argv=None) -> int:
     kb = ksub.add_parser("build", help="build (and cache) every kernel for an arch and list them")
     kb.add_argument("--arch", required=True, help="gfx90a, gfx942, gfx1100, sm_80, sm_90, ...")
     kb.set_defaults(fn=cmd_kernels)
+    gn = sub.add_parser("generate", help="continue a prompt with a Hugging Face causal LM (streams tokens)")
+    gn.add_argument("checkpoint", help="directory with config.json, *.safetensors (and tokenizer.json for text)")
+    gn.add_argument("--prompt", "-p", required=True)
+    gn.add_argument("--ids", action="store_true", help="the prompt is token ids ('1, 450, 7483'); print ids")
+    gn.add_argument("-n", "--max-new-tokens", type=int, default=32)
+    gn.add_argument("-t", "--target", default="cpu", help="compile for this target (cpu, gfx942, cuda:sm_80, ...)")
+    gn.add_argument("--module", help="a .vmfb from rocmc.llm.compile_hf to run instead of compiling")
+    gn.add_argument("--device", help="local-task, hip, cuda (default: the target's)")
+    gn.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="compute dtype (default: f32 on the CPU, "
+                    "the checkpoint's on a GPU)")
+    gn.add_argument("--max-seq-len", type=int, help="positions of the KV cache")
+    gn.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    gn.add_argument("--top-k", type=int)
+    gn.add_argument("--top-p", type=float, default=1.0)
+    gn.add_argument("--seed", type=int)
+    gn.set_defaults(fn=cmd_generate)
     t = sub.add_parser("targets", help="list the known compile targets")
     t.set_defaults(fn=cmd_targets)
     args = ap.parse_args(argv)

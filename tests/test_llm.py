@@ -154,3 +154,46 @@ def test_cache_is_updated_in_place(llm_checkpoint):  # noqa: F811
     copies = [int(n) for n in re.findall(r"stream\.cmd\.copy [^\n]*?, %c(\d+) :", stream)]
     assert nbytes not in copies and all(c < nbytes // 8 for c in copies)
     assert "!stream.resource<variable>{%c" + str(nbytes) + "}" in stream
+
+
+def test_sampling_runs_in_the_module_and_follows_its_seed(models):
+    lm = models("llama3")
+    a = lm.generate(list(PROMPT_IDS), 12, temperature=1.0, top_k=20, top_p=0.9, seed=7, stop_tokens=())
+    assert a == lm.generate(list(PROMPT_IDS), 12, temperature=1.0, top_k=20, top_p=0.9, seed=7, stop_tokens=())
+    assert a != lm.generate(list(PROMPT_IDS), 12, temperature=1.0, top_k=20, top_p=0.9, seed=8, stop_tokens=())
+    # top_k=1 is greedy whatever the temperature
+    assert lm.generate(list(PROMPT_IDS), 8, temperature=2.0, top_k=1, seed=3, stop_tokens=()) == \
+        lm.generate(list(PROMPT_IDS), 8, stop_tokens=())
+    for bad in (dict(temperature=-1.0), dict(temperature=1.0, top_k=0), dict(temperature=1.0, top_k=10_000),
+                dict(temperature=1.0, top_p=0.0), dict(temperature=1.0, seed=-1)):
+        with pytest.raises(rocmc.InputError):
+            lm.generate(list(PROMPT_IDS), 2, **bad)
+
+
+def test_sample_function_against_its_reference(models, rng):
+    """The module's draw equals the float64 reference's for the same key (the same noise bits)."""
+    from rocmc.llm.model import Shape, build
+    lm = models("qwen2")
+    g = build(lm.config, Shape(max_seq_len=64, max_batch=2, dtype="f32", sample_k=16), ("sample",))["sample"]
+    m = rocmc.load(rocmc.compile(g, "cpu"))
+    for _ in range(5):
+        feeds = dict(logits=rng.standard_normal((2, lm.config.vocab_size)).astype(np.float32) * 3,
+                     temperature=np.array([0.7, 0.0], np.float32), top_k=np.array([16, 5], np.int64),
+                     top_p=np.array([0.8, 1.0], np.float32), key=rng.integers(0, 1 << 62, size=2))
+        got = m(**feeds)
+        assert list(got) == list(rocmc.evaluate(g, **feeds))
+        assert got[1] == np.argmax(feeds["logits"][1])
+
+
+def test_generate_command_streams_tokens(llm_checkpoint, capsys):  # noqa: F811
+    from rocmc.cli import main
+    d = llm_checkpoint("llama")
+    prompt = ", ".join(map(str, PROMPT_IDS))
+    assert main(["generate", str(d), "--ids", "-p", prompt, "-n", "6", "--max-seq-len", "32"]) == 0
+    out = [int(t) for t in capsys.readouterr().out.split()]
+    want = hf_greedy(d, PROMPT_IDS, 6)
+    assert out == want[:len(out)] and len(out) >= 1
+    assert main(["generate", str(d), "-p", "the cat", "-n", "3", "--max-seq-len", "32"]) == 0
+    assert capsys.readouterr().out.strip() != ""
+    assert main(["generate", str(d), "--ids", "-p", "1, x", "-n", "2"]) == 2
+    assert "not a list of token ids" in capsys.readouterr().err

@@ -35,9 +35,10 @@ class Shape:
     max_seq_len: int
     max_batch: int
     dtype: str          # compute and cache dtype: "f32", "f16" or "bf16"
+    sample_k: int = 64  # sampling draws from the sample_k most likely tokens (top_k <= sample_k)
 
 
-FUNCTIONS = ("prefill", "decode", "logits")
+FUNCTIONS = ("prefill", "decode", "logits", "sample")
 
 
 CACHE = "kv_cache"
@@ -77,7 +78,34 @@ def _decode(cfg: LlmConfig, shape: Shape) -> Graph:
     return g
 
 
-_BUILDERS = {"prefill": _prefill, "decode": _decode, "logits": _logits}
+def _sample(cfg: LlmConfig, shape: Shape) -> Graph:
+    """Logits (left on the device by decode) -> one token per row, drawn as transformers' sampling does:
+    temperature, then top_k, then top_p (the smallest set of most likely tokens whose probability reaches
+    it), then a draw (the Gumbel-max trick with counter-based noise from `key`, so a seed reproduces a
+    generation on every target). Rows with temperature 0 take the most likely token. The candidates are
+    the sample_k most likely tokens."""
+    b, k = shape.max_batch, min(shape.sample_k, cfg.vocab_size)
+    g = Graph("sample")
+    logits = g.input("logits", (b, cfg.vocab_size), "f32")
+    temperature, top_k = g.input("temperature", (b,), "f32"), g.input("top_k", (b,), "i64")
+    top_p, key = g.input("top_p", (b,), "f32"), g.input("key", (b,), "i64")
+    values, ids = ops.topk(logits, k, axis=-1)                                   # (b, k), most likely first
+    t = ops.reshape(temperature, (b, 1))
+    scaled = values / ops.maximum(t, np.float32(1e-30))
+    rank = ops.reshape(ops.arange(g, 0, k), (1, k))
+    keep = ops.less(rank, ops.reshape(top_k, (b, 1)))
+    probs = ops.softmax(ops.where(keep, scaled, np.float32(-np.inf)), axis=-1)
+    before = ops.cumsum(probs, axis=1, exclusive=True)
+    keep = ops.logical_and(keep, ops.less(before, ops.reshape(top_p, (b, 1))))
+    gumbel = -ops.log(-ops.log(ops.random_uniform(key, k)))
+    choice = ops.argmax(ops.where(keep, scaled + gumbel, np.float32(-np.inf)), axis=-1, keepdims=True)
+    drawn = ops.sum(ops.where(ops.equal(rank, choice), ids, np.int64(0)), axis=-1)
+    greedy = ops.reshape(ops.narrow(ids, 1, 0, 1), (b,))
+    g.output(ops.where(ops.greater(temperature, np.float32(0)), drawn, greedy))
+    return g
+
+
+_BUILDERS = {"prefill": _prefill, "decode": _decode, "logits": _logits, "sample": _sample}
 
 
 class _Weights:
@@ -145,13 +173,18 @@ def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv,
     v = ops.reshape(_linear(w, p + "v_proj", x, cfg.attention_bias), (b, t, hkv, d))
     q = ops.rope(q, cos, sin, layout="bshd", position_ids=positions)
     k = ops.rope(k, cos, sin, layout="bshd", position_ids=positions)
-    read = []
+    # Both writes, then both reads: a read of the cache that a later write could overtake makes IREE copy
+    # the whole cache to keep it (the reads here feed attention, which the next layer's writes wait for).
+    rows_of = []
     for j, new in ((2 * layer, k), (2 * layer + 1, v)):
         rows = ops.reshape(ops.permute(new, (1, 0, 2, 3)), (t, b * hkv * d))      # (t, b*hkv*d)
         base = j * max_seq_len
         at = base if isinstance(start, int) else start + np.array([base], dtype=np.int64)
         cache[0] = ops.update_slice(cache[0], rows, at, axis=0)
-        if t != "s":               # a prompt attends to its own keys: no need to read the cache back
+        rows_of.append(base)
+    read = []
+    if t != "s":                   # a prompt attends to its own keys: no need to read the cache back
+        for base in rows_of:
             past = ops.reshape(ops.narrow(cache[0], 0, base, kv), (kv, b, hkv, d))
             read.append(ops.permute(past, (1, 2, 0, 3)))                         # (b, hkv, kv, d)
     q = ops.permute(q, (0, 2, 1, 3))

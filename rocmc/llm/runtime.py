@@ -24,15 +24,21 @@ _CHECKPOINT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 def compile_hf(config, target: str = "cpu", *, dtype: str | None = None, max_seq_len: int | None = None,
-               max_batch: int = 1, functions=FUNCTIONS, **compile_kwargs) -> Artifact:
+               max_batch: int = 1, sample_k: int = 64, functions=FUNCTIONS, **compile_kwargs) -> Artifact:
     """Compile a causal LM from its config.json alone (a file, its directory, or an LlmConfig): no weight
-    is read, and the module holds none (they are parameters named as in the checkpoint)."""
+    is read, and the module holds none (they are parameters named as in the checkpoint).
+
+    max_seq_len: positions of the KV cache (default: the config's max_position_embeddings, capped so the
+    cache fits KV_CACHE_BUDGET); max_batch: prompts per call; sample_k: sampling draws from this many most
+    likely tokens."""
     cfg = config if isinstance(config, LlmConfig) else load_config(config)
-    shape = model_shape(cfg, target, dtype, max_seq_len, max_batch)
-    return _compile(build(cfg, shape, functions), target, **compile_kwargs)
+    shape = model_shape(cfg, target, dtype, max_seq_len, max_batch, sample_k)
+    info = {"llm": {"max_seq_len": shape.max_seq_len, "max_batch": shape.max_batch, "dtype": shape.dtype,
+                    "sample_k": shape.sample_k, "family": cfg.family}}
+    return _compile(build(cfg, shape, functions), target, info=info, **compile_kwargs)
 
 
-def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch) -> Shape:
+def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch, sample_k: int = 64) -> Shape:
     from ..lowering.target import Target
     kind = Target.parse(target).kind
     if dtype is None:
@@ -48,14 +54,16 @@ def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch) -> S
     if max_seq_len > cfg.max_position_embeddings:
         raise InputError(f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings "
                          f"({cfg.max_position_embeddings})")
-    return Shape(max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype)
+    if isinstance(sample_k, bool) or not isinstance(sample_k, int) or sample_k < 1:
+        raise InputError(f"sample_k={sample_k!r}: expected an int >= 1")
+    return Shape(max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype, sample_k=min(sample_k, cfg.vocab_size))
 
 
-def load_hf(directory, target: str = "cpu", *, device: str | None = None, dtype: str | None = None,
-            max_seq_len: int | None = None, max_batch: int = 1, **compile_kwargs) -> "LanguageModel":
-    """Compile the checkpoint in `directory` (config.json + *.safetensors [+ tokenizer.json]) and load it."""
+def load_hf(directory, target: str = "cpu", *, device: str | None = None, **compile_kwargs) -> "LanguageModel":
+    """Compile the checkpoint in `directory` (config.json + *.safetensors [+ tokenizer.json]) and load it;
+    compile_kwargs as for `compile_hf` (dtype, max_seq_len, max_batch, sample_k, ...)."""
     directory = _checkpoint_dir(directory)
-    art = compile_hf(directory, target, dtype=dtype, max_seq_len=max_seq_len, max_batch=max_batch, **compile_kwargs)
+    art = compile_hf(directory, target, **compile_kwargs)
     return LanguageModel(art, directory, device=device)
 
 
@@ -76,6 +84,7 @@ def _checkpoint_dir(directory) -> Path:
 class _Sizes:
     max_seq_len: int
     max_batch: int
+    sample_k: int
 
 
 class LanguageModel:
@@ -101,12 +110,16 @@ class LanguageModel:
         out = self.module.logits(**batch.prefill_inputs(self._has_window, self.config))
         return out[:len(rows)]
 
-    def generate(self, prompt, max_new_tokens: int = 32, *, stop_tokens=None):
-        """Continue `prompt` greedily: a str (needs tokenizer.json) gives the new text; a list of token ids
-        gives the new ids; a list of prompts gives a list of results. Stops at the config's eos tokens."""
+    def generate(self, prompt, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float = 1.0, seed: int | None = None, stop_tokens=None):
+        """Continue `prompt`: a str (needs tokenizer.json) gives the new text; a list of token ids gives the
+        new ids; a list of prompts gives a list of results. Greedy unless temperature > 0; then top_k (at
+        most the sample_k the model was compiled with; None: all of those), top_p and seed (same seed,
+        same tokens) shape the draw, which runs on the device. Stops at the config's eos tokens."""
         prompts, many = _prompts(prompt)
         outs = [[] for _ in prompts]
-        for step in self.stream(prompts if many else prompt, max_new_tokens, stop_tokens=stop_tokens):
+        for step in self.stream(prompts if many else prompt, max_new_tokens, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, stop_tokens=stop_tokens):
             for i, tok in enumerate(step if many else [step]):
                 if tok is not None:
                     outs[i].append(tok)
@@ -114,18 +127,20 @@ class LanguageModel:
         res = [self.tokenizer.decode(o) if t else o for o, t in zip(outs, texts)]
         return res if many else res[0]
 
-    def stream(self, prompt, max_new_tokens: int = 32, *, stop_tokens=None) -> Iterator:
+    def stream(self, prompt, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k: int | None = None,
+               top_p: float = 1.0, seed: int | None = None, stop_tokens=None) -> Iterator:
         """Yield new tokens as they are made: an id per step (a list of ids or None per row for a list of
-        prompts; None once a row has stopped)."""
+        prompts; None once a row has stopped). Sampling arguments as in `generate`."""
         prompts, many = _prompts(prompt)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise InputError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
+        draw = self._sampler(temperature, top_k, top_p, seed)
         rows, batch = self._batch(prompts, max_new_tokens)
         stop = set(self.config.eos_token_ids if stop_tokens is None else stop_tokens)
         done = [False] * len(rows)
         if max_new_tokens == 0:
             return
-        nxt, _ = self.module.prefill(**batch.prefill_inputs(self._has_window, self.config))
+        nxt = draw(self.module.prefill, batch.prefill_inputs(self._has_window, self.config), 0)
         for step in range(max_new_tokens):
             toks = [int(t) for t in nxt[:len(rows)]]
             out = [None if d else t for t, d in zip(toks, done)]
@@ -133,13 +148,15 @@ class LanguageModel:
             yield out if many else out[0]
             if all(done) or step == max_new_tokens - 1:
                 return
-            nxt, _ = self.module.decode(**batch.decode_inputs(nxt, self._has_window, self.config))
+            nxt = draw(self.module.decode, batch.decode_inputs(nxt, self._has_window, self.config), step + 1)
 
-    def text_stream(self, prompt: str, max_new_tokens: int = 32, *, stop_tokens=None) -> Iterator[str]:
-        """Yield the new text as it is made (whole characters only)."""
+    def text_stream(self, prompt: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
+        """Yield the new text as it is made (whole characters only); arguments as for `generate`."""
         from .tokenizer import StreamDecoder
+        if not isinstance(prompt, str):
+            raise InputError(f"text_stream: prompt must be a str, got {type(prompt).__name__}")
         dec = StreamDecoder(self._need_tokenizer())
-        for tok in self.stream(prompt, max_new_tokens, stop_tokens=stop_tokens):
+        for tok in self.stream(prompt, max_new_tokens, **kwargs):
             if tok is not None:
                 piece = dec.push(tok)
                 if piece:
@@ -149,6 +166,38 @@ class LanguageModel:
             yield rest
 
     # ---- internals --------------------------------------------------------------------------
+    def _sampler(self, temperature, top_k, top_p, seed):
+        """step(function, inputs, step number) -> the next token of each row, as numpy: greedy from the
+        function's own argmax, or drawn on the device by `sample` from logits that stay there."""
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise InputError(f"temperature={temperature!r}: expected a number >= 0 (0: greedy)")
+        if temperature == 0:
+            return lambda fn, feeds, step: fn(**feeds)[0]
+        k = self.sizes.sample_k
+        if top_k is None:
+            top_k = k
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= k:
+            raise InputError(f"top_k={top_k!r}: expected an int in [1, {k}] (the model was compiled with "
+                             f"sample_k={k}; compile_hf(..., sample_k=) for more)")
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise InputError(f"top_p={top_p!r}: expected a number in (0, 1]")
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (1 << 62))
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 62:
+            raise InputError(f"seed={seed!r}: expected an int in [0, 2**62)")
+        if "sample" not in self.module.functions:
+            raise InputError("this artifact was compiled without the 'sample' function")
+        b = self.sizes.max_batch
+        fixed = {"temperature": np.full(b, temperature, np.float32), "top_k": np.full(b, top_k, np.int64),
+                 "top_p": np.full(b, top_p, np.float32)}
+
+        def step(fn, feeds, n):
+            logits = fn(**feeds, output="device")[1]
+            # One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate.
+            key = np.array([(((seed << 20) | n) << 16 | r) % (1 << 63) for r in range(b)], np.int64)
+            return self.module.sample(logits, key=key, **fixed)
+        return step
+
     def _need_tokenizer(self):
         if self.tokenizer is None:
             raise InputError("this checkpoint has no tokenizer.json: pass token ids instead of text")
@@ -227,13 +276,20 @@ class _Batch:
 
 
 def _sizes_of(art: Artifact, cfg: LlmConfig) -> _Sizes:
+    """What the artifact was compiled for (compile_hf records it), checked against its KV cache."""
+    info = art.metadata.get("info", {}).get("llm")
     states = {s["name"]: s for s in art.metadata.get("states", [])}
-    cache = states.get(CACHE)
-    if cache is None:
-        raise ModelImportError("the artifact is not a causal LM compiled by rocmc.llm (it has no KV cache state)")
-    rows, cols = cache["shape"]
-    return _Sizes(max_seq_len=rows // (2 * cfg.num_hidden_layers),
-                  max_batch=cols // (cfg.num_key_value_heads * cfg.head_dim))
+    ok = isinstance(info, dict) and all(isinstance(info.get(k), int) and info[k] >= 1
+                                        for k in ("max_seq_len", "max_batch", "sample_k"))
+    if not ok or CACHE not in states:
+        raise ModelImportError("the artifact is not a causal LM compiled by rocmc.llm.compile_hf")
+    sizes = _Sizes(info["max_seq_len"], info["max_batch"], info["sample_k"])
+    shape = (2 * cfg.num_hidden_layers * sizes.max_seq_len,
+             sizes.max_batch * cfg.num_key_value_heads * cfg.head_dim)
+    if tuple(states[CACHE]["shape"]) != shape:
+        raise ModelImportError(f"the artifact's KV cache is {states[CACHE]['shape']}, not the {list(shape)} of this "
+                               f"config with max_seq_len={sizes.max_seq_len}, max_batch={sizes.max_batch}")
+    return sizes
 
 
 def _check_artifact(art: Artifact, cfg: LlmConfig) -> None:

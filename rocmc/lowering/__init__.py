@@ -25,7 +25,7 @@ _stage_lock = threading.Lock()
 
 
 def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", cache: bool = True,
-            dump_ir=None, flags=()) -> Artifact:
+            dump_ir=None, flags=(), info: dict | None = None) -> Artifact:
     """Compile `graph` for `target` ("cpu", "gfx942", "rocm:gfx942", "cuda:sm_80", ...).
 
     graph: a Graph (the module's function `main`), or a dict {name: Graph} of functions compiled into one
@@ -37,16 +37,19 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
     impl: {op: implementation} overrides, or one implementation name for every op ("generated").
     libraries: opt into vendor-library implementations for every op they cover (e.g. ["miopen"]).
     dump_ir: a directory to write every lowering stage to.
+    info: a JSON object kept in the artifact's metadata (`art.metadata["info"]`), e.g. what a model was
+    built for.
     """
     check_options(impl, libraries)
     program = program_of(graph)
     external = _external(constants)
+    info = _info(info)
     target = Target.parse(target)
     libraries = tuple(libraries)
     root = cache_root() if cache else None
     remove_stale(root, tempfile.gettempdir())
     key = cache_key(graph=program_hash(program, external), functions=list(program), external=external,
-                    target=str(target), impl=impl, libraries=libraries, flags=list(flags),
+                    target=str(target), impl=impl, libraries=libraries, flags=list(flags), info=info,
                     rocmc=__version__, code=code_digest(), iree=iree_version(),
                     cpu=host_cpu() if target.kind == "cpu" else None,
                     kernels=kernels.sources_digest() if target.is_gpu else None)
@@ -59,7 +62,7 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
                        path=str(hit.dir / "module.vmfb"), stage_dir=stages)
         art.cached = True
     else:
-        lowered = lower(program, target, impl=impl, libraries=libraries, external=external)
+        lowered = lower(program, target, impl=impl, libraries=libraries, external=external, info=info)
         vmfb, used, note = _compile_tuned(lowered.bytecode, target, list(flags))
         vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used
@@ -91,6 +94,18 @@ def _external(constants) -> int | None:
         return constants
     raise LoweringError(f"compile(constants={constants!r}): expected 'embed', 'external' or a size in bytes "
                         f"from which a constant becomes a parameter")
+
+
+def _info(info) -> dict | None:
+    import json
+    if info is None:
+        return None
+    try:
+        if not isinstance(info, dict) or json.loads(json.dumps(info)) != info:
+            raise TypeError("not a JSON object")
+    except (TypeError, ValueError) as e:
+        raise LoweringError(f"compile(info=...): expected a JSON object (dict of str keys, plain values): {e}") from None
+    return info
 
 
 def _constant_parameters(program: dict, meta: dict) -> dict:

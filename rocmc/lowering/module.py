@@ -319,7 +319,7 @@ def program_hash(program: dict, bytes_below: int | None = None) -> str:
     return h.hexdigest()
 
 
-def lower(program, target, impl=None, libraries=(), external: int | None = None) -> Lowered:
+def lower(program, target, impl=None, libraries=(), external: int | None = None, info: dict | None = None) -> Lowered:
     """Lower a Graph (function `main`) or a {name: Graph} program; with `external`, constants of at least
     that many bytes become named parameters."""
     program = program_of(program)
@@ -333,8 +333,8 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None)
         constraints = dim_constraints(graph)
         f = _emit_function(graph, ctx, impl, libraries, name, constraints)
         emitted.append(f)
-        info = {"name": name, "signature": signature(graph), "constraints": [c.to_json() for c in constraints],
-                "implementations": f.choices}
+        entry = {"name": name, "signature": signature(graph), "constraints": [c.to_json() for c in constraints],
+                 "implementations": f.choices}
         if ctx.long_sdpa:
             # The same graph with every such sdpa fused (sharing constants, kernels and imports): what
             # the runtime calls when a decomposed sdpa's scores would exceed the limit.
@@ -343,8 +343,8 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None)
             ctx.sdpa_form = "fused"
             emitted.append(_emit_function(graph, ctx, impl, libraries, f"{name}_long", constraints))
             ctx.kernels[:], ctx.externs[:] = kernels, externs
-            info["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
-        infos.append(info)
+            entry["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
+        infos.append(entry)
     main = infos[0]
     meta = {
         "rocmc": __version__,
@@ -359,6 +359,8 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None)
     }
     if main["name"] != "main":
         meta["function"] = main["name"]
+    if info is not None:
+        meta["info"] = info
     if len(infos) > 1:
         meta["functions"] = infos[1:]
     for kind, table in (("parameters", ctx.parameters), ("states", ctx.states)):

@@ -165,10 +165,11 @@ class Module:
         for spec, r in zip(entry.sig["outputs"], results):
             if output == "numpy":
                 a = r.to_host() if hasattr(r, "to_host") else np.asarray(r)
+                # A view of the runtime's host buffer would change with the next call: copy.
                 if spec["dtype"] == "bool":
-                    a = a.view(np.bool_)
+                    a = a.view(np.bool_).copy()
                 elif spec["dtype"] == "bf16":
-                    a = a.view(_np_dtype("bf16"))
+                    a = a.view(_np_dtype("bf16")).copy()
                 outs.append(a)
             else:
                 outs.append(r)

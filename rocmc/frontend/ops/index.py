@@ -21,8 +21,9 @@ from .reduce import reduced_shape
 
 __all__ = ["update_slice", "narrow", "argmax", "topk", "arange", "cumsum"]
 
-# A topk key packs (value, position) into 64 bits (lowering/generated/index.py): positions get 31.
-TOPK_MAX_AXIS = 2 ** 31 - 1
+# argmax and topk carry positions in 31 bits (lowering/generated/index.py: topk packs (value,
+# position) into one i64 key; argmax reduces positions as i32).
+MAX_POSITIONS = 2 ** 31 - 1
 
 
 def _is_int(v) -> bool:
@@ -189,6 +190,12 @@ def _check_bool(desc: str, name: str, v) -> None:
         raise GraphError(f"{desc}: {name}={v!r}, expected a bool")
 
 
+def _require_positions(desc: str, x: TensorType, axis: int) -> None:
+    n = x.shape[axis]
+    if isinstance(n, int) and n > MAX_POSITIONS:
+        raise GraphError(f"{desc}: dim {axis} of 'x' has {n} entries; at most 2**31-1 positions are supported")
+
+
 def _require_nonempty(desc: str, x: TensorType, axis: int) -> None:
     if x.shape[axis] == 0:
         raise GraphError(f"{desc}: axis {axis} of 'x' ({x}) is empty; there is nothing to select")
@@ -202,6 +209,7 @@ def _argmax(node, types, attrs):
     axis = _check_axis(desc, attrs["axis"], x.rank)
     _check_bool(desc, "keepdims", attrs["keepdims"])
     _require_nonempty(desc, x, axis)
+    _require_positions(desc, x, axis)
     return TensorType(reduced_shape(x.shape, [axis], attrs["keepdims"]), dt.i64)
 
 
@@ -246,8 +254,7 @@ def _topk(node, types, attrs):
         raise GraphError(f"{desc}: k={k!r}, expected an int >= 0")
     if isinstance(n, int) and k > n:
         raise GraphError(f"{desc}: k={k} is larger than dim {axis} of 'x' ({x}), which is {n}")
-    if isinstance(n, int) and n > TOPK_MAX_AXIS:
-        raise GraphError(f"{desc}: dim {axis} of 'x' has {n} entries; topk handles at most 2**31-1")
+    _require_positions(desc, x, axis)
     shape = list(x.shape)
     shape[axis] = int(k)
     return [x.with_shape(shape), TensorType(tuple(shape), dt.i64)]

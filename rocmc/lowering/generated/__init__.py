@@ -2,3 +2,4 @@
 leaving code generation to IREE. One module per op family; importing registers them."""
 from . import attention, conv, elementwise, linalg, norm, reduce, rnn, rope, shape  # noqa: F401
 from . import index  # noqa: F401
+from . import random  # noqa: F401

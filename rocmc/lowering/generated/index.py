@@ -1,13 +1,13 @@
 """Generated lowering of the index-driven ops: update_slice and narrow as tensor.insert_slice /
-tensor.extract_slice at a run-time offset, argmax as a two-result linalg reduction, topk as
-iree_linalg_ext.topk over packed keys, cumsum as iree_linalg_ext.scan, arange as a generic.
+tensor.extract_slice at a run-time offset, argmax as two linalg reductions, topk over packed keys
+(iree_linalg_ext.topk on the CPU for small k, a parallel ranking on GPUs and for large k; a full
+iree_linalg_ext.sort for i64), cumsum as iree_linalg_ext.scan, arange as a generic.
 
 update_slice stays a tensor.insert_slice on purpose: that is the op IREE turns into an in-place copy
 of the update's rows when x is a mutable global (a KV cache), where a generic would rewrite x whole.
 """
 from __future__ import annotations
 
-from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 from .elementwise import compute_elt
@@ -102,17 +102,21 @@ def _lower_argmax(E: Emitter, node, ins, ctx):
     out_map = affine_map(x.rank, ["0" if i == axis else i for i in range(x.rank)] if keep
                          else [i for i in range(x.rank) if i != axis])
     iterators = ["reduction" if i == axis else "parallel" for i in range(x.rank)]
-    lowest = float("-inf") if is_float else -(1 << (int(acc[1:]) - 1))
     max_ty = tensor_type(out.shape, acc)
 
+    def value(E, a):
+        """The entry as compared: floats in `acc`; integers with the sign bit flipped, so that
+        unsigned order is signed order (see _NO_POSITION for why unsigned)."""
+        v = E.cast_scalar(a, storage, acc)
+        return v if is_float else E.op(f"arith.xori {v}, {E.const(-(1 << (int(acc[1:]) - 1)), acc)} : {acc}")
+
     def biggest(E, a):
-        v = E.cast_scalar(a[0], storage, acc)
-        return [E.op(f"arith.{'maximumf' if is_float else 'maxsi'} {v}, {a[1]} : {acc}")]
-    m = E.generic([(x.name, x.mlir)], [(E.filled(sizes, acc, lowest), max_ty)],
+        return [E.op(f"arith.{'maximumf' if is_float else 'maxui'} {value(E, a[0])}, {a[1]} : {acc}")]
+    m = E.generic([(x.name, x.mlir)], [(E.filled(sizes, acc, float("-inf") if is_float else 0), max_ty)],
                   [affine_map(x.rank, range(x.rank)), out_map], iterators, biggest)[0]
 
     def first(E, a):
-        v = E.cast_scalar(a[0], storage, acc)
+        v = value(E, a[0])
         if is_float:
             same = E.op(f"arith.cmpf oeq, {v}, {a[1]} : {acc}")
             both_nan = E.op(f"arith.andi {E.op(f'arith.cmpf uno, {v}, {v} : {acc}')}, "
@@ -120,12 +124,20 @@ def _lower_argmax(E: Emitter, node, ins, ctx):
             same = E.op(f"arith.ori {same}, {both_nan} : i1")
         else:
             same = E.op(f"arith.cmpi eq, {v}, {a[1]} : {acc}")
-        j = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")
-        cand = E.op(f"arith.select {same}, {j}, {E.const((1 << 63) - 1, 'i64')} : i64")
-        return [E.op(f"arith.minsi {cand}, {a[2]} : i64")]
-    r = E.generic([(x.name, x.mlir), (m, max_ty)], [(E.filled(sizes, "i64", (1 << 63) - 1), tensor_type(out.shape, "i64"))],
+        j = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i32")
+        cand = E.op(f"arith.select {same}, {j}, {E.const(_NO_POSITION, 'i32')} : i32")
+        return [E.op(f"arith.minui {cand}, {a[2]} : i32")]
+    first_at = E.filled(sizes, "i32", _NO_POSITION)
+    r = E.generic([(x.name, x.mlir), (m, max_ty)], [(first_at, tensor_type(out.shape, "i32"))],
                   [affine_map(x.rank, range(x.rank)), out_map, out_map], iterators, first)[0]
-    return [T(r, out)]
+    return [E.convert(T(r, out, "i32"), "i64")]
+
+
+# Positions are reduced as i32 (then widened): IREE's GPU code fails to distribute an i64 min-reduction
+# over a 32000-entry row ("failed to distribute", cuda:sm_80). Integer reductions are unsigned: on an
+# H200 (sm_80 code) a signed i32 min-reduction came back -1 and a signed max-reduction of negative
+# entries 0, as if each started from its unsigned identity. An axis has fewer entries than this.
+_NO_POSITION = (1 << 31) - 1
 
 
 # ---- topk --------------------------------------------------------------------------------------
@@ -245,6 +257,50 @@ def _topk_by_sort(E: Emitter, x: T, axis: int, sizes, largest: bool, out_shape) 
     return first[0], first[1]
 
 
+def _position(E: Emitter, key: str) -> str:
+    """The position (i64) a key was made at."""
+    part = E.op(f"arith.shrui {key}, {E.const(1, 'i64')} : i64")
+    part = E.op(f"arith.andi {part}, {E.const(_POS_MAX, 'i64')} : i64")
+    return E.op(f"arith.subi {E.const(_POS_MAX, 'i64')}, {part} : i64")
+
+
+def _topk_by_rank(E: Emitter, keys: T, axis: int, sizes, shape) -> str:
+    """The k largest keys in descending order without iree_linalg_ext.topk, whose GPU code runs each
+    row serially (65 s for k = 32000 of 32000 entries on an H200) and misordered a small f16 case
+    (k = 17 of 17, smallest, with NaNs): every key's rank
+    (how many keys are larger: keys are distinct) by one parallel reduction, then slot r takes the
+    key of rank r. Quadratic work per row, spread over the whole GPU."""
+    rank, dims = keys.rank, E.dims(keys)
+    own = affine_map(rank + 1, range(rank))
+    other = affine_map(rank + 1, [rank if d == axis else d for d in range(rank)])
+    ranks = E.filled(dims, "i64", 0)
+    iters = ["parallel"] * rank + ["reduction"]
+
+    def count(E, a):
+        gt = E.op(f"arith.cmpi sgt, {a[1]}, {a[0]} : i64")
+        return [E.op(f"arith.addi {a[2]}, {E.op(f'arith.extui {gt} : i1 to i64')} : i64")]
+    r = E.generic([(keys.name, keys.mlir), (keys.name, keys.mlir)], [(ranks, tensor_type(keys.shape, "i64"))],
+                  [own, other, own], iters, count)[0]
+
+    def pick(E, a):
+        zero = E.const(0, "i64")
+        slot = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")
+        hit = E.op(f"arith.cmpi eq, {a[0]}, {slot} : i64")
+        return [E.op(f"arith.ori {a[2]}, {E.op(f'arith.select {hit}, {a[1]}, {zero} : i64')} : i64")]
+    out = E.filled(sizes, "i64", 0)
+    return E.generic([(r, tensor_type(keys.shape, "i64")), (keys.name, keys.mlir)], [(out, tensor_type(shape, "i64"))],
+                     [other, other, own], iters, pick)[0]
+
+
+# From this k on, the CPU ranks too: its iree_linalg_ext.topk is k steps per entry of a row, serially
+# (2 s for k = 32000 of 32000 entries), while the ranking is vectorized across the row.
+RANK_FROM_K = 1024
+
+
+def _topk_outs(E: Emitter, sizes, elt: str, shape) -> list:
+    return [(E.empty(sizes, elt), tensor_type(shape, elt)), (E.empty(sizes, "i64"), tensor_type(shape, "i64"))]
+
+
 @lowering("topk")
 def _lower_topk(E: Emitter, node, ins, ctx):
     x, a = ins[0], node.attrs
@@ -259,16 +315,21 @@ def _lower_topk(E: Emitter, node, ins, ctx):
         v, i = _topk_by_sort(E, x, axis, sizes, a["largest"], values_t.shape)
         return [T(v, values_t), T(i, indices_t)]
     keys = _topk_keys(E, x, axis, a["largest"])
+    elt, ident = x.mlir_elt, affine_map(x.rank, range(x.rank))
+    if ctx.target.is_gpu or k > RANK_FROM_K:
+        top = _topk_by_rank(E, keys, axis, sizes, values_t.shape)
+        ins_ = [(top, tensor_type(values_t.shape, "i64"))]
+
+        def decode(E, args):
+            return [_decode_value(E, args[0], elt, a["largest"]), _position(E, args[0])]
+        v, i = _generic2(E, ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 3, ["parallel"] * x.rank, decode)
+        return [T(v, values_t, x.elt), T(i, indices_t)]
     top, slots = _topk_select(E, keys, sizes, values_t.shape, axis)
-    elt = x.mlir_elt
 
     def decode(E, args):
         return [_decode_value(E, args[0], elt, a["largest"]), E.op(f"arith.extui {args[1]} : i32 to i64")]
-    ident = affine_map(x.rank, range(x.rank))
     ins_ = [(top, tensor_type(values_t.shape, "i64")), (slots, tensor_type(values_t.shape, "i32"))]
-    outs = [(E.empty(sizes, elt), tensor_type(values_t.shape, elt)),
-            (E.empty(sizes, "i64"), tensor_type(values_t.shape, "i64"))]
-    v, i = _generic2(E, ins_, outs, [ident] * 4, ["parallel"] * x.rank, decode)
+    v, i = _generic2(E, ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 4, ["parallel"] * x.rank, decode)
     return [T(v, values_t, x.elt), T(i, indices_t)]
 
 
@@ -330,10 +391,11 @@ def _lower_arange(E: Emitter, node, ins, ctx):
     def body(E, _):
         i = E.op(f"arith.index_cast {E.op('linalg.index 0 : index')} : index to i64")
         if calc == "i64":
-            v = E.op(f"arith.addi {E.const(start, 'i64')}, {E.op(f'arith.muli {i}, {E.const(delta, calc)} : i64')} : i64")
+            step = E.op(f"arith.muli {i}, {E.const(delta, calc)} : i64")
+            v = E.op(f"arith.addi {E.const(start, 'i64')}, {step} : i64")
         else:
-            f = E.op(f"arith.sitofp {i} : i64 to f32")
-            v = E.op(f"arith.addf {E.const(start, 'f32')}, {E.op(f'arith.mulf {f}, {E.const(delta, calc)} : f32')} : f32")
+            step = E.op(f"arith.mulf {E.op(f'arith.sitofp {i} : i64 to f32')}, {E.const(delta, calc)} : f32")
+            v = E.op(f"arith.addf {E.const(start, 'f32')}, {step} : f32")
         return [E.cast_scalar(v, calc, elt)]
     r = E.generic([], [(E.empty([size], elt), tensor_type(out.shape, elt))], [affine_map(1, [0])], ["parallel"], body)
     return [T(r[0], out)]

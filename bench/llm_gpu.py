@@ -1,0 +1,498 @@
+"""A 7B-shaped Llama on an NVIDIA GPU: rocmc's compiled prefill/decode against transformers, same weights.
+
+    python bench/llm_gpu.py compile [--dir out/llm_gpu] [--targets cuda:sm_80,gfx942]    # CPU machine
+    python3 bench/llm_gpu.py run [--dir out/llm_gpu] [--ckpt /tmp/ckpt] [--json FILE]    # GPU machine
+
+`compile` writes the config.json of Llama-2-7B's shape and compiles it with `rocmc.llm.compile_hf` for each
+target in a fresh process, measuring the wall time, the peak RSS of the whole process tree (the Python
+process and its iree-compile child, sampled from /proc) and the .vmfb size; the modules hold no weights.
+
+`run` needs no compiler: it writes random f16 weights (seeded numpy) as a sharded safetensors checkpoint
+in Hugging Face naming, measures the card's copy bandwidth (the weight-streaming bound of decode), then
+loads the .vmfb with that checkpoint through `rocmc.llm.load`, checks its decode logits against a full
+recompute and its greedy tokens against transformers, and times prefill and decode of both (512 prompt
+tokens, 128 new). Every stage adds to the JSON as it ends, so a run cut short keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+# Llama-2-7B's shape; "tiny" rehearses the whole run on a CPU in seconds.
+SHAPES = {
+    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096},
+    "tiny": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096},
+}
+PROMPT, NEW = 512, 128
+MAX_SEQ_LEN = 1024
+CHECKED_STEPS = (0, 1, 2, 4, 16, 64, 127)      # decode steps whose logits are recomputed from scratch
+
+
+def config_json(shape: str) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SHAPES[shape],
+            "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float16",
+            "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False,
+            "mlp_bias": False, "initializer_range": 0.02}
+
+
+def vmfb_name(target: str) -> str:
+    return f"llama_{target.replace(':', '_')}.vmfb"
+
+
+# ---- compile (CPU machine) -------------------------------------------------------------------------
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants (shared pages counted in each)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in open(f"/proc/{p}/status"):
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+                    break
+            for tid in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in open(f"/proc/{p}/task/{tid}/children").read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+def measure_compile(d: Path, target: str) -> dict:
+    """One compile in a fresh process, its tree's RSS sampled every 10 ms from outside."""
+    cmd = [sys.executable, __file__, "compile-one", "--dir", str(d), "--target", target]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak, stop = [0.0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], tree_rss_mb(proc.pid))
+            stop.wait(0.01)
+    th = threading.Thread(target=sample)
+    th.start()
+    out, err = proc.communicate()
+    stop.set()
+    th.join()
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"compile for {target} failed:\n{err}")
+    row = json.loads(out.strip().splitlines()[-1])
+    row.update(target=target, process_wall_s=wall, tree_peak_rss_mb=peak[0])
+    return row
+
+
+def compile_one(d: Path, target: str) -> None:
+    import resource
+    t = time.perf_counter()
+    import rocmc
+    imported = time.perf_counter() - t
+    t = time.perf_counter()
+    art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=MAX_SEQ_LEN, max_batch=1, cache=False)
+    compiled = time.perf_counter() - t
+    path = art.save(d / vmfb_name(target))
+    hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 1024
+    print(json.dumps({"import_s": imported, "compile_hf_s": compiled, "vmfb_bytes": path.stat().st_size,
+                      "python_peak_rss_mb": hwm,
+                      "iree_compile_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def compile_all(a) -> None:
+    d = Path(a.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config_json(a.shape), indent=1))
+    rows = []
+    for target in a.targets.split(","):
+        for run in range(a.repeat):
+            row = measure_compile(d, target) | {"run": run, "load_avg": os.getloadavg()[0]}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    (d / "compile.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                "shape": a.shape, "rows": rows}, indent=1))
+
+
+# ---- run (GPU machine) -----------------------------------------------------------------------------
+
+class Log:
+    """Progress lines with the time since start, and the results JSON rewritten after every stage."""
+
+    def __init__(self, path: Path):
+        self.t0, self.path, self.res = time.perf_counter(), path, {}
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.t0:7.1f}s] {msg}", flush=True)
+
+    def put(self, key: str, value) -> None:
+        self.res[key] = value
+        self.path.write_text(json.dumps(self.res, indent=1, default=float))
+        self(f"{key}: {json.dumps(value, default=float)[:600]}")
+
+
+def hf_param_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """A Llama checkpoint's tensors in transformers' names, written independently of rocmc's own table."""
+    h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    out = [("model.embed_tokens.weight", (v, h))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,)),
+                (p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.k_proj.weight", (kv, h)),
+                (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.o_proj.weight", (h, h)),
+                (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                (p + "mlp.down_proj.weight", (h, f))]
+    return out + [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+
+
+def random_tensor(shape, gen: np.random.Generator) -> np.ndarray:
+    """N(0, 0.02) for matrices, 1 + N(0, 0.01) for norm weights; f16."""
+    x = gen.standard_normal(shape, dtype=np.float32)
+    x *= 0.02 if len(shape) > 1 else 0.01
+    if len(shape) == 1:
+        x += 1.0
+    return x.astype(np.float16)
+
+
+def write_checkpoint(cfg: dict, d: Path, seed: int = 0, shard_bytes: int = 3 << 30) -> dict:
+    """config.json + model-0000k-of-0000n.safetensors + index; each tensor has its own generator spawned
+    from default_rng(seed), so threads fill a shard in parallel and the weights depend on the seed alone."""
+    from safetensors.numpy import save_file
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
+    names = hf_param_shapes(cfg)
+    gens = np.random.default_rng(seed).spawn(len(names))
+    shards, cur, size = [], [], 0
+    for (name, shape), g in zip(names, gens):
+        nbytes = int(np.prod(shape)) * 2
+        if cur and size + nbytes > shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append((name, shape, g))
+        size += nbytes
+    shards.append(cur)
+    weight_map, total, gen_s, write_s = {}, 0, 0.0, 0.0
+    with ThreadPoolExecutor(os.cpu_count() or 4) as pool:
+        for k, shard in enumerate(shards):
+            fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+            t = time.perf_counter()
+            arrays = dict(zip([n for n, _, _ in shard], pool.map(lambda e: random_tensor(e[1], e[2]), shard)))
+            gen_s += time.perf_counter() - t
+            t = time.perf_counter()
+            save_file(arrays, str(d / fname), metadata={"format": "pt"})
+            write_s += time.perf_counter() - t
+            total += sum(a.nbytes for a in arrays.values())
+            weight_map.update({n: fname for n in arrays})
+            del arrays
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                "weight_map": weight_map}))
+    return {"weight_bytes": total, "tensors": len(names), "shards": len(shards), "generate_s": gen_s,
+            "write_s": write_s}
+
+
+def copy_bandwidth(torch, dev: str, gib: int = 4, reps: int = 10) -> dict:
+    """A device-to-device copy of `gib` GiB: (bytes read + written) / median time."""
+    n = gib << 30
+    a = torch.empty(n, dtype=torch.uint8, device=dev)
+    a.random_()
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(reps + 2):
+        t = timer(torch, dev)
+        b.copy_(a)
+        times.append(t())
+    assert torch.equal(a[:1 << 20], b[:1 << 20]) and torch.equal(a[-(1 << 20):], b[-(1 << 20):])
+    med = statistics.median(times[2:])
+    del a, b
+    return {"bytes_moved": 2 * n, "median_s": med, "GBps": 2 * n / med / 1e9, "min_s": min(times[2:])}
+
+
+def timer(torch, dev: str):
+    """Start a wall clock now; the returned function synchronises the device and gives the seconds."""
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+
+    def stop():
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+    return stop
+
+
+def device_memory(torch, dev: str) -> dict:
+    if not dev.startswith("cuda"):
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"used_mb": (total - free) / 2**20, "total_mb": total / 2**20}
+
+
+def rel_l2(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def leading_agreement(x, y) -> int:
+    n = 0
+    for p, q in zip(x, y):
+        if p != q:
+            break
+        n += 1
+    return n
+
+
+def margin(logits) -> float:
+    """Top-1 minus top-2 logit: how near a tie the greedy choice was."""
+    top = np.sort(np.asarray(logits, np.float64))[-2:]
+    return float(top[1] - top[0])
+
+
+def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
+    """Load, generate once recording every step's logits, time prefill and decode, then recompute the
+    checked steps' logits over the whole sequence."""
+    before = device_memory(torch, a.torch_device)
+    t = time.perf_counter()
+    import rocmc
+    from rocmc.llm.runtime import _Batch
+    lm = rocmc.llm.load(Path(a.dir) / vmfb_name(a.target), ckpt, device=a.device)
+    load_s = time.perf_counter() - t
+    compiler = sorted(m for m in sys.modules if m.startswith("iree.compiler"))
+    loaded = device_memory(torch, a.torch_device)
+    log.put("rocmc_load", {"load_s": load_s, "iree_compiler_modules_imported": compiler,
+                           "parameter_notes": [str(n) for n in lm.module.parameter_notes],
+                           "mem_before": before, "mem_after_load": loaded,
+                           "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0)})
+
+    # Pass 1 (also the warm-up): every step's token and logits.
+    b = _Batch([prompt], lm.sizes.max_batch, 0)
+    t = time.perf_counter()
+    nxt, logits = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    first_prefill_s = time.perf_counter() - t
+    tokens, step_logits = [int(nxt[0])], [logits[0].copy()]
+    for _ in range(NEW - 1):
+        nxt, logits = lm.module.decode(**b.decode_inputs(nxt, lm._has_window, lm.config))
+        tokens.append(int(nxt[0]))
+        step_logits.append(logits[0].copy())
+    after_gen = device_memory(torch, a.torch_device)
+    log.put("rocmc_first_pass", {"first_prefill_s": first_prefill_s, "tokens_head": tokens[:16],
+                                 "mem_after_generate": after_gen,
+                                 "used_mb_vs_before_load": after_gen.get("used_mb", 0) - before.get("used_mb", 0)})
+
+    # Prefill: the module call alone (inputs prepared), median of 5.
+    feeds = _Batch([prompt], lm.sizes.max_batch, 0).prefill_inputs(lm._has_window, lm.config)
+    pre = []
+    for _ in range(5):
+        t = time.perf_counter()
+        nxt, _ = lm.module.prefill(**feeds)
+        pre.append(time.perf_counter() - t)
+    # Decode: the stream generator as a user drives it, each yield timed; two passes, the second reported.
+    passes = []
+    for _ in range(2):
+        stamps, toks = [time.perf_counter()], []
+        for tok in lm.stream(prompt, NEW, stop_tokens=()):
+            stamps.append(time.perf_counter())
+            toks.append(tok)
+        passes.append((np.diff(stamps), toks))
+    steps, stream_tokens = passes[-1]
+    # The module's decode call alone, inputs prepared before the clock starts.
+    b = _Batch([prompt], lm.sizes.max_batch, 0)
+    nxt, _ = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    calls = []
+    for _ in range(NEW - 1):
+        f = b.decode_inputs(nxt, lm._has_window, lm.config)
+        t = time.perf_counter()
+        nxt, _ = lm.module.decode(**f)
+        calls.append(time.perf_counter() - t)
+    dec_med = statistics.median(steps[1:])
+    timing = {"prefill_ms_median": 1e3 * statistics.median(pre), "prefill_ms_all": [1e3 * x for x in pre],
+              "stream_first_token_ms": 1e3 * steps[0], "decode_step_ms_median": 1e3 * dec_med,
+              "decode_step_ms_p10_p90": [1e3 * float(np.percentile(steps[1:], q)) for q in (10, 90)],
+              "decode_tok_s": 1 / dec_med, "decode_tok_s_mean": (NEW - 1) / float(np.sum(steps[1:])),
+              "stream_total_s": float(np.sum(steps)),
+              "decode_call_ms_median": 1e3 * statistics.median(calls),
+              "decode_call_ms_first_last": [1e3 * calls[0], 1e3 * calls[-1]],
+              "stream_tokens_equal_first_pass": stream_tokens == tokens,
+              "stream_passes_equal": passes[0][1] == passes[1][1]}
+    log.put("rocmc_timing", timing)
+
+    # The decode logits against the whole sequence recomputed by the `logits` function (writes the cache).
+    checks = []
+    for k in CHECKED_STEPS:
+        full = lm.logits(prompt + tokens[:k])[0, -1]
+        checks.append({"step": k, "rel_l2": rel_l2(step_logits[k], full),
+                       "argmax_equal": int(np.argmax(full)) == tokens[k], "margin": margin(full)})
+    log.put("rocmc_recompute", checks)
+    lm.module.close()
+    del lm
+    gc.collect()
+    return {"tokens": tokens, "step_logits": step_logits}
+
+
+def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | None) -> None:
+    from transformers import LlamaForCausalLM
+    dev = a.torch_device
+    before = device_memory(torch, dev)
+    t = time.perf_counter()
+    # Straight to the device where accelerate is installed (the GPU machine), else loaded then moved.
+    if importlib.util.find_spec("accelerate"):
+        model = LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float16, device_map=dev)
+    else:
+        model = LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float16).to(dev)
+    model.eval()
+    load_s = time.perf_counter() - t
+    model.generation_config.eos_token_id = None     # 128 tokens always, as rocmc with stop_tokens=()
+    model.generation_config.pad_token_id = 0
+    loaded = device_memory(torch, dev)
+    ids = torch.tensor([prompt], device=dev)
+    with torch.inference_mode():
+        logits = model(ids).logits[0, -1].float().cpu().numpy()
+        first = model.generate(ids, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)[0, len(prompt):].tolist()
+        pre = []
+        for _ in range(5):
+            stop = timer(torch, dev)
+            model(ids, logits_to_keep=1)
+            pre.append(stop())
+        gens = []
+        for _ in range(3):
+            stop = timer(torch, dev)
+            out = model.generate(ids, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)
+            gens.append(stop())
+    peak = torch.cuda.max_memory_allocated() / 2**20 if dev.startswith("cuda") else None
+    total, prefill = statistics.median(gens), statistics.median(pre)
+    log.put("transformers", {
+        "attn_implementation": model.config._attn_implementation, "load_s": load_s, "mem_before": before,
+        "mem_after_load": loaded, "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0),
+        "torch_peak_allocated_mb": peak, "prefill_ms_median": 1e3 * prefill, "prefill_ms_all": [1e3 * x for x in pre],
+        "generate_s_all": gens, "decode_tok_s": (NEW - 1) / (total - prefill),
+        "tokens_head": first[:16], "generate_repeatable": out[0, len(prompt):].tolist() == first})
+    if ours is not None:
+        log.put("rocmc_vs_transformers", agreement(ours, first, logits))
+    del model
+    gc.collect()
+
+
+def agreement(ours: dict, theirs: list, last_logits) -> dict:
+    """rocmc's greedy tokens and prompt logits against transformers' (both f16 on the same card)."""
+    agree = leading_agreement(ours["tokens"], theirs)
+    diverge = None
+    if agree < NEW:   # how near a tie rocmc's choice was where the two first part
+        diverge = {"step": agree, "rocmc_token": ours["tokens"][agree], "transformers_token": theirs[agree],
+                   "rocmc_margin": margin(ours["step_logits"][agree])}
+    return {"prefill_logits_rel_l2": rel_l2(ours["step_logits"][0], last_logits),
+            "prefill_argmax_equal": int(np.argmax(last_logits)) == ours["tokens"][0],
+            "leading_tokens_agree": agree, "tokens_equal_total": sum(x == y for x, y in zip(ours["tokens"], theirs)),
+            "first_divergence": diverge}
+
+
+def environment(torch, a) -> dict:
+    import importlib.metadata as md
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    for pkg in ("transformers", "safetensors", "numpy", "iree-base-runtime"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            env[pkg] = None
+    if a.torch_device.startswith("cuda"):
+        env["card"] = torch.cuda.get_device_name()
+        try:
+            env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
+                                                "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+        except FileNotFoundError:
+            pass
+    return env
+
+
+def run(a) -> int:
+    import torch
+    log = Log(Path(a.json))
+    cfg = json.loads((Path(a.dir) / "config.json").read_text())
+    log.put("env", environment(torch, a))
+    ckpt = Path(a.ckpt)
+    t = time.perf_counter()
+    w = write_checkpoint(cfg, ckpt)
+    log.put("weights", w | {"total_s": time.perf_counter() - t})
+    # The streaming bound: every weight read once per token (the embedding is only gathered, but the KV
+    # cache read at these lengths is about as large; both are noted beside the bound).
+    bw = copy_bandwidth(torch, a.torch_device) if a.torch_device.startswith("cuda") else None
+    if bw:
+        bound = w["weight_bytes"] / (bw["GBps"] * 1e9)
+        h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+        kv_dim = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+        log.put("bound", bw | {"weight_bytes": w["weight_bytes"], "bound_ms_per_token": 1e3 * bound,
+                               "bound_tok_s": 1 / bound, "embedding_bytes": cfg["vocab_size"] * h * 2,
+                               "kv_read_bytes_at_576": 2 * L * (PROMPT + NEW // 2) * kv_dim * 2})
+        torch.cuda.empty_cache()
+    prompt = [int(x) for x in np.random.default_rng(1).integers(3, cfg["vocab_size"], PROMPT)]
+    ours = None
+    try:
+        ours = run_rocmc(log, torch, a, ckpt, prompt)
+    except Exception:
+        log.put("rocmc_error", traceback.format_exc())
+    gc.collect()
+    log.put("mem_after_rocmc_closed", device_memory(torch, a.torch_device))
+    try:
+        run_transformers(log, torch, a, ckpt, prompt, ours)
+    except Exception:
+        log.put("transformers_error", traceback.format_exc())
+    summary(log)
+    return 0 if ours is not None and "transformers_error" not in log.res else 1
+
+
+def summary(log: Log) -> None:
+    r = log.res
+    b, rt, hf = r.get("bound", {}), r.get("rocmc_timing", {}), r.get("transformers", {})
+    vs = r.get("rocmc_vs_transformers", {})
+    if rt:
+        line = f"rocmc decode {rt['decode_tok_s']:.1f} tok/s, prefill {rt['prefill_ms_median']:.1f} ms"
+        if b:
+            line += f" ({100 * rt['decode_tok_s'] / b['bound_tok_s']:.0f}% of the bound {b['bound_tok_s']:.1f} tok/s)"
+        log(line)
+    if hf:
+        log(f"transformers decode {hf['decode_tok_s']:.1f} tok/s, prefill {hf['prefill_ms_median']:.1f} ms")
+    if vs:
+        log(f"leading tokens agree: {vs['leading_tokens_agree']}/{NEW}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile")
+    c.add_argument("--dir", default="out/llm_gpu")
+    c.add_argument("--targets", default="cuda:sm_80,gfx942")
+    c.add_argument("--shape", default="7b", choices=SHAPES)
+    c.add_argument("--repeat", type=int, default=1)
+    o = sub.add_parser("compile-one")
+    o.add_argument("--dir", required=True)
+    o.add_argument("--target", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--dir", default="out/llm_gpu")
+    r.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
+    r.add_argument("--json", default="out/llm_gpu/llm_gpu.json")
+    r.add_argument("--target", default="cuda:sm_80", help="the compiled module to load")
+    r.add_argument("--device", default="cuda", help="rocmc device (local-task to rehearse on a CPU)")
+    r.add_argument("--torch-device", default="cuda")
+    a = ap.parse_args()
+    if a.cmd == "compile":
+        compile_all(a)
+    elif a.cmd == "compile-one":
+        compile_one(Path(a.dir), a.target)
+    else:
+        return run(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
