@@ -107,9 +107,11 @@ def compile_one(d: Path, target: str) -> None:
     compiled = time.perf_counter() - t
     path = art.save(d / vmfb_name(target))
     hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 1024
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds split the wall time between rocmc (graph, MLIR) and iree-compile, even on a busy machine.
     print(json.dumps({"import_s": imported, "compile_hf_s": compiled, "vmfb_bytes": path.stat().st_size,
-                      "python_peak_rss_mb": hwm,
-                      "iree_compile_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                      "python_peak_rss_mb": hwm, "iree_compile_peak_rss_mb": kids.ru_maxrss / 1024,
+                      "python_cpu_s": me.ru_utime + me.ru_stime, "iree_compile_cpu_s": kids.ru_utime + kids.ru_stime}))
 
 
 def compile_all(a) -> None:
@@ -327,6 +329,8 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
               "stream_tokens_equal_first_pass": stream_tokens == tokens,
               "stream_passes_equal": passes[0][1] == passes[1][1]}
     log.put("rocmc_timing", timing)
+    if a.profile:
+        log.put("rocmc_profile", profile_rocmc(torch, lm, _Batch, prompt))
 
     # The decode logits against the whole sequence recomputed by the `logits` function (writes the cache).
     checks = []
@@ -335,10 +339,57 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         checks.append({"step": k, "rel_l2": rel_l2(step_logits[k], full),
                        "argmax_equal": int(np.argmax(full)) == tokens[k], "margin": margin(full)})
     log.put("rocmc_recompute", checks)
+    full = lm.logits(prompt + tokens)[0, PROMPT - 1:PROMPT - 1 + NEW]
     lm.module.close()
     del lm
     gc.collect()
-    return {"tokens": tokens, "step_logits": step_logits}
+    return {"tokens": tokens, "step_logits": step_logits, "full_logits": full}
+
+
+def profile_rocmc(torch, lm, batch_cls, prompt: list) -> dict:
+    """Kernel time against wall time of decode steps and of a prefill: CUPTI (through torch.profiler)
+    records every kernel of the process, IREE's included."""
+    b = batch_cls([prompt], lm.sizes.max_batch, 0)
+    state = {"nxt": lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))[0]}
+
+    def decode():
+        state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"], lm._has_window, lm.config))[0]
+    prefill_feeds = batch_cls([prompt], lm.sizes.max_batch, 0).prefill_inputs(lm._has_window, lm.config)
+    try:
+        return {"decode": kernel_profile(torch, decode, 8),
+                "prefill": kernel_profile(torch, lambda: lm.module.prefill(**prefill_feeds), 2)}
+    except Exception:
+        return {"error": traceback.format_exc()}
+
+
+def kernel_profile(torch, fn, calls: int) -> dict:
+    """Per call: wall time, the sum of kernel (and copy) times, the time the GPU was busy, and the
+    kernels that took most of it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = time.perf_counter() - t
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+    busy, end = 0.0, -1.0
+    for s0, s1, _ in spans:            # the union of the intervals: overlapping kernels count once
+        if s1 > end:
+            busy += s1 - max(s0, end)
+            end = s1
+    by_name: dict = {}
+    for s0, s1, name in spans:
+        n, t_us = by_name.get(name, (0, 0.0))
+        by_name[name] = (n + 1, t_us + s1 - s0)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
+    return {"calls": calls, "wall_ms_per_call": 1e3 * wall / calls, "kernels_per_call": len(spans) / calls,
+            "kernel_ms_per_call": sum(s1 - s0 for s0, s1, _ in spans) / 1e3 / calls,
+            "gpu_busy_ms_per_call": busy / 1e3 / calls,
+            "top": [{"name": k[:120], "per_call": n / calls, "ms_per_call": t_us / 1e3 / calls}
+                    for k, (n, t_us) in top]}
 
 
 def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | None) -> None:
@@ -380,8 +431,39 @@ def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | 
         "tokens_head": first[:16], "generate_repeatable": out[0, len(prompt):].tolist() == first})
     if ours is not None:
         log.put("rocmc_vs_transformers", agreement(ours, first, logits))
+        log.put("teacher_forced", teacher_forced(torch, model, LlamaForCausalLM, ckpt, dev, prompt, ours))
     del model
     gc.collect()
+
+
+def forced_logits(torch, model, dev: str, seq: list):
+    """The logits that predict the NEW generated tokens of `seq` (prompt + generated), f32 on the host."""
+    with torch.inference_mode():
+        out = model(torch.tensor([seq], device=dev)).logits[0, PROMPT - 1:PROMPT - 1 + NEW]
+        return out.float().cpu().numpy()
+
+
+def teacher_forced(torch, model, cls, ckpt: Path, dev: str, prompt: list, ours: dict) -> dict:
+    """rocmc's generated sequence scored by every implementation at each of its NEW positions, against
+    transformers in f32 (TF32 off): how far each f16 path is from exact, and how often its greedy choice
+    agrees (overall, and where the reference's top-2 margin is not a near-tie)."""
+    seq = prompt + ours["tokens"]
+    got = {"transformers_f16": forced_logits(torch, model, dev, seq),
+           "rocmc_decode_f16": np.stack(ours["step_logits"]), "rocmc_full_f16": ours["full_logits"]}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ref_model = cls.from_pretrained(ckpt, dtype=torch.float32).to(dev).eval()
+    ref = forced_logits(torch, ref_model, dev, seq)
+    del ref_model
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 0.05
+    res = {"positions": NEW, "positions_margin_gt_0.05": int(clear.sum())}
+    for name, x in got.items():
+        rel = [rel_l2(x[i], ref[i]) for i in range(NEW)]
+        same = np.argmax(x, axis=1) == np.argmax(ref, axis=1)
+        res[name] = {"rel_l2_median": float(np.median(rel)), "rel_l2_max": float(np.max(rel)),
+                     "argmax_agree": int(same.sum()), "argmax_agree_clear": int(same[clear].sum())}
+    return res
 
 
 def agreement(ours: dict, theirs: list, last_logits) -> dict:
@@ -484,6 +566,7 @@ def main() -> int:
     r.add_argument("--target", default="cuda:sm_80", help="the compiled module to load")
     r.add_argument("--device", default="cuda", help="rocmc device (local-task to rehearse on a CPU)")
     r.add_argument("--torch-device", default="cuda")
+    r.add_argument("--profile", action="store_true", help="also profile rocmc's kernels (torch.profiler)")
     a = ap.parse_args()
     if a.cmd == "compile":
         compile_all(a)

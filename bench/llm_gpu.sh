@@ -4,9 +4,10 @@
 #                                   # target (cuda:sm_80 and gfx942, no weights inside: ~8 MB each) and
 #                                   # compile.json (wall time, peak RSS of the process tree, .vmfb size);
 #                                   # the iree-base-runtime wheel for the GPU machine's Python into .whl/
-#   bench/llm_gpu.sh run [OUTDIR]   # GPU machine (python3 with torch, transformers, safetensors; no compiler),
+#   bench/llm_gpu.sh run [OUTDIR] [--profile]   # GPU machine (python3 with torch, transformers, safetensors; no compiler),
 #                                   # out/llm_gpu and .whl carried along: installs the runtime wheel, writes the
-#                                   # random checkpoint to $CKPT (13.5 GB), writes OUTDIR/llm_gpu.json and .log
+#                                   # random checkpoint to $CKPT (13.5 GB), writes OUTDIR/llm_gpu.json and .log;
+#                                   # --profile adds the kernel time of rocmc's decode and prefill (torch.profiler)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${DIR:-out/llm_gpu}
@@ -18,9 +19,9 @@ case "${1:-}" in
     out=${2:-$DIR}
     mkdir -p "$out"
     SITE=${SITE:-/tmp/rocmc-site}
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/iree_base_runtime-*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${WHEELS:-.whl}"/iree_base_runtime-*.whl
     export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-    python3 bench/llm_gpu.py run --dir "$DIR" --ckpt "${CKPT:-/tmp/llm_gpu_ckpt}" --json "$out/llm_gpu.json" \
+    python3 bench/llm_gpu.py run --dir "$DIR" --ckpt "${CKPT:-/tmp/llm_gpu_ckpt}" --json "$out/llm_gpu.json" "${@:3}" \
       2>&1 | tee "$out/llm_gpu.log" ;;
-  *) echo "usage: $0 compile | run [OUTDIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 compile | run [OUTDIR] [--profile]" >&2; exit 2 ;;
 esac

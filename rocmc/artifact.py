@@ -221,6 +221,11 @@ class Artifact:
                 lines.append(f"  {p['name']:<48} {p['dtype']}[{','.join(map(str, p['shape']))}] {n} bytes")
         for st in self.metadata.get("states", []):
             lines.append(f"state: {st['name']} {st['dtype']}[{','.join(map(str, st['shape']))}] (on the device)")
+        if self._stage_dir is None:
+            lines.append("dispatches: (listed for artifacts made by rocmc.compile; this one was loaded)")
+            lines += [f"  {c['node']:<6} {c['op']:<16} {c['impl']}" for f in functions(self.metadata)
+                      for c in f["implementations"] if c["impl"] != "generated"]
+            return "\n".join(lines)
         lines.append("dispatches:")
         for d in self.dispatches():
             extra = f" [{d['arch']}]" if "arch" in d else ""

@@ -6,12 +6,14 @@ it was loaded (`Artifact.load`); what the tool is handed is those checked bytes,
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import tempfile
 
-from .artifact import Artifact
+from .artifact import Artifact, functions
+from .frontend.dtypes import ALL as DTYPES
 from .errors import ArtifactError
 
 DUMP_TIMEOUT_S = 120
@@ -61,20 +63,28 @@ def describe(art: Artifact) -> dict:
         "signature": meta.get("signature"), "functions": exports, "executable_formats": formats,
         "executables": executables, "kernels": meta.get("kernels", []), "imports": imports,
         "implementations": meta.get("implementations", []),
+        "signatures": {f["name"]: f["signature"] for f in functions(meta)},
+        "parameters": art.parameters, "parameter_source": art.parameter_source(),
+        "states": meta.get("states", []),
     }
 
 
 def format_description(d: dict) -> str:
-    sig = d["signature"]
     fmt = lambda x: f"{x['name']}: {x['dtype']}[{','.join(map(str, x['shape']))}]"
     lines = [f"graph      {d['graph']}  (hash {str(d['graph_hash'])[:16]})",
              f"target     {d['target']}",
              f"versions   rocmc {d['rocmc']}, IREE {d['iree']}",
              f"size       {d['size']} bytes",
-             f"signature  main({', '.join(fmt(x) for x in sig['inputs'])}) -> ({', '.join(fmt(x) for x in sig['outputs'])})",
+             *[f"signature  {name}({', '.join(fmt(x) for x in sig['inputs'])}) -> "
+               f"({', '.join(fmt(x) for x in sig['outputs'])})" for name, sig in d["signatures"].items()],
              "functions", *[f"  {f}" for f in d["functions"]],
              f"executables ({', '.join(d['executable_formats']) or 'none'})",
              *[f"  {e}" for e in d["executables"]]]
+    if d["parameters"]:
+        total = sum(math.prod(p["shape"]) * DTYPES[p["dtype"]].np.itemsize for p in d["parameters"])
+        lines.append(f"parameters  {len(d['parameters'])}, {total} bytes, from {d['parameter_source']}")
+        lines += [f"  {fmt(p)}  ({p['from']})" for p in d["parameters"]]
+    lines += [f"state       {fmt(st)}" for st in d["states"]]
     lines.append("embedded kernels" + ("" if d["kernels"] else "  none"))
     lines += [f"  {k['symbol']}  [{k['arch']}]  for {k['node']} ({k['op']})" for k in d["kernels"]]
     lines.append("imports (external calls)" + ("" if d["imports"] else "  none"))

@@ -100,6 +100,15 @@ class LanguageModel:
         self._has_window = "sliding_attention" in self.config.layer_types
 
     # ---- public API -----------------------------------------------------------------------
+    def summary(self) -> str:
+        """The artifact's summary, and the conversions made when the checkpoint was loaded (a checkpoint
+        whose dtype is the compute dtype is used as it is: mapped on the CPU, uploaded once to a GPU)."""
+        notes = self.module.parameter_notes
+        head = (f"{self.config.family} model, {self.sizes.max_batch} x {self.sizes.max_seq_len} positions of KV "
+                f"cache, checkpoint tensors " + (f"converted at load ({len(notes)}):" if notes else "used as stored"))
+        return "\n".join([head, *[f"  {n}" for n in notes[:8]], *(["  ..."] if len(notes) > 8 else []),
+                          self.artifact.summary()])
+
     def logits(self, ids) -> np.ndarray:
         """The prompt's logits, (1, len, vocab) f32 (one prompt) or (rows, max_len, vocab) for a list of
         prompts, left-padded (padded positions hold no meaningful values)."""
