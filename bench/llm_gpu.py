@@ -171,8 +171,13 @@ def random_tensor(shape, gen: np.random.Generator) -> np.ndarray:
 
 def write_checkpoint(cfg: dict, d: Path, seed: int = 0, shard_bytes: int = 3 << 30) -> dict:
     """config.json + model-0000k-of-0000n.safetensors + index; each tensor has its own generator spawned
-    from default_rng(seed), so threads fill a shard in parallel and the weights depend on the seed alone."""
+    from default_rng(seed), so threads fill a shard in parallel and the weights depend on the seed alone.
+    A checkpoint already written for this config and seed (its stamp file) is reused."""
     from safetensors.numpy import save_file
+    stamp = d / "rocmc-bench-stamp.json"
+    want = json.dumps({"config": cfg, "seed": seed, "shard_bytes": shard_bytes}, sort_keys=True)
+    if stamp.is_file() and stamp.read_text() == want:
+        return json.loads((d / "rocmc-bench-weights.json").read_text()) | {"reused": True}
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg, indent=1))
     names = hf_param_shapes(cfg)
@@ -201,8 +206,11 @@ def write_checkpoint(cfg: dict, d: Path, seed: int = 0, shard_bytes: int = 3 << 
             del arrays
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                 "weight_map": weight_map}))
-    return {"weight_bytes": total, "tensors": len(names), "shards": len(shards), "generate_s": gen_s,
-            "write_s": write_s}
+    out = {"weight_bytes": total, "tensors": len(names), "shards": len(shards), "generate_s": gen_s,
+           "write_s": write_s}
+    (d / "rocmc-bench-weights.json").write_text(json.dumps(out))
+    stamp.write_text(want)
+    return out
 
 
 def copy_bandwidth(torch, dev: str, gib: int = 4, reps: int = 10) -> dict:
@@ -262,6 +270,12 @@ def margin(logits) -> float:
     return float(top[1] - top[0])
 
 
+def prefill(lm, feeds) -> tuple:
+    """The prefill's token and last logits on the host (every position's logits stay on the device)."""
+    nxt, last, _ = lm.module.prefill(**feeds, output="device")
+    return nxt.to_host(), last.to_host()
+
+
 def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     """Load, generate once recording every step's logits, time prefill and decode, then recompute the
     checked steps' logits over the whole sequence."""
@@ -281,7 +295,7 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     # Pass 1 (also the warm-up): every step's token and logits.
     b = _Batch([prompt], lm.sizes.max_batch, 0)
     t = time.perf_counter()
-    nxt, logits = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    nxt, logits = prefill(lm, b.prefill_inputs(lm._has_window, lm.config))
     first_prefill_s = time.perf_counter() - t
     tokens, step_logits = [int(nxt[0])], [logits[0].copy()]
     for _ in range(NEW - 1):
@@ -298,7 +312,7 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     pre = []
     for _ in range(5):
         t = time.perf_counter()
-        nxt, _ = lm.module.prefill(**feeds)
+        nxt, _ = prefill(lm, feeds)
         pre.append(time.perf_counter() - t)
     # Decode: the stream generator as a user drives it, each yield timed; two passes, the second reported.
     passes = []
@@ -311,7 +325,7 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     steps, stream_tokens = passes[-1]
     # The module's decode call alone, inputs prepared before the clock starts.
     b = _Batch([prompt], lm.sizes.max_batch, 0)
-    nxt, _ = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    nxt, _ = prefill(lm, b.prefill_inputs(lm._has_window, lm.config))
     calls = []
     for _ in range(NEW - 1):
         f = b.decode_inputs(nxt, lm._has_window, lm.config)
@@ -350,14 +364,14 @@ def profile_rocmc(torch, lm, batch_cls, prompt: list) -> dict:
     """Kernel time against wall time of decode steps and of a prefill: CUPTI (through torch.profiler)
     records every kernel of the process, IREE's included."""
     b = batch_cls([prompt], lm.sizes.max_batch, 0)
-    state = {"nxt": lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))[0]}
+    state = {"nxt": prefill(lm, b.prefill_inputs(lm._has_window, lm.config))[0]}
 
     def decode():
         state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"], lm._has_window, lm.config))[0]
     prefill_feeds = batch_cls([prompt], lm.sizes.max_batch, 0).prefill_inputs(lm._has_window, lm.config)
     try:
         return {"decode": kernel_profile(torch, decode, 8),
-                "prefill": kernel_profile(torch, lambda: lm.module.prefill(**prefill_feeds), 2)}
+                "prefill": kernel_profile(torch, lambda: prefill(lm, prefill_feeds), 2)}
     except Exception:
         return {"error": traceback.format_exc()}
 
@@ -503,6 +517,10 @@ def run(a) -> int:
     cfg = json.loads((Path(a.dir) / "config.json").read_text())
     log.put("env", environment(torch, a))
     ckpt = Path(a.ckpt)
+    if a.iree_flags:       # runtime options of IREE's HAL, e.g. --cuda_use_streams=false (CUDA graphs)
+        from iree import runtime as rt
+        rt.flags.parse_flags(*a.iree_flags.split())
+        log.put("iree_flags", a.iree_flags)
     t = time.perf_counter()
     w = write_checkpoint(cfg, ckpt)
     log.put("weights", w | {"total_s": time.perf_counter() - t})
@@ -526,7 +544,8 @@ def run(a) -> int:
     gc.collect()
     log.put("mem_after_rocmc_closed", device_memory(torch, a.torch_device))
     try:
-        run_transformers(log, torch, a, ckpt, prompt, ours)
+        if not a.skip_transformers:
+            run_transformers(log, torch, a, ckpt, prompt, ours)
     except Exception:
         log.put("transformers_error", traceback.format_exc())
     summary(log)
@@ -567,6 +586,8 @@ def main() -> int:
     r.add_argument("--device", default="cuda", help="rocmc device (local-task to rehearse on a CPU)")
     r.add_argument("--torch-device", default="cuda")
     r.add_argument("--profile", action="store_true", help="also profile rocmc's kernels (torch.profiler)")
+    r.add_argument("--iree-flags", default="", help="IREE runtime flags set before the device is made")
+    r.add_argument("--skip-transformers", action="store_true", help="rocmc only")
     a = ap.parse_args()
     if a.cmd == "compile":
         compile_all(a)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A 7B-shaped Llama on an NVIDIA GPU, rocmc against transformers (bench/llm_gpu.py). Compile here, run there.
 #   bench/llm_gpu.sh compile        # CPU machine with rocmc installed: out/llm_gpu/config.json, one .vmfb per
-#                                   # target (cuda:sm_80 and gfx942, no weights inside: ~8 MB each) and
+#                                   # target (cuda:sm_80 and gfx942, no weights inside: ~4 MB each) and
 #                                   # compile.json (wall time, peak RSS of the process tree, .vmfb size);
 #                                   # the iree-base-runtime wheel for the GPU machine's Python into .whl/
 #   bench/llm_gpu.sh run [OUTDIR] [--profile]   # GPU machine (python3 with torch, transformers, safetensors; no compiler),
-#                                   # out/llm_gpu and .whl carried along: installs the runtime wheel, writes the
+#                                   # out/llm_gpu and the wheel ($WHEELS, default .whl) carried along: installs it, writes the
 #                                   # random checkpoint to $CKPT (13.5 GB), writes OUTDIR/llm_gpu.json and .log;
 #                                   # --profile adds the kernel time of rocmc's decode and prefill (torch.profiler)
 set -euo pipefail

@@ -200,8 +200,10 @@ def test_narrow_errors():
         ops.narrow(x, 0, s, 2)
     with pytest.raises(rocmc.GraphError, match=r"narrow\(%0\): axis=2 out of range for rank 2"):
         ops.narrow(x, 2, 0, 1)
-    with pytest.raises(rocmc.GraphError, match=r"narrow\(%0\): start='a', expected an int or an integer graph value"):
+    with pytest.raises(rocmc.GraphError, match=r"narrow\(%0\): start='a' names a, not a dim of any graph input"):
         ops.narrow(x, 0, "a", 1)
+    with pytest.raises(rocmc.GraphError, match=r"narrow\(%0\): start=1.5, expected an int, a size expression"):
+        ops.narrow(x, 0, 1.5, 1)
 
 
 # ---- argmax ------------------------------------------------------------------------------------
@@ -581,3 +583,23 @@ def test_onnx_argmax_select_last_index_is_an_import_error():
     m = _model([node], [_info("x", TensorProto.FLOAT, [3, 4])], [_info("a", TensorProto.INT64, None)])
     with pytest.raises(rocmc.ModelImportError, match=r"ArgMax 'last': select_last_index=1"):
         rocmc.import_onnx(m)
+
+
+def test_start_as_a_size_expression(rng):
+    """A start spelled over the graph's symbols ("kv-1") is computed from the call's shapes."""
+    g = rocmc.Graph("expr")
+    cache = g.input("cache", (3, 16, 4), "f32")
+    row = g.input("row", (3, 1, 4), "f32")
+    g.input("mask", (1, "kv"), "bool")
+    new = ops.update_slice(cache, row, "kv-1", 1)
+    g.output(new, ops.narrow(new, 1, "kv-2", 2))
+    m = rocmc.load(rocmc.compile(g, "cpu"))
+    for kv in (1, 5, 16, 40):
+        feeds = [rng.standard_normal((3, 16, 4)).astype(np.float32), rng.standard_normal((3, 1, 4)).astype(np.float32),
+                 np.ones((1, kv), bool)]
+        for got, want in zip(m(*feeds), rocmc.evaluate(g, *feeds)):
+            np.testing.assert_array_equal(got, want.astype(np.float32))
+    with pytest.raises(rocmc.GraphError, match="not a dim"):
+        ops.update_slice(cache, row, "t-1", 1)
+    with pytest.raises(rocmc.GraphError):
+        ops.update_slice(cache, row, "kv-", 1)

@@ -10,7 +10,6 @@ import pytest
 
 import rocmc
 from llm_models import N_NEW, PROMPT_IDS, hf_greedy, hf_logits, llm_checkpoint  # noqa: F401
-from rocmc.llm.runtime import _Batch
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "gemma"]
 
@@ -44,7 +43,7 @@ def test_decode_equals_full_recompute_at_every_step(models, family):
     lm = models(family)
     seq = list(PROMPT_IDS)
     b = lm._batch([seq], 24)[1]
-    nxt, logits = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    nxt, logits, _ = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
     for _ in range(24):
         seq.append(int(nxt[0]))
         nxt, logits = lm.module.decode(**b.decode_inputs(nxt, lm._has_window, lm.config))

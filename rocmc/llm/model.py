@@ -38,7 +38,7 @@ class Shape:
     sample_k: int = 64  # sampling draws from the sample_k most likely tokens (top_k <= sample_k)
 
 
-FUNCTIONS = ("prefill", "decode", "logits", "sample")
+FUNCTIONS = ("prefill", "decode", "sample")
 
 
 CACHE = "kv_cache"
@@ -55,18 +55,13 @@ def build(cfg: LlmConfig, shape: Shape, functions=FUNCTIONS) -> dict:
 
 
 def _prefill(cfg: LlmConfig, shape: Shape) -> Graph:
-    """Prompt of `s` tokens per row -> the next token (greedy) and the last position's logits."""
+    """Prompt of `s` tokens per row -> the next token (greedy), the last position's logits, and the logits of
+    every position (f32, as transformers returns them; a caller that wants only the token leaves them on
+    the device: the lm_head over every position is a few percent of a prefill)."""
     g, w, h = _forward(cfg, shape, "prefill", "s", "s")
-    last = ops.gather(h, np.array([-1], dtype=np.int64), axis=1)          # (b, 1, hidden)
-    logits = ops.reshape(_lm_head(cfg, w, last), (shape.max_batch, cfg.vocab_size))
-    g.output(ops.argmax(logits, axis=-1), logits)
-    return g
-
-
-def _logits(cfg: LlmConfig, shape: Shape) -> Graph:
-    """Prompt -> logits of every position (f32), as `transformers` returns them; fills the cache too."""
-    g, w, h = _forward(cfg, shape, "logits", "s", "s")
-    g.output(_lm_head(cfg, w, h))
+    every = _lm_head(cfg, w, h)                                            # (b, s, vocab)
+    logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), (shape.max_batch, cfg.vocab_size))
+    g.output(ops.argmax(logits, axis=-1), logits, every)
     return g
 
 
@@ -105,7 +100,7 @@ def _sample(cfg: LlmConfig, shape: Shape) -> Graph:
     return g
 
 
-_BUILDERS = {"prefill": _prefill, "decode": _decode, "logits": _logits, "sample": _sample}
+_BUILDERS = {"prefill": _prefill, "decode": _decode, "sample": _sample}
 
 
 class _Weights:
@@ -135,8 +130,9 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv):
     w = _Weights(g, cfg, dt)
     cos, sin = (np.asarray(a, dtype=np.float32) for a in rope_tables(cfg, shape.max_seq_len))
     cos, sin = g.constant("rope_cos", cos), g.constant("rope_sin", sin)
-    # The first cache slot this call writes: 0 for a prompt, kv - 1 for one decoded token.
-    start = 0 if t == "s" else ops.gather(ops.arange(g, 0, kv), np.array([-1], dtype=np.int64), axis=0)
+    # The first cache slot this call writes: 0 for a prompt, kv - 1 for one decoded token (a size expression:
+    # the host knows it from the mask's shape, so nothing is read back from the device to place the write).
+    start = 0 if t == "s" else f"{kv}-1"
 
     cache = [g.state(CACHE, cache_shape(cfg, shape), dt)]     # the latest value, updated layer by layer
     h = ops.embedding(tokens, w("model.embed_tokens.weight"))
@@ -179,7 +175,7 @@ def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv,
     for j, new in ((2 * layer, k), (2 * layer + 1, v)):
         rows = ops.reshape(ops.permute(new, (1, 0, 2, 3)), (t, b * hkv * d))      # (t, b*hkv*d)
         base = j * max_seq_len
-        at = base if isinstance(start, int) else start + np.array([base], dtype=np.int64)
+        at = base if isinstance(start, int) else f"{start}+{base}"
         cache[0] = ops.update_slice(cache[0], rows, at, axis=0)
         rows_of.append(base)
     read = []

@@ -112,12 +112,10 @@ class LanguageModel:
     def logits(self, ids) -> np.ndarray:
         """The prompt's logits, (1, len, vocab) f32 (one prompt) or (rows, max_len, vocab) for a list of
         prompts, left-padded (padded positions hold no meaningful values)."""
-        if "logits" not in self.module.functions:
-            raise InputError("this artifact was compiled without the 'logits' function")
         prompts, _ = _prompts(ids)
         rows, batch = self._batch(prompts, 0)
-        out = self.module.logits(**batch.prefill_inputs(self._has_window, self.config))
-        return out[:len(rows)]
+        out = self.module.prefill(**batch.prefill_inputs(self._has_window, self.config), output="device")
+        return out[2].to_host()[:len(rows)]
 
     def generate(self, prompt, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int | None = None, stop_tokens=None):
@@ -180,8 +178,8 @@ class LanguageModel:
         function's own argmax, or drawn on the device by `sample` from logits that stay there."""
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise InputError(f"temperature={temperature!r}: expected a number >= 0 (0: greedy)")
-        if temperature == 0:
-            return lambda fn, feeds, step: fn(**feeds)[0]
+        if temperature == 0:      # the function's own argmax; only the tokens cross to the host
+            return lambda fn, feeds, step: fn(**feeds, output="device")[0].to_host()
         k = self.sizes.sample_k
         if top_k is None:
             top_k = k

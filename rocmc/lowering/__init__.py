@@ -10,7 +10,6 @@ from pathlib import Path
 from .._version import __version__
 from ..errors import ArtifactError, CompileError, LoweringError
 from ..artifact import Artifact, seal
-from ..frontend.graph import Graph
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
 from . import hip  # noqa: F401
 from . import kernels

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ... import symbolic
 from ...errors import GraphError, InputError
 from .. import dtypes as dt
 from ..graph import Graph, TensorType, Value
@@ -44,19 +45,34 @@ def _check_axis(desc: str, axis, rank: int) -> int:
 # ---- dynamic starts ----------------------------------------------------------------------------
 
 def _start_operand(desc: str, graph: Graph, start):
-    """(operands, attributes) of a start: no operand and {"start": the int}, or [the Value] and {}."""
+    """(operands, attributes) of a start: no operand and {"start": the int or size expression}, or
+    [the Value] and {}."""
     if _is_int(start):
         return [], {"start": int(start)}
+    if isinstance(start, str):
+        _size_expression(desc, graph, start)
+        return [], {"start": start}
     if isinstance(start, Value):
         if start.graph is not graph:
             raise GraphError(f"{desc}: argument 'start' belongs to another graph")
         return [start], {}
-    raise GraphError(f"{desc}: start={start!r}, expected an int or an integer graph value of shape () or (1,)")
+    raise GraphError(f"{desc}: start={start!r}, expected an int, a size expression of the graph's symbols "
+                     f"(\"kv-1\") or an integer graph value of shape () or (1,)")
+
+
+def _size_expression(desc: str, graph: Graph, text: str):
+    """A start spelled over the graph's symbols: known from the inputs' shapes when the module is called,
+    so the device computes nothing and the host reads nothing back to place the slice."""
+    expr = symbolic.parse(text)
+    unknown = sorted(expr.symbols() - set(graph.symbols()))
+    if unknown:
+        raise GraphError(f"{desc}: start={text!r} names {', '.join(unknown)}, not a dim of any graph input")
+    return expr
 
 
 def _check_start(desc: str, start_type: TensorType | None, start_attr) -> None:
     if start_type is None:
-        if not _is_int(start_attr):
+        if not (_is_int(start_attr) or isinstance(start_attr, str)):
             raise GraphError(f"{desc}: start={start_attr!r}, expected an int")
         return
     if start_attr is not None:
@@ -66,8 +82,12 @@ def _check_start(desc: str, start_type: TensorType | None, start_attr) -> None:
 
 
 def _start_value(ins: list, attrs: dict, i: int) -> int:
-    """The start in a reference: the attribute, or the one integer in operand i."""
-    return attrs["start"] if len(ins) <= i else int(np.asarray(ins[i]).reshape(-1)[0])
+    """The start in a reference: the attribute (an int, or a size expression at this call's sizes), or
+    the one integer in operand i."""
+    if len(ins) > i:
+        return int(np.asarray(ins[i]).reshape(-1)[0])
+    start = attrs["start"]
+    return symbolic.parse(start).evaluate(symbol_sizes()) if isinstance(start, str) else start
 
 
 def clamp_start(start: int, dim: int, length: int) -> int:
@@ -116,7 +136,9 @@ def update_slice(x, update, start, axis):
     """x with `update` written at [start, start + update.shape[axis]) along `axis` (XLA's
     dynamic_update_slice on one axis); every other dim of `update` equals x's.
 
-    `start` is an int or a graph value holding one integer (i32 or i64, shape () or (1,)). As in XLA,
+    `start` is an int, a size expression over the graph's symbols ("kv-1": computed from the inputs'
+    shapes, nothing read back from the device), or a graph value holding one integer (i32 or i64,
+    shape () or (1,)). As in XLA,
     a start out of range is clamped to [0, x.shape[axis] - update.shape[axis]], so the update always
     lands whole inside x. update.shape[axis] may be symbolic (a prefill writes "s" rows); a call with
     more rows than x has is an InputError. Lowered to tensor.insert_slice, which IREE performs in place
@@ -168,7 +190,8 @@ def _narrow_ref(node, ins, attrs):
 def narrow(x, axis, start, length):
     """x[..., start:start+length, ...] along `axis` (torch.narrow; XLA's dynamic_slice on one axis).
 
-    `start` is an int or a graph value holding one integer (i32 or i64, shape () or (1,)), clamped
+    `start` is an int, a size expression over the graph's symbols ("kv-1"), or a graph value holding
+    one integer (i32 or i64, shape () or (1,)), clamped
     to [0, x.shape[axis] - length] as in XLA. `length` is an int or a symbol name of the graph ("kv",
     a dim of some input), and is the result's dim. A length larger than the dim is a GraphError when
     both are static, else an InputError when the module is called."""

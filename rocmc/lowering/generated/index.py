@@ -8,6 +8,7 @@ of the update's rows when x is a mutable global (a KV cache), where a generic wo
 """
 from __future__ import annotations
 
+from ... import symbolic
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 from .elementwise import compute_elt
@@ -27,10 +28,15 @@ def _generic2(E: Emitter, ins, outs, maps, iterators, body) -> list[str]:
     return res
 
 
-def _start(E: Emitter, node, ins, at: int):
-    """The requested start: the int attribute, or the one integer of operand `at` as an index."""
+def _start(E: Emitter, node, ins, at: int, ctx):
+    """The requested start: the int attribute, a size expression computed from the call's sizes (index
+    arithmetic on the host side), or the one integer of operand `at` as an index."""
     if len(ins) <= at:
-        return node.attrs["start"]
+        start = node.attrs["start"]
+        if isinstance(start, str):
+            from ..module import _IndexArith
+            return symbolic.parse(start).compute(_IndexArith(E), ctx.symbols)
+        return start
     s = ins[at]
     where = ", ".join(E.index(0) for _ in range(s.rank))
     v = E.op(f"tensor.extract {s.name}[{where}] : {s.mlir}")
@@ -59,7 +65,7 @@ def _lower_update_slice(E: Emitter, node, ins, ctx):
     n, u = E.dim(x, axis), E.dim(upd, axis)
     _check_fits(E, node, u, n, f"'update' has more entries along axis {axis} than 'x'")
     offsets = [0] * x.rank
-    offsets[axis] = _clamped(E, _start(E, node, ins, 2), n, u)
+    offsets[axis] = _clamped(E, _start(E, node, ins, 2, ctx), n, u)
     return [T(_insert(E, upd, x.name, x.mlir, offsets), x.type, x.elt)]
 
 
@@ -71,7 +77,7 @@ def _lower_narrow(E: Emitter, node, ins, ctx):
     size = n if length == x.shape[axis] else ctx.symbol_size(length) if isinstance(length, str) else length
     _check_fits(E, node, size, n, f"length {length} is larger than dim {axis} of 'x'")
     offsets, sizes = [0] * x.rank, E.dims(x)
-    offsets[axis], sizes[axis] = _clamped(E, _start(E, node, ins, 1), n, size), size
+    offsets[axis], sizes[axis] = _clamped(E, _start(E, node, ins, 1, ctx), n, size), size
     r = E.op(f"tensor.extract_slice {x.name}[{_ints(offsets)}][{_ints(sizes)}][{_ints([1] * x.rank)}] : "
              f"{x.mlir} to {tensor_type(out.shape, x.mlir_elt)}")
     return [T(r, out, x.elt)]
