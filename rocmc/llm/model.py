@@ -1,6 +1,6 @@
-"""A Hugging Face causal LM as a rocmc program: `prefill`, `decode` and `logits` functions sharing the
+"""A Hugging Face causal LM as a rocmc program: `prefill`, `decode` and `sample` functions sharing the
 checkpoint's weights (named parameters, so the module holds none of their bytes) and a KV cache that
-stays on the device (one state per layer for keys and one for values).
+stays on the device (one state holding every layer's keys and values).
 
 Every parameter has the checkpoint's own tensor name and layout: projections stay (out, in) and are
 applied with `matmul(x, w, transpose_b=True)`, the layout IREE's decode GEMVs are fast with.
