@@ -4,6 +4,7 @@ from .frontend.ops.conv import *  # noqa: F401,F403
 from .frontend.ops.elementwise import *  # noqa: F401,F403
 from .frontend.ops.index import *  # noqa: F401,F403
 from .frontend.ops.random import *  # noqa: F401,F403
+from .frontend.ops.gathers import *  # noqa: F401,F403
 from .frontend.ops.linalg import *  # noqa: F401,F403
 from .frontend.ops.norm import *  # noqa: F401,F403
 from .frontend.ops.reduce import *  # noqa: F401,F403

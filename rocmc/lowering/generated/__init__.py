@@ -3,3 +3,4 @@ leaving code generation to IREE. One module per op family; importing registers t
 from . import attention, conv, elementwise, linalg, norm, reduce, rnn, rope, shape  # noqa: F401
 from . import index  # noqa: F401
 from . import random  # noqa: F401
+from . import gathers  # noqa: F401
