@@ -67,3 +67,27 @@ def test_gather_errors():
         ops.gather_nd(x, g.input("t", (2, 3), "i64"))
     with pytest.raises(rocmc.GraphError, match="static last dim"):
         ops.gather_nd(x, g.input("s", (2, "k"), "i64"))
+
+
+@pytest.mark.parametrize("op, attrs, ishape", [("GatherElements", {"axis": 1}, (3, 2, 5)),
+                                               ("GatherElements", {"axis": -1}, (3, 4, 2)),
+                                               ("GatherND", {}, (2, 2)), ("GatherND", {"batch_dims": 1}, (3, 2, 1))])
+def test_onnx_gathers_match_onnxruntime(rng, op, attrs, ishape):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+    x = rand(rng, (3, 4, 5))
+    n = 4 if op == "GatherElements" and attrs["axis"] == 1 else 5
+    hi = [3, 4] if op == "GatherND" and not attrs else [4] if op == "GatherND" else [n]
+    idx = np.stack([rng.integers(0, h, size=ishape[:-1]) for h in hi], -1) if op == "GatherND" \
+        else rng.integers(-n, n, size=ishape)
+    out = "y"
+    graph = helper.make_graph([helper.make_node(op, ["x", "i"], [out], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, idx.shape)],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "i": idx.astype(np.int64)})[0]
+    g = rocmc.import_onnx(model)
+    np.testing.assert_array_equal(rocmc.load(rocmc.compile(g, "cpu"))(x, idx.astype(np.int64)), want)

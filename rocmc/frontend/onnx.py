@@ -5,6 +5,8 @@ each node is converted by one small function from the CONVERTERS table onto rocm
 at import time (initializers, Constant, and whatever Shape/Gather/Concat/... compute from them) are
 kept as numpy arrays and folded, so shape arithmetic never reaches the compiled module; a shape that
 holds a symbolic dim is an object array of ints and symbol names, which Reshape/Expand accept.
+Elementwise nodes whose inputs are all known (RoPE's cos/sin tables) are evaluated at import with
+rocmc's own float64 op references, rounded to the node's dtype, and become constants too.
 
 Every node that cannot be imported (op type, opset version, attribute value, dtype) is collected and
 reported together in one ModelImportError.
@@ -183,6 +185,9 @@ class Node:
 CONVERTERS: dict[str, Callable] = {}
 # Ops whose result is computed with numpy when every input is known at import time.
 FOLDERS: dict[str, Callable] = {}
+# Elementwise ops evaluated with rocmc's own references when every input is known and FOLDERS has
+# no numpy rule (or it declined): constant tables such as RoPE's cos/sin never reach the module.
+REFERENCE_FOLDS: set[str] = set()
 
 
 def converts(*op_types: str):
@@ -364,6 +369,10 @@ class Importer:
                 res = None
             if res is not None:
                 return [Tensor(known=np.asarray(r)) for r in res]
+        if proto.op_type in REFERENCE_FOLDS and all(t is None or t.known is not None for t in node.inputs):
+            res = self._fold_by_reference(proto, node)
+            if res is not None:
+                return [Tensor(known=r) for r in res]
         if proto.op_type not in CONVERTERS:
             raise Unsupported("supported only on values known at import time (constants and static shapes)")
         res = CONVERTERS[proto.op_type](node)
@@ -377,6 +386,31 @@ class Importer:
             else:
                 out.append(Tensor(known=np.asarray(r)))
         return out + [None] * (len(proto.output) - len(out))
+
+    def _fold_by_reference(self, proto, node: Node) -> list | None:
+        """The node's results computed at import time, or None (convert it) when an input is not a plain
+        array (a symbolic shape), a result would exceed MAX_FOLDED_BYTES or the conversion fails (the
+        ordinary path then reports why). The node's converter builds its rocmc ops in a scratch graph
+        whose inputs are constants, and rocmc's float64 references evaluate it, rounded to each
+        result's dtype: the constant is what the compiled ops would compute, not numpy's opinion."""
+        if any(t is not None and t.known.dtype == object for t in node.inputs):
+            return None
+        from .reference import evaluate
+        scratch = Importer(self.model, "fold", self.dims)
+        inputs = [None if t is None else Tensor(known=t.known, name=t.name) for t in node.inputs]
+        try:
+            res = CONVERTERS[proto.op_type](Node(scratch, proto, inputs, node.version))
+            res = list(res) if isinstance(res, (list, tuple)) else [res]
+            if not res or not all(isinstance(r, Value) for r in res):
+                return None
+            for r in res:
+                _check_folded(_static(r.shape, proto.op_type), r.dtype.np, proto.op_type)
+            scratch.graph.output(*res)
+            out = evaluate(scratch.graph, round_to_dtype=True)
+        except (Unsupported, RocmcError):
+            return None
+        out = out if isinstance(out, tuple) else (out,)
+        return [np.asarray(o).astype(r.dtype.np) for o, r in zip(out, res)]
 
     def _outputs(self) -> None:
         for vi in self.onnx_graph.output:
@@ -529,7 +563,9 @@ _NUMPY_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal":
 # Folders whose result has the broadcast shape of their inputs.
 _BROADCASTING_FOLDS = (*_NUMPY_BINARY, "Div", "Mod", "Max", "Min", "Where")
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh",
-          "Sigmoid": "sigmoid", "Erf": "erf", "Relu": "relu", "Not": "logical_not"}
+          "Sigmoid": "sigmoid", "Erf": "erf", "Relu": "relu", "Not": "logical_not", "Cos": "cos", "Sin": "sin",
+          "Sign": "sign", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Reciprocal": "reciprocal",
+          "IsNaN": "isnan"}
 
 
 @converts(*_BINARY)
@@ -603,8 +639,19 @@ def _unary(n: Node):
     return getattr(_ops(), _UNARY[n.proto.op_type])(n.value(0))
 
 
+@converts("IsInf")
+def _isinf(n: Node):
+    return _ops().isinf(n.value(0), detect_positive=int(n.attr("detect_positive", 1)),
+                        detect_negative=int(n.attr("detect_negative", 1)))
+
+
+@converts("Mod")
+def _mod(n: Node):
+    return _ops().mod(n.value(0), n.value(1), fmod=int(n.attr("fmod", 0)))
+
+
 _NUMPY_UNARY = {"Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Sqrt": np.sqrt, "Exp": np.exp,
-                "Log": np.log, "Relu": lambda a: np.maximum(a, 0), "Reciprocal": lambda a: 1 / a}
+                "Log": np.log, "Relu": lambda a: np.maximum(a, 0)}
 
 
 @folds(*_NUMPY_UNARY)
@@ -619,7 +666,6 @@ _ACTIVATIONS = {
     "LeakyRelu": lambda R, x, n: R.leaky_relu(x, negative_slope=float(n.attr("alpha", 0.01))),
     "Elu": lambda R, x, n: R.elu(x, alpha=float(n.attr("alpha", 1.0))),
     "Gelu": lambda R, x, n: R.gelu(x, approximate=n.attr("approximate", "none")),
-    "Reciprocal": lambda R, x, n: R.div(1.0, x),
     "Softsign": lambda R, x, n: R.div(x, R.add(R.abs(x), 1.0)),
     # relu(x) + log(1 + exp(-|x|)): no overflow for large |x|
     "Softplus": lambda R, x, n: _softplus(R, x),
@@ -704,6 +750,10 @@ def _where(n: Node):
 def _fold_where(n: Node):
     c, a, b = n.known(0, "condition"), n.known(1, "X"), n.known(2, "Y")
     return [np.where(c, a, b)]
+
+
+REFERENCE_FOLDS.update(_UNARY, _BINARY, _ACTIVATIONS, ("IsInf", "Mod", "Pow", "PRelu", "Clip", "Max", "Min",
+                                                          "Sum", "Mean", "Where"))
 
 
 @converts("Cast", "CastLike")
@@ -1272,6 +1322,17 @@ def _gather(n: Node):
     if idx.known is not None and data.known is not None and data.shape[axis] > 0:
         return [np.take(data.known, gather_indices(idx.known, data.shape[axis]), axis=axis)]
     return _ops().gather(n.value(0), n.value(1), axis=axis)
+
+
+@converts("GatherElements")
+def _gather_elements(n: Node):
+    axis = _axis(n.attr("axis", 0), n.inputs[0].rank)
+    return _ops().take_along_axis(n.value(0), n.value(1), axis=axis)
+
+
+@converts("GatherND")
+def _gather_nd(n: Node):
+    return _ops().gather_nd(n.value(0), n.value(1), batch_dims=n.attr("batch_dims", 0))
 
 
 def _unsqueeze_axes(n: Node, rank: int):

@@ -1,4 +1,4 @@
-"""Elementwise ops: arithmetic, comparisons, activations, where, cast.
+"""Elementwise ops: arithmetic, comparisons, activations, float predicates, where, cast.
 
 Each op is one row of a table: name, which dtypes it accepts, and its float64 reference. Builders
 broadcast operands numpy-style; Python scalars take the dtype of the tensor operand.
@@ -25,6 +25,25 @@ def _gelu(x, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _quiet(fn, *args):
+    """fn without numpy's warnings: 1/0 = inf, 0/0 and cos(inf) = nan are the IEEE results the module computes too."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return fn(*args)
+
+
+def _isinf(x, detect_positive, detect_negative):
+    return (np.isposinf(x) & bool(detect_positive)) | (np.isneginf(x) & bool(detect_negative))
+
+
+def _mod(a, b, fmod):
+    """ONNX Mod: fmod=0 takes the sign of the divisor (Python %), fmod=1 that of the dividend (C fmod).
+    An integer remainder by zero is defined as 0 (the compiled module computes the same, it does not trap)."""
+    r = _quiet(np.fmod if fmod else np.mod, a, b)
+    if a.dtype.kind == "f":
+        return r
+    return np.where(b == 0, 0, r).astype(np.result_type(a, b))
 
 
 def _int_div(a, b):
@@ -65,6 +84,18 @@ UNARY = {
     "gelu": (("float",), {"approximate": "none"}, _gelu),
     "silu": (("float",), {}, lambda x: x * _sigmoid(x)),
     "logical_not": (("bool",), {}, np.logical_not),
+    "cos": (("float",), {}, lambda x: _quiet(np.cos, x)),
+    "sin": (("float",), {}, lambda x: _quiet(np.sin, x)),
+    "sign": (("float", "int"), {}, np.sign),
+    "floor": (("float",), {}, np.floor),
+    "ceil": (("float",), {}, np.ceil),
+    "round": (("float",), {}, np.rint),   # half to even, as ONNX Round
+    "reciprocal": (("float",), {}, lambda x: _quiet(np.reciprocal, x)),
+}
+# Float tests with a bool result: name -> (attributes with defaults, reference(x, **attrs)).
+PREDICATES = {
+    "isnan": ({}, np.isnan),
+    "isinf": ({"detect_positive": 1, "detect_negative": 1}, _isinf),
 }
 
 
@@ -109,6 +140,33 @@ def _unary_infer(op, kinds, defaults):
 for _name, (_kinds, _defaults, _ref) in UNARY.items():
     defop(_name, attrs=tuple(_defaults))(_unary_infer(_name, _kinds, _defaults))
     reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(ins[0], **attrs)])
+
+
+def _predicate_infer(op):
+    def infer(node, types, attrs):
+        _check_kinds(op, node, types, ("float",))
+        for k, v in attrs.items():
+            if v not in (0, 1) or isinstance(v, float):
+                raise GraphError(f"{node.describe()}: {k}={v!r}, expected 0 or 1")
+        return types[0].with_dtype(dt.bool_)
+    return infer
+
+
+for _name, (_defaults, _ref) in PREDICATES.items():
+    defop(_name, attrs=tuple(_defaults))(_predicate_infer(_name))
+    reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(ins[0], **attrs)])
+
+
+@defop("mod", attrs=("fmod",))
+def _mod_infer(node, types, attrs):
+    if attrs.get("fmod") not in (0, 1) or isinstance(attrs.get("fmod"), float):
+        raise GraphError(f"{node.describe()}: fmod={attrs.get('fmod')!r}, expected 0 or 1")
+    return _binary_infer("mod", ("float", "int"))(node, types, attrs)
+
+
+@reference("mod")
+def _mod_ref(node, ins, attrs):
+    return [_mod(*ins, **attrs)]
 
 
 @defop("where")
@@ -170,13 +228,25 @@ def _apply_unary(name, x, attrs):
     return g.apply(name, [as_value(name, "x", x, g)], attrs)[0]
 
 
-__all__ = ["where", "cast"]
+__all__ = ["where", "cast", "mod"]
 for _name in list(BINARY) + list(COMPARE) + list(LOGICAL):
     globals()[_name] = _binary_builder(_name)
     __all__.append(_name)
 for _name, (_k, _defaults, _r) in UNARY.items():
     globals()[_name] = _unary_builder(_name, _defaults)
     __all__.append(_name)
+for _name, (_defaults, _r) in PREDICATES.items():
+    globals()[_name] = _unary_builder(_name, _defaults)
+    __all__.append(_name)
+
+
+@builder
+def mod(a, b, fmod=0):
+    """Remainder with numpy broadcasting: fmod=0 has the sign of b (numpy/Python %), fmod=1 that of a
+    (C fmod). An integer remainder by zero is 0; a float one is nan."""
+    g = graph_of("mod", a, b)
+    like = a if isinstance(a, Value) else b
+    return g.apply("mod", [as_value("mod", "a", a, g, like), as_value("mod", "b", b, g, like)], {"fmod": fmod})[0]
 
 
 @builder

@@ -96,6 +96,17 @@ def _math(name):
     return lambda E, x, t, **a: E.op(f"math.{name} {x} : {t}")
 
 
+def _sign(E, x, t, **a):
+    """-1, 0 or 1; a float keeps its own value when it is neither above nor below zero (+-0, nan)."""
+    z = E.const(0, t)
+    if not _is_float(t):
+        pos = E.op(f"arith.extui {E.op(f'arith.cmpi sgt, {x}, {z} : {t}')} : i1 to {t}")
+        neg = E.op(f"arith.extui {E.op(f'arith.cmpi slt, {x}, {z} : {t}')} : i1 to {t}")
+        return E.op(f"arith.subi {pos}, {neg} : {t}")
+    low = E.op(f"arith.select {E.op(f'arith.cmpf olt, {x}, {z} : {t}')}, {E.const(-1.0, t)}, {x} : {t}")
+    return E.op(f"arith.select {E.op(f'arith.cmpf ogt, {x}, {z} : {t}')}, {E.const(1.0, t)}, {low} : {t}")
+
+
 UNARY = {
     "neg": lambda E, x, t, **a: (E.op(f"arith.negf {x} : {t}") if _is_float(t)
                                  else E.op(f"arith.subi {E.const(0, t)}, {x} : {t}")),
@@ -106,7 +117,51 @@ UNARY = {
     "silu": lambda E, x, t, **a: E.op(f"arith.mulf {x}, {_sigmoid(E, x, t)} : {t}"),
     "relu": _relu, "leaky_relu": _leaky, "elu": _elu, "clipped_relu": _clipped, "gelu": _gelu,
     "logical_not": lambda E, x, t, **a: E.op(f"arith.xori {x}, {E.const(True, 'i1')} : i1"),
+    "cos": _math("cos"), "sin": _math("sin"), "floor": _math("floor"), "ceil": _math("ceil"),
+    "round": _math("roundeven"), "sign": _sign,
+    "reciprocal": lambda E, x, t, **a: E.op(f"arith.divf {E.const(1.0, t)}, {x} : {t}"),
 }
+
+
+def _isinf(E, x, t, detect_positive, detect_negative):
+    hits = [E.op(f"arith.cmpf oeq, {x}, {E.const(v, t)} : {t}")
+            for v, on in ((math.inf, detect_positive), (-math.inf, detect_negative)) if on]
+    if not hits:
+        return E.const(False, "i1")
+    return hits[0] if len(hits) == 1 else E.op(f"arith.ori {hits[0]}, {hits[1]} : i1")
+
+
+# Float tests with an i1 result.
+PREDICATES = {
+    "isnan": lambda E, x, t: E.op(f"arith.cmpf uno, {x}, {x} : {t}"),
+    "isinf": _isinf,
+}
+
+
+def _mod(E, a, b, t, fmod):
+    """ONNX Mod. fmod=0 moves a remainder whose sign differs from b's by b (floor mod). An integer
+    divisor of 0 becomes 1 (remainder 0, no trap) and so does -1 (remainder 0; INT_MIN % -1 overflows)."""
+    if _is_float(t):
+        z = E.const(0.0, t)
+        r = E.op(f"arith.remf {a}, {b} : {t}")
+        if fmod:
+            return r
+        nonzero = E.op(f"arith.cmpf one, {r}, {z} : {t}")
+        differ = E.op(f"arith.xori {E.op(f'arith.cmpf olt, {r}, {z} : {t}')}, "
+                      f"{E.op(f'arith.cmpf olt, {b}, {z} : {t}')} : i1")
+        fix = E.op(f"arith.andi {nonzero}, {differ} : i1")
+        return E.op(f"arith.select {fix}, {E.op(f'arith.addf {r}, {b} : {t}')}, {r} : {t}")
+    z, one = E.const(0, t), E.const(1, t)
+    trivial = E.op(f"arith.ori {E.op(f'arith.cmpi eq, {b}, {z} : {t}')}, "
+                   f"{E.op(f'arith.cmpi eq, {b}, {E.const(-1, t)} : {t}')} : i1")
+    r = E.op(f"arith.remsi {a}, {E.op(f'arith.select {trivial}, {one}, {b} : {t}')} : {t}")
+    if fmod:
+        return r
+    nonzero = E.op(f"arith.cmpi ne, {r}, {z} : {t}")
+    differ = E.op(f"arith.xori {E.op(f'arith.cmpi slt, {r}, {z} : {t}')}, "
+                  f"{E.op(f'arith.cmpi slt, {b}, {z} : {t}')} : i1")
+    fix = E.op(f"arith.andi {nonzero}, {differ} : i1")
+    return E.op(f"arith.select {fix}, {E.op(f'arith.addi {r}, {b} : {t}')}, {r} : {t}")
 
 
 def _lower_binary(E: Emitter, node, ins, ctx):
@@ -134,6 +189,23 @@ def _lower_unary(E: Emitter, node, ins, ctx):
                   lambda E, a: E.cast_scalar(fn(E, E.cast_scalar(a[0], storage, t), t, **node.attrs), t, storage))]
 
 
+def _lower_predicate(E: Emitter, node, ins, ctx):
+    storage = ins[0].mlir_elt
+    t = compute_elt(storage)
+    fn = PREDICATES[node.op]
+    return [E.map(ins, node.outputs[0].type, lambda E, a: fn(E, E.cast_scalar(a[0], storage, t), t, **node.attrs))]
+
+
+def _lower_mod(E: Emitter, node, ins, ctx):
+    storage = ins[0].mlir_elt
+    t = compute_elt(storage)
+
+    def body(E, a):
+        x, y = (E.cast_scalar(v, storage, t) for v in a)
+        return E.cast_scalar(_mod(E, x, y, t, **node.attrs), t, storage)
+    return [E.map(ins, node.outputs[0].type, body)]
+
+
 def _lower_where(E: Emitter, node, ins, ctx):
     elt = ins[1].mlir_elt
     return [E.map(ins, node.outputs[0].type, lambda E, a: E.op(f"arith.select {a[0]}, {a[1]}, {a[2]} : {elt}"))]
@@ -145,5 +217,7 @@ def _lower_cast(E: Emitter, node, ins, ctx):
 
 lowering(*BINARY, *_PRED, *LOGICAL)(_lower_binary)
 lowering(*UNARY)(_lower_unary)
+lowering(*PREDICATES)(_lower_predicate)
+lowering("mod")(_lower_mod)
 lowering("where")(_lower_where)
 lowering("cast")(_lower_cast)
