@@ -35,6 +35,9 @@ import numpy as np
 SHAPES = {
     "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
            "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096},
+    # TinyLlama-1.1B's shape (bench/llm_cpu.py runs it on the CPU)
+    "tinyllama": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+                  "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048},
     "tiny": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096},
 }
@@ -73,9 +76,10 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def measure_compile(d: Path, target: str) -> dict:
+def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
     """One compile in a fresh process, its tree's RSS sampled every 10 ms from outside."""
-    cmd = [sys.executable, __file__, "compile-one", "--dir", str(d), "--target", target]
+    cmd = [sys.executable, __file__, "compile-one", "--dir", str(d), "--target", target,
+           "--max-seq-len", str(max_seq_len)]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, stop = [0.0], threading.Event()
@@ -97,16 +101,17 @@ def measure_compile(d: Path, target: str) -> dict:
     return row
 
 
-def compile_one(d: Path, target: str) -> None:
+def compile_one(d: Path, target: str, max_seq_len: int) -> None:
     import resource
     t = time.perf_counter()
     import rocmc
     imported = time.perf_counter() - t
     t = time.perf_counter()
-    art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=MAX_SEQ_LEN, max_batch=1, cache=False)
+    art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=max_seq_len, max_batch=1, cache=False)
     compiled = time.perf_counter() - t
     path = art.save(d / vmfb_name(target))
-    hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 1024
+    from compile_time import vm_hwm_mb          # this script's folder is on sys.path
+    hwm = vm_hwm_mb()
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU seconds split the wall time between rocmc (graph, MLIR) and iree-compile, even on a busy machine.
     print(json.dumps({"import_s": imported, "compile_hf_s": compiled, "vmfb_bytes": path.stat().st_size,
@@ -121,7 +126,8 @@ def compile_all(a) -> None:
     rows = []
     for target in a.targets.split(","):
         for run in range(a.repeat):
-            row = measure_compile(d, target) | {"run": run, "load_avg": os.getloadavg()[0]}
+            row = measure_compile(d, target, a.max_seq_len) | {"run": run, "max_seq_len": a.max_seq_len,
+                                                               "load_avg": os.getloadavg()[0]}
             print(json.dumps(row), flush=True)
             rows.append(row)
     (d / "compile.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -293,13 +299,13 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
                            "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0)})
 
     # Pass 1 (also the warm-up): every step's token and logits.
-    b = _Batch([prompt], lm.sizes.max_batch, 0)
+    b = _Batch([prompt], lm.sizes.max_batch, lm.config)
     t = time.perf_counter()
-    nxt, logits = prefill(lm, b.prefill_inputs(lm._has_window, lm.config))
+    nxt, logits = prefill(lm, b.prefill_inputs())
     first_prefill_s = time.perf_counter() - t
     tokens, step_logits = [int(nxt[0])], [logits[0].copy()]
     for _ in range(NEW - 1):
-        nxt, logits = lm.module.decode(**b.decode_inputs(nxt, lm._has_window, lm.config))
+        nxt, logits = lm.module.decode(**b.decode_inputs(nxt))
         tokens.append(int(nxt[0]))
         step_logits.append(logits[0].copy())
     after_gen = device_memory(torch, a.torch_device)
@@ -308,7 +314,7 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
                                  "used_mb_vs_before_load": after_gen.get("used_mb", 0) - before.get("used_mb", 0)})
 
     # Prefill: the module call alone (inputs prepared), median of 5.
-    feeds = _Batch([prompt], lm.sizes.max_batch, 0).prefill_inputs(lm._has_window, lm.config)
+    feeds = _Batch([prompt], lm.sizes.max_batch, lm.config).prefill_inputs()
     pre = []
     for _ in range(5):
         t = time.perf_counter()
@@ -324,11 +330,11 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         passes.append((np.diff(stamps), toks))
     steps, stream_tokens = passes[-1]
     # The module's decode call alone, inputs prepared before the clock starts.
-    b = _Batch([prompt], lm.sizes.max_batch, 0)
-    nxt, _ = prefill(lm, b.prefill_inputs(lm._has_window, lm.config))
+    b = _Batch([prompt], lm.sizes.max_batch, lm.config)
+    nxt, _ = prefill(lm, b.prefill_inputs())
     calls = []
     for _ in range(NEW - 1):
-        f = b.decode_inputs(nxt, lm._has_window, lm.config)
+        f = b.decode_inputs(nxt)
         t = time.perf_counter()
         nxt, _ = lm.module.decode(**f)
         calls.append(time.perf_counter() - t)
@@ -363,12 +369,12 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
 def profile_rocmc(torch, lm, batch_cls, prompt: list) -> dict:
     """Kernel time against wall time of decode steps and of a prefill: CUPTI (through torch.profiler)
     records every kernel of the process, IREE's included."""
-    b = batch_cls([prompt], lm.sizes.max_batch, 0)
-    state = {"nxt": prefill(lm, b.prefill_inputs(lm._has_window, lm.config))[0]}
+    b = batch_cls([prompt], lm.sizes.max_batch, lm.config)
+    state = {"nxt": prefill(lm, b.prefill_inputs())[0]}
 
     def decode():
-        state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"], lm._has_window, lm.config))[0]
-    prefill_feeds = batch_cls([prompt], lm.sizes.max_batch, 0).prefill_inputs(lm._has_window, lm.config)
+        state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"]))[0]
+    prefill_feeds = batch_cls([prompt], lm.sizes.max_batch, lm.config).prefill_inputs()
     try:
         return {"decode": kernel_profile(torch, decode, 8),
                 "prefill": kernel_profile(torch, lambda: prefill(lm, prefill_feeds), 2)}
@@ -575,9 +581,11 @@ def main() -> int:
     c.add_argument("--targets", default="cuda:sm_80,gfx942")
     c.add_argument("--shape", default="7b", choices=SHAPES)
     c.add_argument("--repeat", type=int, default=1)
+    c.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="positions of the KV cache")
     o = sub.add_parser("compile-one")
     o.add_argument("--dir", required=True)
     o.add_argument("--target", required=True)
+    o.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN)
     r = sub.add_parser("run")
     r.add_argument("--dir", default="out/llm_gpu")
     r.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
@@ -592,7 +600,7 @@ def main() -> int:
     if a.cmd == "compile":
         compile_all(a)
     elif a.cmd == "compile-one":
-        compile_one(Path(a.dir), a.target)
+        compile_one(Path(a.dir), a.target, a.max_seq_len)
     else:
         return run(a)
     return 0

@@ -199,14 +199,23 @@ class Artifact:
     def functions(self) -> list[str]:
         return [f["name"] for f in functions(self.metadata)]
 
+    def default_parameters(self):
+        """What `rocmc.load` takes the parameters from when it is given none: the constants compiled as
+        parameters (in memory), else the .irpa saved beside the artifact's file, else None."""
+        if self.parameter_arrays:
+            return self.parameter_arrays
+        irpa = Path(self.path).with_suffix(".irpa") if self.path else None
+        return irpa if irpa is not None and irpa.is_file() else None
+
     def parameter_source(self) -> str:
-        """Where `rocmc.load` takes the parameters from when it is given none."""
+        """Where `rocmc.load` takes the parameters from when it is given none, in words."""
         if not self.parameters:
             return "none needed"
-        if self.parameter_arrays:
+        found = self.default_parameters()
+        if isinstance(found, dict):
             return "the constants of the compiled graph (in memory; save() writes them to an .irpa)"
-        if self.path and Path(self.path).with_suffix(".irpa").exists():
-            return f"{Path(self.path).with_suffix('.irpa')}"
+        if found is not None:
+            return str(found)
         return "load(..., parameters=...): an .irpa, .safetensors, checkpoint directory or arrays"
 
     def summary(self) -> str:

@@ -73,7 +73,7 @@ def test_gather_errors():
                                                ("GatherElements", {"axis": -1}, (3, 4, 2)),
                                                ("GatherND", {}, (2, 2)), ("GatherND", {"batch_dims": 1}, (3, 2, 1))])
 def test_onnx_gathers_match_onnxruntime(rng, op, attrs, ishape):
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper
     x = rand(rng, (3, 4, 5))

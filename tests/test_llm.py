@@ -43,10 +43,10 @@ def test_decode_equals_full_recompute_at_every_step(models, family):
     lm = models(family)
     seq = list(PROMPT_IDS)
     b = lm._batch([seq], 24)[1]
-    nxt, logits, _ = lm.module.prefill(**b.prefill_inputs(lm._has_window, lm.config))
+    nxt, logits, _ = lm.module.prefill(**b.prefill_inputs())
     for _ in range(24):
         seq.append(int(nxt[0]))
-        nxt, logits = lm.module.decode(**b.decode_inputs(nxt, lm._has_window, lm.config))
+        nxt, logits = lm.module.decode(**b.decode_inputs(nxt))
         full = lm.logits(seq)[0, -1]
         assert _rel(logits[0], full) < 1e-5
         assert int(nxt[0]) == int(np.argmax(full))

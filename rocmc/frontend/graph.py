@@ -262,35 +262,33 @@ class Graph:
         """A weight known only by name, shape and dtype: the compiled module holds no bytes of it, and
         they come at load time (`rocmc.load(art, parameters=...)`) from an .irpa or .safetensors file,
         or from arrays. `name` is the tensor's name there, e.g. "model.layers.0.mlp.up_proj.weight"."""
-        if not isinstance(name, str) or not _KEY.match(name):
-            raise GraphError(f"parameter(name={name!r}): expected a tensor name of letters, digits and _.-/: "
-                             f"(at most 256 characters)")
-        if name in self.parameters:
-            raise GraphError(f"parameter {name!r}: the name is already used in graph {self.name!r}")
-        t = TensorType(check_shape(shape, f"parameter {name!r}"), _dt.dtype(dtype))
-        if not t.is_static:
-            raise GraphError(f"parameter {name!r}: shape {list(t.shape)} has a symbolic dim; a parameter's "
-                             f"shape is static")
-        check_size(t, f"parameter {name!r}")
-        self.parameters[name] = t
-        return self._leaf("parameter", name, t)
+        return self._named_leaf("parameter", self.parameters, name, shape, dtype,
+                                "a tensor name of letters, digits and _.-/: (at most 256 characters)",
+                                "a parameter's shape is static")
 
     def state(self, name: str, shape, dtype="f32") -> Value:
         """A tensor that lives on the device across calls (a KV cache): its value at the start of a call.
         It starts as zeros when the module is loaded; `assign(name, value)` sets its value for the next
         call. Functions compiled together (`rocmc.compile({"prefill": g1, "decode": g2})`) share the
         states of the same name."""
+        return self._named_leaf("state", self.states, name, shape, dtype, "a name of letters, digits and _.-/:",
+                                "a state's shape is static (size it for the largest use)")
+
+    def _named_leaf(self, op: str, table: dict, name, shape, dtype, name_rule: str, static_rule: str) -> Value:
+        """A parameter or state: a checked name new to `table`, a static shape, no operands."""
         if not isinstance(name, str) or not _KEY.match(name):
-            raise GraphError(f"state(name={name!r}): expected a name of letters, digits and _.-/:")
-        if name in self.states:
-            raise GraphError(f"state {name!r}: the name is already used in graph {self.name!r}")
-        t = TensorType(check_shape(shape, f"state {name!r}"), _dt.dtype(dtype))
+            raise GraphError(f"{op}(name={name!r}): expected {name_rule}")
+        if name in table:
+            raise GraphError(f"{op} {name!r}: the name is already used in graph {self.name!r}")
+        t = TensorType(check_shape(shape, f"{op} {name!r}"), _dt.dtype(dtype))
         if not t.is_static:
-            raise GraphError(f"state {name!r}: shape {list(t.shape)} has a symbolic dim; a state's shape is "
-                             f"static (size it for the largest use)")
-        check_size(t, f"state {name!r}")
-        self.states[name] = t
-        return self._leaf("state", name, t)
+            raise GraphError(f"{op} {name!r}: shape {list(t.shape)} has a symbolic dim; {static_rule}")
+        check_size(t, f"{op} {name!r}")
+        table[name] = t
+        node = Node(op, [], {"name": name}, id=len(self.nodes))
+        node.outputs = [Value(self, t, node, 0, None)]
+        self.nodes.append(node)
+        return node.outputs[0]
 
     def assign(self, name: str, value: Value) -> None:
         """Make `value` the state's value after this call (at most once per state and call)."""
@@ -304,13 +302,6 @@ class Graph:
         if value.type != self.states[name]:
             raise GraphError(f"assign({name!r}): value is {value.type}, but the state is {self.states[name]}")
         self.assigns[name] = value
-
-    def _leaf(self, op: str, name: str, t: TensorType) -> Value:
-        node = Node(op, [], {"name": name}, id=len(self.nodes))
-        v = Value(self, t, node, 0, None)
-        node.outputs = [v]
-        self.nodes.append(node)
-        return v
 
     def apply(self, op: str, inputs: Sequence, attrs: dict | None = None) -> list[Value]:
         """Add a node; its result types come from the op's shape/dtype rule."""

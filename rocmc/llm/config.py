@@ -161,7 +161,7 @@ class LlmConfig:
         if isinstance(source, Mapping):
             return _parse(dict(source), "config.json")
         path = _config_path(source)
-        return _parse(_read_json(path), str(path))
+        return _parse(read_json(path), str(path))
 
 
 def load_config(path) -> LlmConfig:
@@ -172,7 +172,7 @@ def load_config(path) -> LlmConfig:
     gen_path = cfg_path.parent / "generation_config.json"
     if not gen_path.is_file():
         return cfg
-    return _with_generation_ids(cfg, _read_json(gen_path), str(gen_path))
+    return _with_generation_ids(cfg, read_json(gen_path), str(gen_path))
 
 
 # ---- reading ---------------------------------------------------------------------------------------
@@ -186,7 +186,8 @@ def _config_path(path) -> Path:
     return p
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file (config, generation or tokenizer config): an object, or a ModelImportError."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

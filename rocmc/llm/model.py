@@ -38,7 +38,6 @@ class Shape:
     sample_k: int = 64  # sampling draws from the sample_k most likely tokens (top_k <= sample_k)
 
 
-FUNCTIONS = ("prefill", "decode", "sample")
 
 
 CACHE = "kv_cache"
@@ -49,9 +48,9 @@ def cache_shape(cfg: LlmConfig, shape: "Shape") -> tuple[int, int]:
             shape.max_batch * cfg.num_key_value_heads * cfg.head_dim)
 
 
-def build(cfg: LlmConfig, shape: Shape, functions=FUNCTIONS) -> dict:
-    """{function name: Graph} for `rocmc.compile`."""
-    return {name: _BUILDERS[name](cfg, shape) for name in functions}
+def build(cfg: LlmConfig, shape: Shape, functions=None) -> dict:
+    """{function name: Graph} for `rocmc.compile` (every function of FUNCTIONS, or those named)."""
+    return {name: _BUILDERS[name](cfg, shape) for name in functions or FUNCTIONS}
 
 
 def _prefill(cfg: LlmConfig, shape: Shape) -> Graph:
@@ -101,6 +100,7 @@ def _sample(cfg: LlmConfig, shape: Shape) -> Graph:
 
 
 _BUILDERS = {"prefill": _prefill, "decode": _decode, "sample": _sample}
+FUNCTIONS = tuple(_BUILDERS)
 
 
 class _Weights:

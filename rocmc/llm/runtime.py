@@ -6,7 +6,6 @@ a row's positions count from its first real token, and the masks hide the paddin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -16,7 +15,7 @@ from .. import compile as _compile, load as _load
 from ..artifact import Artifact
 from ..errors import InputError, ModelImportError
 from .config import LlmConfig, default_max_seq_len, load_config, param_names
-from .model import CACHE, FUNCTIONS, Shape, build
+from .model import CACHE, FUNCTIONS, Shape, build, cache_shape
 
 # The compute dtype of each target kind when the caller names none: the CPU runs f32 (fast and exact
 # there), a GPU the checkpoint's own dtype.
@@ -80,13 +79,6 @@ def _checkpoint_dir(directory) -> Path:
     return d
 
 
-@dataclass
-class _Sizes:
-    max_seq_len: int
-    max_batch: int
-    sample_k: int
-
-
 class LanguageModel:
     """A compiled causal LM loaded with its weights on a device."""
 
@@ -97,7 +89,6 @@ class LanguageModel:
         _check_artifact(artifact, self.config)
         self.module = _load(artifact, device, parameters=checkpoint)
         self.tokenizer = _tokenizer(checkpoint)
-        self._has_window = "sliding_attention" in self.config.layer_types
 
     # ---- public API -----------------------------------------------------------------------
     def summary(self) -> str:
@@ -114,7 +105,7 @@ class LanguageModel:
         prompts, left-padded (padded positions hold no meaningful values)."""
         prompts, _ = _prompts(ids)
         rows, batch = self._batch(prompts, 0)
-        out = self.module.prefill(**batch.prefill_inputs(self._has_window, self.config), output="device")
+        out = self.module.prefill(**batch.prefill_inputs(), output="device")
         return out[2].to_host()[:len(rows)]
 
     def generate(self, prompt, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k: int | None = None,
@@ -147,7 +138,7 @@ class LanguageModel:
         done = [False] * len(rows)
         if max_new_tokens == 0:
             return
-        nxt = draw(self.module.prefill, batch.prefill_inputs(self._has_window, self.config), 0)
+        nxt = draw(self.module.prefill, batch.prefill_inputs(), 0)
         for step in range(max_new_tokens):
             toks = [int(t) for t in nxt[:len(rows)]]
             out = [None if d else t for t, d in zip(toks, done)]
@@ -155,7 +146,7 @@ class LanguageModel:
             yield out if many else out[0]
             if all(done) or step == max_new_tokens - 1:
                 return
-            nxt = draw(self.module.decode, batch.decode_inputs(nxt, self._has_window, self.config), step + 1)
+            nxt = draw(self.module.decode, batch.decode_inputs(nxt), step + 1)
 
     def text_stream(self, prompt: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Yield the new text as it is made (whole characters only); arguments as for `generate`."""
@@ -219,7 +210,7 @@ class LanguageModel:
         if longest + max_new_tokens > self.sizes.max_seq_len:
             raise InputError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the cache of "
                              f"{self.sizes.max_seq_len} positions (compile with a larger max_seq_len=)")
-        return rows, _Batch(rows, self.sizes.max_batch, self.config.pad_token_id or 0)
+        return rows, _Batch(rows, self.sizes.max_batch, self.config)
 
     def _ids(self, prompt, i: int) -> list:
         if isinstance(prompt, str):
@@ -248,7 +239,10 @@ def _prompts(prompt) -> tuple[list, bool]:
 class _Batch:
     """Left-padded prompts and what every call of a generation needs: positions and masks."""
 
-    def __init__(self, rows: list, max_batch: int, pad: int):
+    def __init__(self, rows: list, max_batch: int, cfg: LlmConfig):
+        pad = cfg.pad_token_id or 0
+        # The window of sliding-window layers, which take a mask of their own (None: no such layer).
+        self.window = cfg.sliding_window if "sliding_attention" in cfg.layer_types else None
         self.s = max(len(r) for r in rows)
         # Rows past the prompts (the module's batch is fixed) hold one padding token attending to itself.
         rows = rows + [[pad]] * (max_batch - len(rows))
@@ -260,15 +254,15 @@ class _Batch:
         self.next_pos = self.positions[:, -1] + 1
         self.kv = self.s                                                      # filled cache slots
 
-    def prefill_inputs(self, window: bool, cfg: LlmConfig) -> dict:
+    def prefill_inputs(self) -> dict:
         i, j = np.arange(self.s)[:, None], np.arange(self.s)[None, :]
         keep = ((j <= i)[None] & self.valid[:, None, :]) | (i == j)[None]     # a padded query sees itself
         feeds = {"tokens": self.tokens, "positions": self.positions, "mask": keep[:, None]}
-        if window:
-            feeds["window_mask"] = (keep & (i - j < cfg.sliding_window)[None])[:, None]
+        if self.window:
+            feeds["window_mask"] = (keep & (i - j < self.window)[None])[:, None]
         return feeds
 
-    def decode_inputs(self, nxt, window: bool, cfg: LlmConfig) -> dict:
+    def decode_inputs(self, nxt) -> dict:
         """Inputs of the decode step that writes slot `kv` (the step's token is `nxt`)."""
         slot = self.kv
         self.kv += 1
@@ -276,23 +270,23 @@ class _Batch:
         keep = np.concatenate([self.valid, np.ones((len(self.valid), self.kv - self.s), bool)], axis=1)
         feeds = {"tokens": np.asarray(nxt, dtype=np.int64).reshape(-1, 1),
                  "positions": self.next_pos.reshape(-1, 1).astype(np.int64), "mask": keep[:, None, None, :]}
-        if window:
-            feeds["window_mask"] = (keep & (slot - j < cfg.sliding_window))[:, None, None, :]
+        if self.window:
+            feeds["window_mask"] = (keep & (slot - j < self.window))[:, None, None, :]
         self.next_pos = self.next_pos + 1
         return feeds
 
 
-def _sizes_of(art: Artifact, cfg: LlmConfig) -> _Sizes:
+def _sizes_of(art: Artifact, cfg: LlmConfig) -> Shape:
     """What the artifact was compiled for (compile_hf records it), checked against its KV cache."""
     info = art.metadata.get("info", {}).get("llm")
     states = {s["name"]: s for s in art.metadata.get("states", [])}
     ok = isinstance(info, dict) and all(isinstance(info.get(k), int) and info[k] >= 1
-                                        for k in ("max_seq_len", "max_batch", "sample_k"))
+                                        for k in ("max_seq_len", "max_batch", "sample_k")) \
+        and info.get("dtype") in _CHECKPOINT_DTYPES.values()
     if not ok or CACHE not in states:
         raise ModelImportError("the artifact is not a causal LM compiled by rocmc.llm.compile_hf")
-    sizes = _Sizes(info["max_seq_len"], info["max_batch"], info["sample_k"])
-    shape = (2 * cfg.num_hidden_layers * sizes.max_seq_len,
-             sizes.max_batch * cfg.num_key_value_heads * cfg.head_dim)
+    sizes = Shape(info["max_seq_len"], info["max_batch"], info["dtype"], info["sample_k"])
+    shape = cache_shape(cfg, sizes)
     if tuple(states[CACHE]["shape"]) != shape:
         raise ModelImportError(f"the artifact's KV cache is {states[CACHE]['shape']}, not the {list(shape)} of this "
                                f"config with max_seq_len={sizes.max_seq_len}, max_batch={sizes.max_batch}")

@@ -12,10 +12,10 @@ while it ends in an incomplete character (U+FFFD).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import ModelImportError
+from .config import read_json
 
 _PROBE = "Hello world"
 _REPLACEMENT = "\ufffd"
@@ -124,12 +124,7 @@ def _special_tokens_config(directory: Path) -> dict:
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         path = directory / name
         if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ModelImportError(f"{path}: cannot read JSON: {e}") from None
-            if not isinstance(data, dict):
-                raise ModelImportError(f"{path}: expected a JSON object")
+            data = read_json(path)
             merged.update({k: v for k, v in data.items() if v is not None})
     return merged
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import operator
 import re
 from dataclasses import dataclass, field
 
@@ -232,13 +231,6 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
     return _Function(name, args, rets, E.lines, choices)
 
 
-class _IndexArith(Ix):
-    """symbolic's arithmetic on index values, for the sizes the checks compare."""
-
-    def floordiv(self, a, b):
-        return self._op("floordivsi", a, b, operator.floordiv)
-
-
 def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dict:
     """Asserts that the sizes of a call are those the module was built for: a symbol has one size
     across the inputs, and every constraint holds. The runtime checks the same from the metadata
@@ -256,7 +248,7 @@ def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dic
             ok = E.op(f"arith.cmpi eq, {first}, {size} : index", "ok")
             E.check(ok, f"dim {axis} of input {v.name!r} equals dim {first_axis} of input {name!r} ({d})")
     values = {d: size for d, (size, _, _) in sizes.items()}
-    ar = _IndexArith(E)
+    ar = Ix(E)
     for c in constraints:
         a, b = E.as_index(c.lhs.compute(ar, values)), c.rhs.compute(ar, values)
         if c.kind == "divisible":

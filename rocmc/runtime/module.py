@@ -49,7 +49,7 @@ class Module:
         self.device = get_device(device)
         self._lock = threading.Lock()
         # Parameters are found and checked (names, shapes, dtypes) before anything reaches the device.
-        self._parameters, self.parameter_notes = _parameters_for(artifact, parameters)
+        self._parameters, specs, self.parameter_notes = _parameters_for(artifact, parameters)
         self._ctx = rt.SystemContext(config=rt.Config(device=self.device))
         self._providers = []
         if meta.get("externs"):
@@ -60,7 +60,7 @@ class Module:
         try:
             if self._parameters is not None:
                 self._providers.append(self._parameters.provider(self._ctx.instance, scope=PARAMETER_SCOPE,
-                                                                 specs=self._specs))
+                                                                 specs=specs))
                 self._ctx.add_vm_module(self._providers[-1])
             self._vm_module = _vm_module(self._ctx.instance, artifact)
             self._ctx.add_vm_module(self._vm_module)
@@ -69,11 +69,6 @@ class Module:
         # Each function, with a second one for inputs whose attention scores would not fit (lowering/module.py).
         self._entries = {f["name"]: _Entry(self._ctx, f) for f in functions(meta)}
         self._default = next(iter(self._entries.values()))
-
-    @property
-    def _specs(self) -> list:
-        from ..parameters import Spec
-        return [Spec(p["name"], tuple(p["shape"]), p["dtype"]) for p in self.artifact.parameters]
 
     @property
     def signature(self) -> dict:
@@ -199,26 +194,24 @@ def _too_long(long: dict, sizes: dict) -> bool:
 def _parameters_for(artifact: Artifact, given):
     """The parameters a module loads, checked against what it needs: `given` (a file, a checkpoint
     directory, arrays, or a list of these), else the constants compiled as parameters, else the .irpa
-    saved beside the artifact. Returns (Parameters or None, notes on conversions made at load)."""
+    saved beside the artifact. Returns (Parameters or None, the module's parameter specs, notes on
+    conversions made at load)."""
     needed = artifact.parameters
     if not needed:
         if given is not None:
             raise InputError("load(parameters=...): this module takes no parameters")
-        return None, []
+        return None, [], []
     from ..parameters import Parameters, Spec
     if given is None:
-        if artifact.parameter_arrays:
-            given = artifact.parameter_arrays
-        elif artifact.path and Path(artifact.path).with_suffix(".irpa").is_file():
-            given = Path(artifact.path).with_suffix(".irpa")
-        else:
+        given = artifact.default_parameters()
+        if given is None:
             names = ", ".join(repr(p["name"]) for p in needed[:3]) + (", ..." if len(needed) > 3 else "")
             raise InputError(f"the module needs {len(needed)} parameter(s) ({names}) and none were given: pass "
                              f"load(..., parameters=) an .irpa, a .safetensors file, a checkpoint directory or "
                              f"a dict of arrays")
     params = Parameters.open(given)
-    notes = params.check([Spec(p["name"], tuple(p["shape"]), p["dtype"]) for p in needed])
-    return params, notes
+    specs = [Spec(p["name"], tuple(p["shape"]), p["dtype"]) for p in needed]
+    return params, specs, params.check(specs)
 
 
 def _long_form(meta) -> dict | None:

@@ -213,6 +213,20 @@ def _check_bool(desc: str, name: str, v) -> None:
         raise GraphError(f"{desc}: {name}={v!r}, expected a bool")
 
 
+def _operand(op: str, x, **flags) -> tuple:
+    """(graph, x as a Value, how errors name the node) for a builder taking one tensor of rank >= 1 and
+    bool flags (numpy bools accepted)."""
+    g = graph_of(op, x)
+    xv = as_value(op, "x", x, g)
+    desc = _desc(op, xv)
+    if xv.rank == 0:
+        raise GraphError(f"{desc}: 'x' is a scalar ({xv.type}); expected rank >= 1")
+    for name, v in flags.items():
+        if not isinstance(v, (bool, np.bool_)):
+            raise GraphError(f"{desc}: {name}={v!r}, expected a bool")
+    return g, xv, desc
+
+
 def _require_positions(desc: str, x: TensorType, axis: int) -> None:
     n = x.shape[axis]
     if isinstance(n, int) and n > MAX_POSITIONS:
@@ -252,13 +266,7 @@ def _argmax_ref(node, ins, attrs):
 def argmax(x, axis=-1, keepdims=False):
     """Index (i64) of the largest entry along `axis`: the first one on ties, and NaN counts as the
     largest value (the first NaN wins), as numpy.argmax and ONNX ArgMax (select_last_index=0)."""
-    g = graph_of("argmax", x)
-    xv = as_value("argmax", "x", x, g)
-    desc = _desc("argmax", xv)
-    if xv.rank == 0:
-        raise GraphError(f"{desc}: 'x' is a scalar ({xv.type}); expected rank >= 1")
-    if not isinstance(keepdims, (bool, np.bool_)):
-        raise GraphError(f"{desc}: keepdims={keepdims!r}, expected a bool")
+    g, xv, desc = _operand("argmax", x, keepdims=keepdims)
     return g.apply("argmax", [xv], {"axis": normalize_axis(desc, axis, xv.rank), "keepdims": bool(keepdims)})[0]
 
 
@@ -316,14 +324,7 @@ def topk(x, k, axis=-1, largest=True, sorted=True):
     int up to the axis size (a symbolic axis smaller than k is an InputError at the call). The
     result is always sorted; sorted=False (order unspecified) is accepted for ONNX.
     i64 inputs take a full sort of the axis (slower for large axes) instead of a k-best selection."""
-    g = graph_of("topk", x)
-    xv = as_value("topk", "x", x, g)
-    desc = _desc("topk", xv)
-    if xv.rank == 0:
-        raise GraphError(f"{desc}: 'x' is a scalar ({xv.type}); expected rank >= 1")
-    for name, v in (("largest", largest), ("sorted", sorted)):
-        if not isinstance(v, (bool, np.bool_)):
-            raise GraphError(f"{desc}: {name}={v!r}, expected a bool")
+    g, xv, desc = _operand("topk", x, largest=largest, sorted=sorted)
     if not _is_int(k):
         raise GraphError(f"{desc}: k={k!r}, expected a static int")
     attrs = {"k": int(k), "axis": normalize_axis(desc, axis, xv.rank), "largest": bool(largest),
@@ -432,13 +433,6 @@ def cumsum(x, axis, exclusive=False, reverse=False):
     """Running sums along `axis` (numpy.cumsum, ONNX CumSum): exclusive leaves each entry out of its
     own sum (the first is 0), reverse sums from the end. f16/bf16 accumulate in f32; integers wrap
     as numpy's do."""
-    g = graph_of("cumsum", x)
-    xv = as_value("cumsum", "x", x, g)
-    desc = _desc("cumsum", xv)
-    if xv.rank == 0:
-        raise GraphError(f"{desc}: 'x' is a scalar ({xv.type}); expected rank >= 1")
-    for name, v in (("exclusive", exclusive), ("reverse", reverse)):
-        if not isinstance(v, (bool, np.bool_)):
-            raise GraphError(f"{desc}: {name}={v!r}, expected a bool")
+    g, xv, desc = _operand("cumsum", x, exclusive=exclusive, reverse=reverse)
     attrs = {"axis": normalize_axis(desc, axis, xv.rank), "exclusive": bool(exclusive), "reverse": bool(reverse)}
     return g.apply("cumsum", [xv], attrs)[0]

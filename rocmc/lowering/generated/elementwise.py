@@ -142,26 +142,23 @@ def _mod(E, a, b, t, fmod):
     """ONNX Mod. fmod=0 moves a remainder whose sign differs from b's by b (floor mod). An integer
     divisor of 0 becomes 1 (remainder 0, no trap) and so does -1 (remainder 0; INT_MIN % -1 overflows)."""
     if _is_float(t):
-        z = E.const(0.0, t)
         r = E.op(f"arith.remf {a}, {b} : {t}")
-        if fmod:
-            return r
-        nonzero = E.op(f"arith.cmpf one, {r}, {z} : {t}")
-        differ = E.op(f"arith.xori {E.op(f'arith.cmpf olt, {r}, {z} : {t}')}, "
-                      f"{E.op(f'arith.cmpf olt, {b}, {z} : {t}')} : i1")
-        fix = E.op(f"arith.andi {nonzero}, {differ} : i1")
-        return E.op(f"arith.select {fix}, {E.op(f'arith.addf {r}, {b} : {t}')}, {r} : {t}")
+        return r if fmod else _toward_divisor(E, r, b, t, E.const(0.0, t), ("cmpf one,", "cmpf olt,", "addf"))
     z, one = E.const(0, t), E.const(1, t)
     trivial = E.op(f"arith.ori {E.op(f'arith.cmpi eq, {b}, {z} : {t}')}, "
                    f"{E.op(f'arith.cmpi eq, {b}, {E.const(-1, t)} : {t}')} : i1")
     r = E.op(f"arith.remsi {a}, {E.op(f'arith.select {trivial}, {one}, {b} : {t}')} : {t}")
-    if fmod:
-        return r
-    nonzero = E.op(f"arith.cmpi ne, {r}, {z} : {t}")
-    differ = E.op(f"arith.xori {E.op(f'arith.cmpi slt, {r}, {z} : {t}')}, "
-                  f"{E.op(f'arith.cmpi slt, {b}, {z} : {t}')} : i1")
+    return r if fmod else _toward_divisor(E, r, b, t, z, ("cmpi ne,", "cmpi slt,", "addi"))
+
+
+def _toward_divisor(E, r, b, t, z, ops):
+    """r + b where r is nonzero and its sign differs from b's, else r (C remainder -> floor mod); `ops`
+    names the not-equal and less-than comparisons (with their comma) and the add of t's kind."""
+    ne, lt, add = ops
+    nonzero = E.op(f"arith.{ne} {r}, {z} : {t}")
+    differ = E.op(f"arith.xori {E.op(f'arith.{lt} {r}, {z} : {t}')}, {E.op(f'arith.{lt} {b}, {z} : {t}')} : i1")
     fix = E.op(f"arith.andi {nonzero}, {differ} : i1")
-    return E.op(f"arith.select {fix}, {E.op(f'arith.addi {r}, {b} : {t}')}, {r} : {t}")
+    return E.op(f"arith.select {fix}, {E.op(f'arith.{add} {r}, {b} : {t}')}, {r} : {t}")
 
 
 def _lower_binary(E: Emitter, node, ins, ctx):

@@ -34,8 +34,7 @@ def _start(E: Emitter, node, ins, at: int, ctx):
     if len(ins) <= at:
         start = node.attrs["start"]
         if isinstance(start, str):
-            from ..module import _IndexArith
-            return symbolic.parse(start).compute(_IndexArith(E), ctx.symbols)
+            return symbolic.parse(start).compute(Ix(E), ctx.symbols)
         return start
     s = ins[at]
     where = ", ".join(E.index(0) for _ in range(s.rank))

@@ -40,6 +40,9 @@ class Ix:
     def div(self, a, b):
         return a if b == 1 else self._op("divsi", a, b, operator.floordiv)
 
+    def floordiv(self, a, b):
+        return self._op("floordivsi", a, b, operator.floordiv)
+
     def ceildiv(self, a, b):
         """Ceiling division by a positive int, exact for a > 0 and <= 0 otherwise, which is all
         `slice_bounds` needs (it clamps at 0). arith.ceildivsi on index fails IREE's CPU backend."""
