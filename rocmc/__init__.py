@@ -4,7 +4,7 @@ from .artifact import Artifact
 from .errors import (ArtifactError, CacheWarning, CompileError, DeviceError, GraphError, InputError, LoweringError,
                      ModelImportError, RocmcError, TargetError)
 from .frontend import Graph, TensorType, Value, dtype
-from .frontend.dtypes import bf16, bool_, f16, f32, i32, i64
+from .frontend.dtypes import bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
 from . import ops
 from .lowering import compile
 from .lowering.target import Target, known_targets
@@ -22,4 +22,4 @@ def import_onnx(model, **kwargs):
 __all__ = ["Artifact", "ArtifactError", "CacheWarning", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
            "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
            "__version__", "compile", "dtype", "evaluate", "import_onnx", "known_targets", "llm", "load", "ops", "Parameters", "save_parameters",
-           "f32", "f16", "bf16", "i32", "i64", "bool_"]
+           "f32", "f16", "bf16", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool_"]

@@ -27,8 +27,9 @@ from .archs import known_targets
 from .errors import ArtifactError
 from .frontend.dtypes import ALL as DTYPES
 
-STAGES = ("graph", "input", "abi", "preprocessing", "global-optimization", "dispatch-creation", "flow",
+STAGES = ("graph", "rewrite", "input", "abi", "preprocessing", "global-optimization", "dispatch-creation", "flow",
           "stream", "executable-sources", "executable-configurations", "executable-targets", "hal", "vm")
+_GRAPH_STAGES = ("graph", "rewrite")      # rocmc's graph before and after rocmc.rewrite; the rest are MLIR
 _VMFB_MAGIC = b"IREE"
 # The scope of the module's named parameters (#flow.parameter.named<"model"::"name">).
 PARAMETER_SCOPE = "model"
@@ -128,11 +129,17 @@ class Artifact:
 
     # ---- inspection -----------------------------------------------------------------------
     def ir(self, stage: str = "input") -> str:
-        """Text of one lowering stage: graph, input, flow, stream, hal, ... (see STAGES)."""
+        """Text of one lowering stage: graph (as given), rewrite (the graph compiled, after
+        rocmc.rewrite), input, flow, stream, hal, ... (see STAGES)."""
         if stage not in STAGES and not stage.startswith("dispatch:"):
             raise ArtifactError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)} or 'dispatch:<name>'")
         if stage == "graph":
             return self.metadata.get("graph_text", "")
+        if stage == "rewrite":
+            if "rewrites" not in self.metadata:
+                raise ArtifactError("this artifact was compiled with rewrite=False: it has no rewrite stage; "
+                                    "ir('graph') is the graph compiled")
+            return self.metadata.get("rewritten_text", self.metadata.get("graph_text", ""))
         if stage == "input" and self._input_mlir is not None:
             if isinstance(self._input_mlir, Path):
                 self._input_mlir = self._input_mlir.read_text()
@@ -162,8 +169,11 @@ class Artifact:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         for stage in STAGES:
-            (out / f"{STAGES.index(stage):02d}.{stage}.mlir" if stage != "graph" else out / "00.graph.txt") \
-                .write_text(self.ir(stage))
+            if stage in _GRAPH_STAGES:
+                if stage == "graph" or "rewrites" in self.metadata:
+                    (out / f"00.{stage}.txt").write_text(self.ir(stage))
+                continue
+            (out / f"{STAGES.index(stage) - len(_GRAPH_STAGES) + 1:02d}.{stage}.mlir").write_text(self.ir(stage))
         src = self.stage_dir() / "sources"
         if src.is_dir():
             (out / "dispatches").mkdir(exist_ok=True)
@@ -230,6 +240,7 @@ class Artifact:
                 lines.append(f"  {p['name']:<48} {p['dtype']}[{','.join(map(str, p['shape']))}] {n} bytes")
         for st in self.metadata.get("states", []):
             lines.append(f"state: {st['name']} {st['dtype']}[{','.join(map(str, st['shape']))}] (on the device)")
+        lines += rewrite_lines(self.metadata)
         if self._stage_dir is None:
             lines.append("dispatches: (listed for artifacts made by rocmc.compile; this one was loaded)")
             lines += [f"  {c['node']:<6} {c['op']:<16} {c['impl']}" for f in functions(self.metadata)
@@ -240,6 +251,20 @@ class Artifact:
             extra = f" [{d['arch']}]" if "arch" in d else ""
             lines.append(f"  {d['name']:<60} {d['kind']:<12} {d['impl']:<10}{extra} {' '.join(d['nodes'])} ({', '.join(d['ops'])})")
         return "\n".join(lines)
+
+
+def rewrite_lines(meta: dict) -> list[str]:
+    """What rocmc.rewrite replaced, one line per fused node: `rewrite: rms_norm %16 <- 8 nodes (...)`."""
+    if "rewrites" not in meta:
+        return ["rewrite: off"]
+    if not meta["rewrites"]:
+        return ["rewrite: nothing recognized"]
+    out = []
+    for r in meta["rewrites"]:
+        where = f"{r['function']}: " if r["function"] != meta.get("function", "main") else ""
+        nodes = ", ".join(f"{i} {op}" for i, op in r["replaced"])
+        out.append(f"rewrite: {where}{r['op']} {r['node']} <- {len(r['replaced'])} nodes ({nodes})")
+    return out
 
 
 _LOC_DEF = re.compile(r"^(#loc\d*) = loc\((.*)\)\s*$", re.M)
@@ -392,6 +417,9 @@ METADATA_SCHEMA = {
     "parameters?": [{"name": str, "shape": [int], "dtype": frozenset(DTYPES), "from": frozenset(("graph", "constant"))}],
     "states?": [{"name": str, "shape": [int], "dtype": frozenset(DTYPES)}],
     "info?": dict,
+    # rocmc.rewrite ran (compile(rewrite=True)): what it replaced, and the graph compiled if it changed.
+    "rewrites?": [{"function": str, "pattern": str, "op": str, "node": str, "replaced": [[str]]}],
+    "rewritten_text?": str,
 }
 _KIND = {str: "a string", int: "a non-negative integer", dict: "an object", _DIM: "a size or a symbol"}
 

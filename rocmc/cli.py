@@ -109,7 +109,8 @@ def cmd_compile(args) -> int:
             op, name = kv.split("=", 1)
             impl[op] = name
     t0 = time.perf_counter()
-    art = compile(g, args.target, impl=impl, libraries=args.library, cache=not args.no_cache, dump_ir=args.dump_ir)
+    art = compile(g, args.target, impl=impl, libraries=args.library, cache=not args.no_cache, dump_ir=args.dump_ir,
+                  rewrite=not args.no_rewrite)
     dt = time.perf_counter() - t0
     art.save(out)
     print(f"wrote {out} ({art.size} bytes, target {art.target}, {dt:.2f} s{', cached' if art.cached else ''})")
@@ -156,7 +157,11 @@ def cmd_run(args) -> int:
 def cmd_inspect(args) -> int:
     from .artifact import Artifact
     from .inspect import describe, format_description
-    d = describe(Artifact.load(args.module, verify=not args.no_verify))
+    art = Artifact.load(args.module, verify=not args.no_verify)
+    if args.ir:
+        print(art.ir(args.ir))
+        return 0
+    d = describe(art)
     print(json.dumps(d, indent=2) if args.json else format_description(d))
     return 0
 
@@ -220,6 +225,7 @@ def main(argv=None) -> int:
     c.add_argument("--library", action="append", default=[], help="opt into a vendor library (miopen)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="option for build_graph()")
     c.add_argument("--no-cache", action="store_true")
+    c.add_argument("--no-rewrite", action="store_true", help="compile the graph as given (no fused-op rewrites)")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="run a compiled module on .npy inputs")
     r.add_argument("module")
@@ -231,6 +237,7 @@ def main(argv=None) -> int:
     i = sub.add_parser("inspect", help="functions, signature, target, executables, kernels, imports of a .vmfb")
     i.add_argument("module")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--ir", choices=("graph", "rewrite"), help="print the graph as given, or as compiled (rewritten)")
     i.add_argument("--no-verify", action="store_true", help=NO_VERIFY)
     i.set_defaults(fn=cmd_inspect)
     k = sub.add_parser("kernels", help="hand-written kernels")

@@ -12,7 +12,7 @@ import re
 import subprocess
 import tempfile
 
-from .artifact import Artifact, functions
+from .artifact import Artifact, functions, rewrite_lines
 from .frontend.dtypes import ALL as DTYPES
 from .errors import ArtifactError
 
@@ -66,6 +66,7 @@ def describe(art: Artifact) -> dict:
         "signatures": {f["name"]: f["signature"] for f in functions(meta)},
         "parameters": art.parameters, "parameter_source": art.parameter_source(),
         "states": meta.get("states", []),
+        "rewrites": meta.get("rewrites"), "rewrite_summary": rewrite_lines(meta),
     }
 
 
@@ -89,6 +90,7 @@ def format_description(d: dict) -> str:
     lines += [f"  {k['symbol']}  [{k['arch']}]  for {k['node']} ({k['op']})" for k in d["kernels"]]
     lines.append("imports (external calls)" + ("" if d["imports"] else "  none"))
     lines += [f"  {i}" for i in d["imports"]]
+    lines += d["rewrite_summary"]
     lines.append("implementations")
     for c in d["implementations"]:
         why = f"  (skipped: {'; '.join(c['skipped'])})" if c.get("skipped") else ""

@@ -8,6 +8,7 @@ from .frontend.ops.gathers import *  # noqa: F401,F403
 from .frontend.ops.linalg import *  # noqa: F401,F403
 from .frontend.ops.norm import *  # noqa: F401,F403
 from .frontend.ops.reduce import *  # noqa: F401,F403
+from .frontend.ops.resize import *  # noqa: F401,F403
 from .frontend.ops.rnn import *  # noqa: F401,F403
 from .frontend.ops.rope import *  # noqa: F401,F403
 from .frontend.ops.shape import *  # noqa: F401,F403

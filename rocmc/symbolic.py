@@ -462,3 +462,229 @@ def check(cs: Iterable[Constraint], sizes: dict) -> None:
         why = c.failure(sizes)
         if why:
             raise InputError(why)
+
+
+# ---- arithmetic on dims ----------------------------------------------------------------------
+#
+# Exporters compute shapes with ONNX ops (Shape -> Gather -> Add -> Concat -> Reshape). Over symbolic
+# dims the importer does that arithmetic here, on dims spelled as graph types spell them (an int or a
+# size expression), and keeps each result canonical: a polynomial over symbols and opaque atoms
+# (floor divisions, min/max, window sizes), so (seq+1)-1 is seq again and batch*seq is the product
+# reshape understands.
+
+ASSUMED_AT_LEAST = 2    # what a comparison of symbols assumes, as torch.export does (0 and 1 specialize)
+
+
+class Undecided(ArithmeticError):
+    """A comparison of sizes that holds for some sizes and fails for others."""
+
+
+def _poly(e: Expr) -> dict:
+    """{monomial (sorted atoms): coefficient} of an expression; what is not + - * is an atom."""
+    if isinstance(e, Int):
+        return {(): e.value} if e.value else {}
+    if isinstance(e, Sym):
+        return {(e.name,): 1}
+    if isinstance(e, Neg):
+        return _pscale(_poly(e.x), -1)
+    if isinstance(e, Chain):
+        acc = _poly(e.first)
+        for op, x in e.rest:
+            p = _poly(x)
+            if op == "+":
+                acc = _padd(acc, p)
+            elif op == "-":
+                acc = _padd(acc, _pscale(p, -1))
+            elif op == "*":
+                acc = _pmul(acc, p)
+            else:
+                acc = _pdiv(acc, p, op)
+        return acc
+    return {(_atom_text(e),): 1}
+
+
+def _atom_text(e: Call) -> str:
+    return f"{e.name}({','.join([str(dim_of(_poly(a))) for a in e.args] + list(e.flags))})"
+
+
+def _padd(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for m, c in b.items():
+        out[m] = out.get(m, 0) + c
+    return {m: c for m, c in out.items() if c}
+
+
+def _pscale(a: dict, k: int) -> dict:
+    return {m: c * k for m, c in a.items() if c * k}
+
+
+def _pmul(a: dict, b: dict) -> dict:
+    out: dict = {}
+    for ma, ca in a.items():
+        for mb, cb in b.items():
+            m = tuple(sorted(ma + mb))
+            out[m] = out.get(m, 0) + ca * cb
+    return {m: c for m, c in out.items() if c}
+
+
+def _pdiv(a: dict, b: dict, op: str) -> dict:
+    """a / b or a // b: exact term by term when b is a constant dividing every coefficient (for '//'
+    also a constant a), else an opaque atom."""
+    if set(b) == {()}:
+        k = b[()]
+        if all(c % k == 0 for c in a.values()):
+            return {m: c // k for m, c in a.items()}
+        if set(a) == {()}:
+            return _poly(Int(a[()] // k if op == "//" else _exact_div(a[()], k)))
+    elif not a:
+        return {}
+    return {(f"({dim_of(a)}{op}{dim_of(b)})",): 1}
+
+
+def _monomial(m: tuple, c: int) -> str:
+    """'a', '(a*b)', '(a*4)': products in the spelling reshape's sizes use (atoms, then the coefficient)."""
+    parts = list(m) + ([str(abs(c))] if abs(c) != 1 else [])
+    return parts[0] if len(parts) == 1 else "(" + "*".join(parts) + ")"
+
+
+def _text(p: dict) -> str:
+    if not p:
+        return "0"
+    terms = sorted(p.items(), key=lambda mc: (mc[1] < 0, -len(mc[0]), mc[0]))
+    out = ""
+    for m, c in terms:
+        body = _monomial(m, c) if m else str(abs(c))
+        out += ("-" if c < 0 else "+" if out else "") + body
+    return out
+
+
+def dim_of(p: dict):
+    """A polynomial as a graph dim: an int, a symbol, '(a*b)' or '(seq+1)'."""
+    if set(p) <= {()}:
+        return p.get((), 0)
+    if len(p) == 1:
+        (m, c), = p.items()
+        if c > 0:
+            return _monomial(m, c)
+    return f"({_text(p)})"
+
+
+def _dim_poly(d) -> dict:
+    if isinstance(d, bool) or not isinstance(d, (int, str)):
+        try:
+            d = int(d)
+        except (TypeError, ValueError):
+            raise GraphError(f"size {d!r} is a {type(d).__name__}, expected an int or a size expression") from None
+    return _poly(parse(d))
+
+
+def canonical(d):
+    """The canonical spelling of a dim: (seq+1)-1 -> 'seq', '(2*n)' -> '(n*2)', '(4+0)' -> 4."""
+    return dim_of(_dim_poly(d))
+
+
+def dim_add(a, b):
+    return dim_of(_padd(_dim_poly(a), _dim_poly(b)))
+
+
+def dim_sub(a, b):
+    return dim_of(_padd(_dim_poly(a), _pscale(_dim_poly(b), -1)))
+
+
+def dim_mul(a, b):
+    return dim_of(_pmul(_dim_poly(a), _dim_poly(b)))
+
+
+def dim_floordiv(a, b):
+    """a // b (ONNX's integer Div of sizes, which are never negative here)."""
+    if b == 0:
+        raise ZeroDivisionError(f"{a} // 0")
+    return dim_of(_pdiv(_dim_poly(a), _dim_poly(b), "//"))
+
+
+def dim_mod(a, b):
+    """a mod b, spelled a - (a//b)*b: a multiple of the divisor is 0."""
+    return dim_sub(a, dim_mul(dim_floordiv(a, b), b))
+
+
+def dim_min(a, b, assumed: dict | None = None):
+    return _extreme("min", a, b, assumed)
+
+
+def dim_max(a, b, assumed: dict | None = None):
+    return _extreme("max", a, b, assumed)
+
+
+def _extreme(name: str, a, b, assumed: set | None):
+    """min/max of two sizes: the one that is, when `compare` decides it (with `assumed` given, also by
+    assuming least sizes of symbols, which are added to it), else 'min(a,b)'."""
+    for relation, pick in (("<=", a if name == "min" else b), (">=", b if name == "min" else a)):
+        try:
+            ok, needs = decide(a, relation, b)
+        except Undecided:
+            continue
+        if ok and not (needs and assumed is None):
+            if assumed is not None:
+                for x, least in needs.items():
+                    assumed[x] = max(assumed.get(x, 0), least)
+            return canonical(pick)
+    return canonical(f"{name}({canonical(a)},{canonical(b)})")
+
+
+def _range(p: dict, least: int):
+    """(low, high) of a polynomial over symbols >= least (None: unbounded); Undecided when its
+    terms pull both ways or hold opaque atoms, whose sizes the importer cannot bound."""
+    const = p.get((), 0)
+    terms = {m: c for m, c in p.items() if m}
+    if not terms:
+        return const, const
+    if any(not all(_is_symbol(x) for x in m) for m in terms):
+        raise Undecided(f"{dim_of(p)} holds sizes the importer cannot bound")
+    edge = const + sum(c * least ** len(m) for m, c in terms.items())
+    if all(c > 0 for c in terms.values()):
+        return edge, None
+    if all(c < 0 for c in terms.values()):
+        return None, edge
+    raise Undecided(f"the sign of {dim_of(p)} depends on the sizes")
+
+
+_RELATIONS = {
+    # relation: (holds for every value in [lo, hi], fails for every value in [lo, hi])
+    "==": (lambda lo, hi: lo == hi == 0, lambda lo, hi: (lo is not None and lo > 0) or (hi is not None and hi < 0)),
+    "<": (lambda lo, hi: hi is not None and hi < 0, lambda lo, hi: lo is not None and lo >= 0),
+    "<=": (lambda lo, hi: hi is not None and hi <= 0, lambda lo, hi: lo is not None and lo > 0),
+    ">": (lambda lo, hi: lo is not None and lo > 0, lambda lo, hi: hi is not None and hi <= 0),
+    ">=": (lambda lo, hi: lo is not None and lo >= 0, lambda lo, hi: hi is not None and hi < 0),
+}
+
+
+def decide(a, relation: str, b) -> tuple[bool, dict]:
+    """Whether `a relation b` holds for sizes (relation: ==, <, <=, >, >=), and what deciding it
+    assumed: {symbol: least size}, empty when it holds or fails for every size >= 0, else each
+    symbol >= 1 (no empty tensors) or, failing that, >= ASSUMED_AT_LEAST. Undecided when even that
+    leaves it open (seq < kv)."""
+    p = _padd(_dim_poly(a), _pscale(_dim_poly(b), -1))
+    holds, fails = _RELATIONS[relation]
+    symbols = sorted({x for m in p if m for x in m})
+    for least in (0, 1, ASSUMED_AT_LEAST):
+        lo, hi = _range(p, least)
+        if holds(lo, hi) or fails(lo, hi):
+            return holds(lo, hi), ({x: least for x in symbols} if least else {})
+    raise Undecided(f"whether {canonical(a)} {relation} {canonical(b)} depends on the sizes")
+
+
+def compare(a, b) -> tuple[int, dict]:
+    """(sign of a - b, what deciding it assumed, as `decide`); Undecided when the sign depends on the
+    sizes."""
+    for sign, relation in ((0, "=="), (-1, "<"), (1, ">")):
+        try:
+            ok, needs = decide(a, relation, b)
+        except Undecided:
+            continue
+        if ok:
+            return sign, needs
+    raise Undecided(f"the sign of {dim_sub(a, b)} depends on the sizes")
+
+
+def _is_symbol(x: str) -> bool:
+    return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", x) is not None

@@ -275,7 +275,7 @@ def test_pool_and_transpose_attributes_are_normalized():
                                  "ceil_mode": False, "dilation": [1, 1]}
     y = ops.avg_pool2d(x, 3, 1, padding=(1, 0), count_include_pad=False)
     assert g.nodes[-1].attrs == {"kernel_size": [3, 3], "stride": [1, 1], "padding": [[1, 1], [0, 0]],
-                                 "ceil_mode": False, "count_include_pad": False}
+                                 "dilation": [1, 1], "ceil_mode": False, "count_include_pad": False}
     assert y.shape == ("n", 2, 9, 7)
     y = ops.conv_transpose2d(x, w, stride=2, padding=((1, 0), (0, 0)), output_padding=(1, 0))
     assert g.nodes[-1].attrs == {"stride": [2, 2], "padding": [[1, 0], [0, 0]], "output_padding": [1, 0],

@@ -124,23 +124,23 @@ def test_half_precision_model(rng):
 def test_every_unsupported_node_in_one_error():
     nodes = [
         helper.make_node("Tan", ["x"], ["s"], name="the_tan"),
-        helper.make_node("Conv", ["v", "w"], ["c"], name="conv3d"),
+        helper.make_node("Conv", ["v", "w"], ["c"], name="conv4d"),
         helper.make_node("Gelu", ["x"], ["g"], name="bad_gelu", approximate="erf"),
         helper.make_node("Relu", ["d"], ["r"], name="after_double"),
         helper.make_node("Custom", ["x"], ["u"], name="custom", domain="com.example"),
     ]
-    m = _model(nodes, [_info("x", TensorProto.FLOAT, [2, 3]), _info("v", TensorProto.FLOAT, [1, 2, 4, 4, 4]),
-                       _info("d", TensorProto.DOUBLE, [2])],
+    m = _model(nodes, [_info("x", TensorProto.FLOAT, [2, 3]), _info("v", TensorProto.FLOAT, [1, 2, 4, 4, 4, 4]),
+                       _info("d", TensorProto.COMPLEX64, [2])],
                [_info(n, TensorProto.FLOAT, None) for n in "scgru"],
-               [numpy_helper.from_array(np.ones((2, 2, 3, 3, 3), np.float32), "w")], opset=20)
+               [numpy_helper.from_array(np.ones((2, 2, 3, 3, 3, 3), np.float32), "w")], opset=20)
     m.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(rocmc.ModelImportError) as err:
         rocmc.import_onnx(m)
     text = str(err.value)
     assert "Tan 'the_tan': op type is not supported" in text
-    assert "Conv 'conv3d': 3-D convolution" in text
+    assert "Conv 'conv4d': 4-D convolution" in text
     assert "Gelu 'bad_gelu': attribute approximate='erf'" in text
-    assert "input 'd' has element type DOUBLE (rocmc has FLOAT" in text
+    assert "input 'd' has element type COMPLEX64 (rocmc has FLOAT" in text
     assert "Custom 'custom': domain 'com.example'" in text
     assert "after_double" not in text   # downstream of a reported input, not itself unsupported
 
@@ -180,9 +180,8 @@ REAL_MODELS = {
     "llama2l_decoder.onnx": ({}, lambda rng: {
         "input_ids": rng.integers(0, 256, (2, 7)).astype(np.int64),
         "position_ids": np.stack([np.arange(7), np.arange(5, 12)]).astype(np.int64)}),
-    # The exporter slices its rotary tables to [:seq]; rocmc slices need integer bounds, so seq is pinned.
-    "llama2l_decoder_torch.onnx": ({"seq": 9},
-                                   lambda rng: {"input_ids": rng.integers(0, 256, (2, 9)).astype(np.int64)}),
+    # The exporter slices its rotary tables to [:seq]: seq stays symbolic (assumed within the tables).
+    "llama2l_decoder_torch.onnx": ({}, lambda rng: {"input_ids": rng.integers(0, 256, (2, 9)).astype(np.int64)}),
 }
 
 
@@ -200,9 +199,24 @@ def test_real_model_matches_onnxruntime(name, rng):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_symbolic_slice_bound_is_reported_with_the_fix():
-    with pytest.raises(rocmc.ModelImportError, match=r"depends on symbolic dims \(seq\).*dims=\{'seq': N\}"):
-        rocmc.import_onnx(MODELS / "llama2l_decoder_torch.onnx")
+def test_symbolic_slice_of_rotary_tables_is_assumed_to_fit(rng):
+    """The exporter's cos_cached[:seq] keeps seq symbolic: seq <= the tables' length is assumed, so any
+    length up to it runs (matching ONNX Runtime) and a longer one is an InputError naming the Slice."""
+    ort = pytest.importorskip("onnxruntime")
+    path = MODELS / "llama2l_decoder_torch.onnx"
+    g = rocmc.import_onnx(path)
+    assert [str(v.type) for v in g.inputs] == ["i64[batch,seq]"]
+    limits = [c for c in g.assumptions if "imported assuming seq <=" in c.node]
+    assert limits, [c.describe() for c in g.assumptions]
+    most = limits[0].lhs.value
+    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, seq in ((1, 3), (2, most)):
+        ids = rng.integers(0, 256, (batch, seq)).astype(np.int64)
+        want = session.run(None, {"input_ids": ids})[0]
+        np.testing.assert_allclose(mod(ids), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    with pytest.raises(rocmc.InputError, match=rf"Slice node '.*' \(imported assuming seq <= {most}\)"):
+        mod(rng.integers(0, 256, (1, most + 1)).astype(np.int64))
 
 
 @pytest.mark.parametrize("name, expected", [

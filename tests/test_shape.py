@@ -393,3 +393,24 @@ def test_gpu_targets_compile(dtype):
              ops.pad(x, 1, value=2.0), ops.broadcast_to(m, ("b", "seq")), ops.slice(x, [1], [1000], [2], [3]),
              ops.squeeze(ops.unsqueeze(x, [0, -1]), [0]))
     compile_gpu(g)
+
+
+def test_sizes_of_symbolic_dims(rng):
+    """ops.sizes: a tensor of sizes spelled over the graph's symbols, computed from the call's shapes."""
+    g = rocmc.Graph("sizes")
+    x = g.input("x", ("b", "s", 3))
+    n = ops.sizes(g, ["b", "(s+1)", "(b*s)", "((s+1)//2)", 7])
+    g.output(n, ops.broadcast_to(ops.sum(x, axis=(0, 1, 2)), ["(s+1)", 2]))
+    assert str(n.type) == "i64[5]"
+    mod = rocmc.load(rocmc.compile(g))
+    for b, s in ((2, 5), (1, 8)):
+        a = rng.standard_normal((b, s, 3)).astype(np.float32)
+        got, wide = mod(a)
+        np.testing.assert_array_equal(got, [b, s + 1, b * s, (s + 1) // 2, 7])
+        np.testing.assert_array_equal(rocmc.evaluate(g, a)[0], got)
+        assert wide.shape == (s + 1, 2)
+        np.testing.assert_allclose(wide, np.full((s + 1, 2), a.sum(dtype=np.float64)), rtol=1e-5)
+    with pytest.raises(rocmc.GraphError, match=r"sizes: dim 'kv' is neither an int nor a size over the symbols"):
+        ops.sizes(g, ["kv"])
+    with pytest.raises(rocmc.GraphError, match=r"sizes: dtype='f32', expected 'i32' or 'i64'"):
+        ops.sizes(g, ["s"], dtype="f32")

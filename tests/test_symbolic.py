@@ -242,3 +242,43 @@ def test_evaluate_rejects_a_dtype_of_another_kind(two_inputs):
     g, _ = two_inputs
     with pytest.raises(rocmc.InputError, match="input 'a': dtype int32 but the graph expects f32"):
         rocmc.evaluate(g, np.ones((2, 4), np.int32), np.ones((2, 4), np.float32))
+
+
+# ---- arithmetic on dims (what the ONNX importer computes shapes with) -------------------------
+
+@pytest.mark.parametrize("expr, canonical", [
+    ("((seq+1)-1)", "seq"), ("(2*n)", "(n*2)"), ("(4+0)", 4), ("(b*seq*4)", "(b*seq*4)"),
+    ("(seq*4*b)", "(b*seq*4)"), ("((s+1)//2)", "((s+1)//2)"), ("((2*s+4)//2)", "(s+2)"), ("(0-s)", "(-s)"),
+])
+def test_canonical_dims(expr, canonical):
+    assert symbolic.canonical(expr) == canonical
+    assert symbolic.canonical(canonical) == canonical
+
+
+def test_dim_arithmetic_evaluates_as_integers(rng):
+    """Every canonical result evaluates to the integer arithmetic of the sizes it was built from."""
+    ops_ = [("add", lambda a, b: a + b), ("sub", lambda a, b: a - b), ("mul", lambda a, b: a * b),
+            ("floordiv", lambda a, b: a // b), ("mod", lambda a, b: a % b)]
+    for _ in range(40):
+        sizes = {"s": int(rng.integers(1, 50)), "b": int(rng.integers(1, 9))}
+        a = symbolic.dim_add(symbolic.dim_mul("s", int(rng.integers(1, 4))), int(rng.integers(0, 7)))
+        for name, fn in ops_:
+            b = int(rng.integers(1, 6)) if name in ("floordiv", "mod") else "b"
+            d = getattr(symbolic, f"dim_{name}")(a, b)
+            want = fn(symbolic.parse(a).evaluate(sizes), b if isinstance(b, int) else sizes["b"])
+            got = d if isinstance(d, int) else symbolic.parse(d).evaluate(sizes)
+            assert got == want, (name, a, b, d, sizes)
+
+
+def test_decide_says_what_it_assumed():
+    assert symbolic.decide(0, "<=", "seq") == (True, {})
+    assert symbolic.decide("seq", "==", "seq") == (True, {})
+    assert symbolic.decide("seq", ">=", 1) == (True, {"seq": 1})
+    assert symbolic.decide("seq", "==", 1) == (False, {"seq": 2})
+    assert symbolic.decide(symbolic.dim_add("s", 3), ">", "s") == (True, {})
+    for a, b in (("seq", 512), ("q", "kv"), (symbolic.dim_floordiv("s", 2), 3)):
+        with pytest.raises(symbolic.Undecided):
+            symbolic.decide(a, "<=", b)
+    assumed = {}
+    assert symbolic.dim_max("b", 1, assumed) == "b" and assumed == {"b": 1}
+    assert symbolic.dim_min("s", 1000) == "min(s,1000)"

@@ -1,4 +1,8 @@
-"""The element types rocmc knows, with their numpy and MLIR spellings."""
+"""The element types rocmc knows, with their numpy and MLIR spellings.
+
+MLIR's integers are signless: i8 holds both int8 and uint8. The signedness lives here, on the DType
+(`unsigned`), and lowerings read it to pick the unsigned form of an op (divui, cmpi ult, uitofp, ...).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,11 +15,17 @@ from ..errors import GraphError
 
 @dataclass(frozen=True)
 class DType:
-    name: str          # rocmc spelling, used in printed IR: f32, f16, bf16, i32, i64, bool
+    name: str          # rocmc spelling, used in printed IR: f32, f64, u8, i64, bool, ...
     np: np.dtype       # numpy storage type
-    mlir: str          # MLIR element type inside the module
+    mlir: str          # MLIR element type inside the module (signless for integers)
     kind: str          # "float", "int" or "bool"
     bits: int
+    unsigned: bool = False   # an integer read as 0..2**bits-1
+
+    @property
+    def signed(self) -> bool:
+        """A signed integer (bool and floats are neither)."""
+        return self.kind == "int" and not self.unsigned
 
     @property
     def is_float(self) -> bool:
@@ -24,6 +34,15 @@ class DType:
     @property
     def is_int(self) -> bool:
         return self.kind == "int"
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """The smallest and largest value of an integer type."""
+        if self.kind != "int":
+            raise GraphError(f"dtype {self.name} is not an integer type")
+        if self.unsigned:
+            return 0, (1 << self.bits) - 1
+        return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
 
     @property
     def abi_mlir(self) -> str:
@@ -40,12 +59,20 @@ class DType:
 f32 = DType("f32", np.dtype(np.float32), "f32", "float", 32)
 f16 = DType("f16", np.dtype(np.float16), "f16", "float", 16)
 bf16 = DType("bf16", np.dtype(ml_dtypes.bfloat16), "bf16", "float", 16)
+f64 = DType("f64", np.dtype(np.float64), "f64", "float", 64)
+i8 = DType("i8", np.dtype(np.int8), "i8", "int", 8)
+i16 = DType("i16", np.dtype(np.int16), "i16", "int", 16)
 i32 = DType("i32", np.dtype(np.int32), "i32", "int", 32)
 i64 = DType("i64", np.dtype(np.int64), "i64", "int", 64)
+u8 = DType("u8", np.dtype(np.uint8), "i8", "int", 8, unsigned=True)
+u16 = DType("u16", np.dtype(np.uint16), "i16", "int", 16, unsigned=True)
+u32 = DType("u32", np.dtype(np.uint32), "i32", "int", 32, unsigned=True)
+u64 = DType("u64", np.dtype(np.uint64), "i64", "int", 64, unsigned=True)
 bool_ = DType("bool", np.dtype(np.bool_), "i1", "bool", 1)
 
-ALL = {d.name: d for d in (f32, f16, bf16, i32, i64, bool_)}
-_ALIASES = {"float32": f32, "float16": f16, "bfloat16": bf16, "int32": i32, "int64": i64, "bool_": bool_}
+ALL = {d.name: d for d in (f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool_)}
+# numpy's names of every type, and rocmc's older spellings
+_ALIASES = {**{d.np.name: d for d in ALL.values()}, "bool_": bool_}
 
 
 def dtype(spec) -> DType:

@@ -205,6 +205,7 @@ class Graph:
         self.parameters: dict[str, TensorType] = {}   # weights known by name only (see `parameter`)
         self.states: dict[str, TensorType] = {}       # device-resident tensors kept across calls
         self.assigns: dict[str, Value] = {}           # state name -> its value after a call
+        self.assumptions: list = []                   # symbolic.Constraint the graph was built assuming
         self._digests: dict[str, tuple] = {}
         self._ids = 0
         self._names: set[str] = set()
@@ -232,7 +233,7 @@ class Graph:
         if dtype is not None:
             arr = arr.astype(_dt.dtype(dtype).np)
         elif arr.dtype == np.float64:
-            raise GraphError(f"constant {name!r}: float64 is not supported; pass dtype= (f32, f16, bf16)")
+            raise GraphError(f"constant {name!r}: a float64 array needs an explicit dtype= (f64, f32, f16, bf16)")
         elif arr.dtype == np.int64 and not isinstance(array, np.ndarray):
             arr = arr.astype(np.int64)
         dt = _dt.dtype(arr.dtype)
@@ -254,6 +255,21 @@ class Graph:
         self._digests[name] = (const, ContentDigest(const))
         node = Node("constant", [], {"name": name}, id=len(self.nodes))
         v = Value(self, TensorType(tuple(int(d) for d in arr.shape), dt), node, 0, name)
+        node.outputs = [v]
+        self.nodes.append(node)
+        return v
+
+    def share_constant(self, source: "Graph", name: str) -> Value:
+        """Constant `name` of graph `source` as a constant of this graph: the same read-only array and
+        content digest, neither copied nor hashed again (a rewritten copy of a graph of large weights)."""
+        if name in self._names:
+            raise GraphError(f"constant {name!r}: the name is already used in graph {self.name!r}")
+        const = source.constants[name]
+        self._names.add(name)
+        self.constants[name] = const
+        self._digests[name] = source._digests.get(name) or (const, ContentDigest(const))
+        node = Node("constant", [], {"name": name}, id=len(self.nodes))
+        v = Value(self, TensorType(tuple(int(d) for d in const.shape), _dt.dtype(const.dtype)), node, 0, name)
         node.outputs = [v]
         self.nodes.append(node)
         return v
@@ -320,6 +336,20 @@ class Graph:
         self.nodes.append(node)
         return node.outputs
 
+    def assume(self, constraint) -> None:
+        """Record what the graph's construction assumed of its sizes (a symbolic.Constraint, e.g. an
+        importer deciding `seq == 1` as false assumes seq >= 2): checked on every call, like the
+        constraints of its types."""
+        from ..symbolic import Constraint
+        if not isinstance(constraint, Constraint):
+            raise GraphError(f"assume: {constraint!r} is not a rocmc.symbolic.Constraint")
+        unknown = (constraint.lhs.symbols() | constraint.rhs.symbols()) - set(self.symbols())
+        if unknown:
+            raise GraphError(f"assume: {constraint.describe()} names {', '.join(sorted(unknown))}, not a dim of "
+                             f"any input of graph {self.name!r}")
+        if constraint not in self.assumptions:
+            self.assumptions.append(constraint)
+
     def output(self, *values: Value) -> None:
         for v in values:
             if not isinstance(v, Value) or v.graph is not self:
@@ -352,6 +382,8 @@ class Graph:
             lines.append(f"  {res} = {n.describe()}{attrs}")
         for name, v in self.assigns.items():
             lines.append(f"  assign {json.dumps(name)} = %{v.id}")
+        for c in self.assumptions:
+            lines.append(f"  assume {c.describe()}")
         lines.append(f"  return {', '.join(f'%{v.id}' for v in self.outputs)}")
         lines.append("}")
         return "\n".join(lines)

@@ -96,12 +96,12 @@ def as_value(op: str, arg: str, x, graph: Graph, like: Value | None = None) -> V
     if isinstance(x, (bool, int, float, np.number, np.bool_)) and not isinstance(x, np.ndarray):
         if like is None:
             raise GraphError(f"{op}: argument {arg!r} is a scalar but no tensor gives its dtype")
-        return graph.constant(None, np.asarray(x, dtype=like.dtype.np))
+        return graph.constant(None, np.asarray(x, dtype=like.dtype.np), dtype=like.dtype)
     if isinstance(x, np.ndarray):
         if x.dtype == np.float64:
             if like is None or not like.dtype.is_float:
-                raise GraphError(f"{op}: argument {arg!r} is float64; cast it to f32/f16/bf16")
-            x = x.astype(like.dtype.np)
+                raise GraphError(f"{op}: argument {arg!r} is float64; cast it to a float dtype (f32, f64, ...)")
+            return graph.constant(None, x, dtype=like.dtype)
         return graph.constant(None, x)
     raise GraphError(f"{op}: argument {arg!r} must be a Value, numpy array or scalar, got {type(x).__name__}")
 
@@ -180,7 +180,7 @@ def dim_constraints(graph: Graph) -> list:
     the inputs' symbols can be checked before a call."""
     known = set(graph.symbols())
     found = symbolic.constraints((n.describe(), [d for v in n.outputs for d in v.shape]) for n in graph.nodes)
-    return [c for c in found if c.lhs.symbols() | c.rhs.symbols() <= known]
+    return list(graph.assumptions) + [c for c in found if c.lhs.symbols() | c.rhs.symbols() <= known]
 
 
 def np_float(x):

@@ -30,7 +30,8 @@ def evaluate(graph: Graph, *args, **feeds):
     """Run `graph` on numpy inputs in float64 (integers stay integers). Returns one array or a tuple.
 
     Inputs are checked as a compiled module checks them (InputError), except that any float dtype
-    is accepted for a float input. round_to_dtype=True rounds every intermediate result to its graph
+    is accepted for a float input and any integer dtype for an integer one (converted to the input's
+    dtype: integer results wrap at each node's width, as the module's). round_to_dtype=True rounds every intermediate result to its graph
     dtype (models storage rounding); an array passed as `round_to_dtype=` is the input of that name.
     parameters={name: array} gives the graph's parameters. A graph with states takes state={name:
     array} (their values before the call) and returns (outputs, new state dict).
@@ -44,7 +45,7 @@ def evaluate(graph: Graph, *args, **feeds):
     state = dict(state or {})
     given, sizes = bind(input_specs(graph), [_array(a) for a in args], {k: _array(v) for k, v in feeds.items()},
                         dim_constraints(graph), exact_dtype=False, what="graph")
-    values = {v.id: np_float(a) for v, a in zip(graph.inputs, given)}
+    values = {v.id: _input(v, a) for v, a in zip(graph.inputs, given)}
     _SYMBOLS.set(sizes)
     for node in graph.nodes:
         if node.op == "constant":
@@ -74,6 +75,13 @@ def evaluate(graph: Graph, *args, **feeds):
         new_state = {**state, **{name: values[v.id] for name, v in graph.assigns.items()}}
         return out, new_state
     return out
+
+
+def _input(v, a):
+    """A graph input as the references take it: floats as float64, integers in the input's own dtype
+    (an int64 array fed to a u8 input wraps as the module's u8 arithmetic does)."""
+    a = np_float(a)
+    return a.astype(v.dtype.np) if v.dtype.kind == "int" else a
 
 
 def _option(feeds: dict, key: str, default):

@@ -24,7 +24,7 @@ _stage_lock = threading.Lock()
 
 
 def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", cache: bool = True,
-            dump_ir=None, flags=(), info: dict | None = None) -> Artifact:
+            dump_ir=None, flags=(), info: dict | None = None, rewrite: bool = True) -> Artifact:
     """Compile `graph` for `target` ("cpu", "gfx942", "rocm:gfx942", "cuda:sm_80", ...).
 
     graph: a Graph (the module's function `main`), or a dict {name: Graph} of functions compiled into one
@@ -38,7 +38,12 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
     dump_ir: a directory to write every lowering stage to.
     info: a JSON object kept in the artifact's metadata (`art.metadata["info"]`), e.g. what a model was
     built for.
+    rewrite: replace the decomposed forms exporters write (RMSNorm, LayerNorm, GELU, SiLU, RoPE,
+    attention) with rocmc's fused ops before lowering (rocmc.rewrite); `art.ir("rewrite")` is the graph
+    compiled, `art.summary()` lists what was replaced.
     """
+    if not isinstance(rewrite, bool):
+        raise LoweringError(f"compile(rewrite={rewrite!r}): expected True or False")
     check_options(impl, libraries)
     program = program_of(graph)
     external = _external(constants)
@@ -48,7 +53,7 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
     root = cache_root() if cache else None
     remove_stale(root, tempfile.gettempdir())
     key = cache_key(graph=program_hash(program, external), functions=list(program), external=external,
-                    target=str(target), impl=impl, libraries=libraries, flags=list(flags), info=info,
+                    target=str(target), impl=impl, libraries=libraries, flags=list(flags), info=info, rewrite=rewrite,
                     rocmc=__version__, code=code_digest(), iree=iree_version(),
                     cpu=host_cpu() if target.kind == "cpu" else None,
                     kernels=kernels.sources_digest() if target.is_gpu else None)
@@ -61,7 +66,8 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
                        path=str(hit.dir / "module.vmfb"), stage_dir=stages)
         art.cached = True
     else:
-        lowered = lower(program, target, impl=impl, libraries=libraries, external=external, info=info)
+        lowered = lower(program, target, impl=impl, libraries=libraries, external=external, info=info,
+                        rewrite=rewrite)
         vmfb, used, note = _compile_tuned(lowered.bytecode, target, list(flags))
         vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used

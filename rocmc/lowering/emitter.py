@@ -55,6 +55,15 @@ FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
 _WIDTH = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 
 
+def signless(value: int, bits: int) -> int:
+    """`value` as the signed integer of `bits` bits with the same bit pattern (how MLIR spells an
+    unsigned constant such as 255 : i8 -> -1), so every integer of either signedness parses."""
+    if bits == 1:
+        return value & 1
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
 def mlir_string(s: str) -> str:
     """The body of an MLIR string literal holding `s`."""
     return s.replace("\\", "\\\\").replace('"', '\\"')
@@ -100,7 +109,7 @@ class Emitter:
             return self.op(f"arith.constant {float_literal(value, elt)} : {elt}", "c")
         if elt == "i1":
             return self.op(f"arith.constant {'true' if value else 'false'}", "c")
-        return self.op(f"arith.constant {int(value)} : {elt}", "c")
+        return self.op(f"arith.constant {signless(int(value), _WIDTH[elt])} : {elt}", "c")
 
     def check(self, ok: str, fact: str) -> None:
         """Fail the call unless the i1 `ok` holds. The runtime finds `fact` in IREE's error by its
@@ -110,8 +119,9 @@ class Emitter:
     def index(self, n: int) -> str:
         return self.op(f"arith.constant {int(n)} : index", "c")
 
-    def cast_scalar(self, v: str, src: str, dst: str, unsigned_src: bool = False) -> str:
-        """Convert a scalar between element types with C-like semantics (float->int truncates)."""
+    def cast_scalar(self, v: str, src: str, dst: str, unsigned_src: bool = False, unsigned_dst: bool = False) -> str:
+        """Convert a scalar between element types with C-like semantics (float->int truncates, a
+        narrower int keeps the low bits); the flags say which side is an unsigned integer."""
         if src == dst:
             return v
         fs, fd = src in FLOAT_TYPES, dst in FLOAT_TYPES
@@ -125,7 +135,7 @@ class Emitter:
             if dst == "i1":
                 z = self.const(0.0, src)
                 return self.op(f"arith.cmpf une, {v}, {z} : {src}")
-            return self.op(f"arith.fptosi {v} : {src} to {dst}")
+            return self.op(f"arith.{'fptoui' if unsigned_dst else 'fptosi'} {v} : {src} to {dst}")
         if not fs and fd:
             op = "arith.uitofp" if (src == "i1" or unsigned_src) else "arith.sitofp"
             return self.op(f"{op} {v} : {src} to {dst}")
@@ -219,9 +229,13 @@ class Emitter:
         return T(r[0], out_type, out_elt)
 
     def convert(self, t: T, dst_elt: str, out_type: TensorType | None = None) -> T:
-        """Elementwise element-type conversion of a whole tensor."""
+        """Elementwise element-type conversion of a whole tensor. A side whose element type is its
+        graph dtype's reads that dtype's signedness (u8 -> f32 is uitofp; f32 -> u8 is fptoui)."""
         if t.mlir_elt == dst_elt:
             return t
         out_type = out_type or t.type
         src = t.mlir_elt
-        return self.map([t], out_type, lambda E, a: E.cast_scalar(a[0], src, dst_elt), out_elt=dst_elt)
+        unsigned_src = src == t.type.dtype.mlir and t.type.dtype.unsigned
+        unsigned_dst = dst_elt == out_type.dtype.mlir and out_type.dtype.unsigned
+        return self.map([t], out_type, lambda E, a: E.cast_scalar(a[0], src, dst_elt, unsigned_src, unsigned_dst),
+                        out_elt=dst_elt)

@@ -99,6 +99,8 @@ def _pool_limits(node) -> str | None:
         return f"dilation {a['dilation']} (MIOpen pooling has no dilation)"
     if a["ceil_mode"]:
         return "ceil_mode=True (MIOpen pooling rounds the output size down)"
+    if any(p[0] > k // 2 for p, k in zip(a["padding"], a["kernel_size"])):
+        return f"padding {a['padding']} beyond half the kernel {a['kernel_size']}"
     return _asymmetric(a)
 
 

@@ -311,10 +311,16 @@ def program_hash(program: dict, bytes_below: int | None = None) -> str:
     return h.hexdigest()
 
 
-def lower(program, target, impl=None, libraries=(), external: int | None = None, info: dict | None = None) -> Lowered:
+def lower(program, target, impl=None, libraries=(), external: int | None = None, info: dict | None = None,
+          rewrite: bool = False) -> Lowered:
     """Lower a Graph (function `main`) or a {name: Graph} program; with `external`, constants of at least
-    that many bytes become named parameters."""
-    program = program_of(program)
+    that many bytes become named parameters; with `rewrite`, the graphs go through rocmc.rewrite first
+    (the metadata keeps the given graphs' hash and text, and records what was rewritten)."""
+    program = given = program_of(program)
+    records = None
+    if rewrite:
+        from ..rewrite import rewrite_program
+        program, records = rewrite_program(given)
     target = Target.parse(target)
     first = next(iter(program.values()))
     ctx = LowerContext(target, first, external=external)
@@ -342,8 +348,8 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
         "rocmc": __version__,
         "iree": iree_version(),
         "graph": first.name if len(program) == 1 else "+".join(program),
-        "graph_hash": program_hash(program, external),
-        "graph_text": "\n".join(str(g) for g in program.values()),
+        "graph_hash": program_hash(given, external),
+        "graph_text": "\n".join(str(g) for g in given.values()),
         "target": str(target),
         **{k: v for k, v in main.items() if k != "name"},
         "kernels": ctx.kernels,
@@ -353,6 +359,10 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
         meta["function"] = main["name"]
     if info is not None:
         meta["info"] = info
+    if records is not None:
+        meta["rewrites"] = records
+        if records:
+            meta["rewritten_text"] = "\n".join(str(g) for g in program.values())
     if len(infos) > 1:
         meta["functions"] = infos[1:]
     for kind, table in (("parameters", ctx.parameters), ("states", ctx.states)):

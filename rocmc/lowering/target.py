@@ -51,12 +51,20 @@ class Target:
         return list(CPU_TUNING) if self.kind == "cpu" else []
 
     def iree_flags(self) -> list[str]:
+        return self._device_flags() + KEEP_F64
+
+    def _device_flags(self) -> list[str]:
         if self.kind == "cpu":
             return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
                     "--iree-llvmcpu-target-cpu=host"]
         if self.kind == "rocm":
             return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
         return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}"]
+
+
+# iree-compile demotes f64 to f32 unless told not to: an f64 graph would compute in f32 and its
+# module would expect f32 buffers.
+KEEP_F64 = ["--iree-input-demote-f64-to-f32=false"]
 
 
 # Performance options tried first on CPU targets: data tiling (packed matmul layouts, ukernel-style

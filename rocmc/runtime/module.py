@@ -160,11 +160,12 @@ class Module:
         for spec, r in zip(entry.sig["outputs"], results):
             if output == "numpy":
                 a = r.to_host() if hasattr(r, "to_host") else np.asarray(r)
-                # A view of the runtime's host buffer would change with the next call: copy.
-                if spec["dtype"] == "bool":
-                    a = a.view(np.bool_).copy()
-                elif spec["dtype"] == "bf16":
-                    a = a.view(_np_dtype("bf16")).copy()
+                # A view of the runtime's host buffer would change with the next call: copy. The
+                # runtime names the element type by its MLIR spelling (bool as i8, u8 as the signless
+                # i8, bf16 as raw bits): the same bytes are viewed as the signature's dtype.
+                want = _np_dtype(spec["dtype"])
+                if a.dtype != want:
+                    a = a.view(want).copy()
                 outs.append(a)
             else:
                 outs.append(r)

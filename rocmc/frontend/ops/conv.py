@@ -1,5 +1,5 @@
-"""Convolution family: conv1d/2d, transposed conv1d/2d, max/avg pooling, batch norm (inference),
-local response norm and dropout (identity at inference). Layout NCHW / NCW.
+"""Convolution family: conv1d/2d/3d, transposed conv1d/2d/3d, max/avg pooling (2-D and 3-D), batch
+norm (inference), local response norm and dropout (identity at inference). Layout NCW / NCHW / NCDHW.
 
 Builders follow torch.nn.functional's keywords and normalize every attribute: stride and dilation
 become one int per spatial dim, padding one [lo, hi] pair per spatial dim (ONNX pads may be
@@ -16,13 +16,20 @@ from ...errors import GraphError
 from ..graph import TensorType
 from ..opdef import as_value, builder, conv_out_dim, defop, graph_of, reference
 
-__all__ = ["conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
-           "batch_norm", "local_response_norm", "lrn", "dropout"]
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d", "batch_norm", "local_response_norm", "lrn",
+           "dropout"]
 
 CONV_ATTRS = ("stride", "padding", "dilation", "groups")
 CONV_T_ATTRS = ("stride", "padding", "output_padding", "groups", "dilation")
 MAX_POOL_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
-AVG_POOL_ATTRS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
+AVG_POOL_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad")
+SPATIAL_NAMES = {1: "L", 2: "H, W", 3: "D, H, W"}
+
+
+def spatial_rank(op: str) -> int:
+    """The number of spatial dims an op of the family works on: its name ends in 'Nd'."""
+    return int(op[-2])
 
 
 # ---- attribute normalization (builders) ----------------------------------------------------------
@@ -84,14 +91,14 @@ def _check_bool(node, attrs, key):
         raise GraphError(f"{node.describe()}: attribute {key}={attrs.get(key)!r}, expected a bool")
 
 
-def _check_input(node, types, nsp: int, what="x"):
-    """x: a float tensor (N, C, *spatial) with a static channel dim."""
+def _check_input(node, types, nsp: int, what="x", kinds=("float",)):
+    """x: a float tensor (or of `kinds`) (N, C, *spatial) with a static channel dim."""
     x = types[0]
     if x.rank != nsp + 2:
         raise GraphError(f"{node.describe()}: {what!r} has rank {x.rank} ({x}), expected rank {nsp + 2} "
-                         f"(N, C, {'L' if nsp == 1 else 'H, W'})")
-    if not x.dtype.is_float:
-        raise GraphError(f"{node.describe()}: {what!r} has dtype {x.dtype}, expected a float tensor")
+                         f"(N, C, {SPATIAL_NAMES[nsp]})")
+    if x.dtype.kind not in kinds:
+        raise GraphError(f"{node.describe()}: {what!r} has dtype {x.dtype}, expected a {' or '.join(kinds)} tensor")
     if not isinstance(x.shape[1], int):
         raise GraphError(f"{node.describe()}: {what!r} has shape {x}; the channel dim (1) must be static")
 
@@ -169,8 +176,9 @@ def _conv_common(node, types, attrs, nsp, transposed):
 
 @defop("conv1d", attrs=CONV_ATTRS)
 @defop("conv2d", attrs=CONV_ATTRS)
+@defop("conv3d", attrs=CONV_ATTRS)
 def _conv_infer(node, types, attrs):
-    nsp = int(node.op[4])
+    nsp = spatial_rank(node.op)
     x, w, c_out = _conv_common(node, types, attrs, nsp, transposed=False)
     out = []
     for i in range(nsp):
@@ -182,8 +190,9 @@ def _conv_infer(node, types, attrs):
 
 @defop("conv_transpose1d", attrs=CONV_T_ATTRS)
 @defop("conv_transpose2d", attrs=CONV_T_ATTRS)
+@defop("conv_transpose3d", attrs=CONV_T_ATTRS)
 def _conv_transpose_infer(node, types, attrs):
-    nsp = int(node.op[len("conv_transpose")])
+    nsp = spatial_rank(node.op)
     x, w, c_out = _conv_common(node, types, attrs, nsp, transposed=True)
     _check_int_list(node, attrs, "output_padding", nsp, 0)
     out = []
@@ -199,35 +208,40 @@ def _conv_transpose_infer(node, types, attrs):
     return TensorType((x.shape[0], c_out, *out), x.dtype)
 
 
-def _pool_infer(node, types, attrs, dilation):
-    _check_input(node, types, 2)
-    _check_int_list(node, attrs, "kernel_size", 2, 1)
-    _check_int_list(node, attrs, "stride", 2, 1)
-    _check_pairs(node, attrs, 2)
+def pool_pad_limit(op: str, kernel: int, dilation: int) -> int:
+    """The most padding a pool takes on one side. Max pooling follows torch (half the kernel: a
+    window never lies wholly in the padding). Average pooling takes up to the dilated kernel's reach
+    (ONNX allows that), so that count_include_pad=False needs no explicit padding of its own."""
+    return kernel // 2 if op.startswith("max") else dilation * (kernel - 1)
+
+
+@defop("max_pool2d", attrs=MAX_POOL_ATTRS)
+@defop("max_pool3d", attrs=MAX_POOL_ATTRS)
+@defop("avg_pool2d", attrs=AVG_POOL_ATTRS)
+@defop("avg_pool3d", attrs=AVG_POOL_ATTRS)
+def _pool_infer(node, types, attrs):
+    nsp = spatial_rank(node.op)
+    # A max is exact in any ordered type; an average needs floats.
+    _check_input(node, types, nsp, kinds=("float", "int") if node.op.startswith("max") else ("float",))
+    for key in ("kernel_size", "stride", "dilation"):
+        _check_int_list(node, attrs, key, nsp, 1)
+    _check_pairs(node, attrs, nsp)
     _check_bool(node, attrs, "ceil_mode")
+    if node.op.startswith("avg"):
+        _check_bool(node, attrs, "count_include_pad")
     x = types[0]
     out = []
-    for i in range(2):
-        k, pads, d = attrs["kernel_size"][i], attrs["padding"][i], dilation[i]
-        if max(pads) > k // 2:
-            raise GraphError(f"{node.describe()}: padding={attrs['padding']} must be at most half the kernel "
-                             f"({attrs['kernel_size']}) along spatial dim {i}")
+    for i in range(nsp):
+        k, pads, d = attrs["kernel_size"][i], attrs["padding"][i], attrs["dilation"][i]
+        limit = pool_pad_limit(node.op, k, d)
+        if max(pads) > limit:
+            raise GraphError(f"{node.describe()}: padding={attrs['padding']} exceeds {limit} along spatial dim {i} "
+                             f"(kernel_size={attrs['kernel_size']}, dilation={attrs['dilation']}); expected at most "
+                             + ("half the kernel" if node.op.startswith("max") else "the dilated kernel's reach"))
         size = x.shape[2 + i]
         _window_fits(node, size, pads, d * (k - 1) + 1, i)
         out.append(pool_out_size(size, k, attrs["stride"][i], pads, d, attrs["ceil_mode"]))
     return TensorType((*x.shape[:2], *out), x.dtype)
-
-
-@defop("max_pool2d", attrs=MAX_POOL_ATTRS)
-def _max_pool_infer(node, types, attrs):
-    _check_int_list(node, attrs, "dilation", 2, 1)
-    return _pool_infer(node, types, attrs, attrs["dilation"])
-
-
-@defop("avg_pool2d", attrs=AVG_POOL_ATTRS)
-def _avg_pool_infer(node, types, attrs):
-    _check_bool(node, attrs, "count_include_pad")
-    return _pool_infer(node, types, attrs, [1, 1])
 
 
 @defop("batch_norm", attrs=("eps",))
@@ -278,7 +292,7 @@ def _window(start, step, count):
     return slice(start, start + step * (count - 1) + 1, step)
 
 
-@reference("conv1d", "conv2d")
+@reference("conv1d", "conv2d", "conv3d")
 def _conv_ref(node, ins, attrs):
     x, w, b = ins
     g, stride, dil = attrs["groups"], attrs["stride"], attrs["dilation"]
@@ -297,7 +311,7 @@ def _conv_ref(node, ins, attrs):
     return [y if b is None else y + b.reshape(f, *[1] * len(out))]
 
 
-@reference("conv_transpose1d", "conv_transpose2d")
+@reference("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 def _conv_transpose_ref(node, ins, attrs):
     """The adjoint of conv: every input element scatters input * kernel into the output,
     y[n, g, f, i*stride + k*dilation - pad_lo] += x[n, g, c, i] * w[g, c, f, k]."""
@@ -319,44 +333,41 @@ def _conv_transpose_ref(node, ins, attrs):
     return [y if b is None else y + b.reshape(-1, *[1] * len(out))]
 
 
-def _pool_windows(attrs, size, dilation):
-    """Per spatial dim and output position: the input indices the window covers (inside the input)
-    and the window's extent clipped to the padded input (torch's divisor with count_include_pad)."""
-    dims = []
-    for i in range(2):
-        k, s, (lo, hi), d = attrs["kernel_size"][i], attrs["stride"][i], attrs["padding"][i], dilation[i]
-        n_out = pool_out_size(size[i], k, s, (lo, hi), d, attrs["ceil_mode"])
-        rows = []
-        for o in range(n_out):
-            start = o * s - lo
-            taps = [start + j * d for j in range(k)]
-            inside = [t for t in taps if 0 <= t < size[i]]
-            extent = min(start + k, size[i] + hi) - start
-            rows.append((inside, extent))
-        dims.append(rows)
-    return dims
+def pool_taps(size: int, k: int, s: int, pads, d: int, n_out: int):
+    """Per output position along one dim: the input indices its window reads (inside the input)
+    and how many of its taps lie in the padded input (the divisor with count_include_pad)."""
+    rows = []
+    for o in range(n_out):
+        taps = o * s - pads[0] + d * np.arange(k)
+        rows.append((taps[(taps >= 0) & (taps < size)], int(((taps >= -pads[0]) & (taps < size + pads[1])).sum())))
+    return rows
 
 
-@reference("max_pool2d")
-def _max_pool_ref(node, ins, attrs):
+def _pool_windows(attrs, size):
+    return [pool_taps(size[i], attrs["kernel_size"][i], attrs["stride"][i], attrs["padding"][i],
+                      attrs["dilation"][i], pool_out_size(size[i], attrs["kernel_size"][i], attrs["stride"][i],
+                                                          attrs["padding"][i], attrs["dilation"][i],
+                                                          attrs["ceil_mode"]))
+            for i in range(len(size))]
+
+
+@reference("max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d")
+def _pool_ref(node, ins, attrs):
+    """Each output position reduces the input elements its window covers; padding never wins a max,
+    and an average divides by the taps inside the input, or inside the padded input with
+    count_include_pad."""
     x = ins[0]
-    rows, cols = _pool_windows(attrs, x.shape[2:], attrs["dilation"])
-    y = np.empty((*x.shape[:2], len(rows), len(cols)))
-    for i, (hs, _) in enumerate(rows):
-        for j, (ws, _) in enumerate(cols):
-            y[:, :, i, j] = x[:, :, hs][:, :, :, ws].max(axis=(2, 3))
-    return [y]
-
-
-@reference("avg_pool2d")
-def _avg_pool_ref(node, ins, attrs):
-    x = ins[0]
-    rows, cols = _pool_windows(attrs, x.shape[2:], [1, 1])
-    y = np.empty((*x.shape[:2], len(rows), len(cols)))
-    for i, (hs, he) in enumerate(rows):
-        for j, (ws, we) in enumerate(cols):
-            count = he * we if attrs["count_include_pad"] else len(hs) * len(ws)
-            y[:, :, i, j] = x[:, :, hs][:, :, :, ws].sum(axis=(2, 3)) / count
+    dims = _pool_windows(attrs, x.shape[2:])
+    y = np.empty((*x.shape[:2], *(len(rows) for rows in dims)))
+    for pos in np.ndindex(*y.shape[2:]):
+        taps = [dims[i][p] for i, p in enumerate(pos)]
+        idx = np.ix_(np.arange(x.shape[0]), np.arange(x.shape[1]), *(t[0] for t in taps))
+        patch = x[idx].reshape(*x.shape[:2], -1)
+        if node.op.startswith("max"):
+            y[(slice(None), slice(None)) + pos] = patch.max(axis=2) if patch.shape[2] else -np.inf
+            continue
+        count = np.prod([t[1] for t in taps]) if attrs["count_include_pad"] else patch.shape[2]
+        y[(slice(None), slice(None)) + pos] = patch.sum(axis=2) / count
     return [y]
 
 
@@ -437,6 +448,12 @@ def _conv_transpose(op, nsp, x, weight, bias, stride, padding, output_padding, g
 
 
 @builder
+def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """3D convolution (cross-correlation) of x (N, C_in, D, H, W) with weight (C_out, C_in/groups, kd, kh, kw)."""
+    return _conv("conv3d", 3, x, weight, bias, stride, padding, dilation, groups)
+
+
+@builder
 def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """Transposed 1D convolution of x (N, C_in, L) with weight (C_in, C_out/groups, k)."""
     return _conv_transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding, groups, dilation)
@@ -448,33 +465,55 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     return _conv_transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
-def _pool_common(op, x, kernel_size, stride, padding, ceil_mode):
+@builder
+def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """Transposed 3D convolution of x (N, C_in, D, H, W) with weight (C_in, C_out/groups, kd, kh, kw)."""
+    return _conv_transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def _flag(op, arg, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise GraphError(f"{op}: {arg}={v!r}, expected a bool")
+    return bool(v)
+
+
+def _pool(op, x, kernel_size, stride, padding, dilation, ceil_mode, **extra):
+    nsp = spatial_rank(op)
     g = graph_of(op, x)
     xv = as_value(op, "x", x, g)
-    kernel = _ints(op, "kernel_size", kernel_size, 2, 1)
-    stride = kernel if stride is None else _ints(op, "stride", stride, 2, 1)
-    if not isinstance(ceil_mode, (bool, np.bool_)):
-        raise GraphError(f"{op}: ceil_mode={ceil_mode!r}, expected a bool")
-    attrs = {"kernel_size": kernel, "stride": stride, "padding": _padding(op, padding, 2), "ceil_mode": bool(ceil_mode)}
-    return g, xv, attrs
+    kernel = _ints(op, "kernel_size", kernel_size, nsp, 1)
+    attrs = {"kernel_size": kernel, "stride": kernel if stride is None else _ints(op, "stride", stride, nsp, 1),
+             "padding": _padding(op, padding, nsp), "dilation": _ints(op, "dilation", dilation, nsp, 1),
+             "ceil_mode": _flag(op, "ceil_mode", ceil_mode), **{k: _flag(op, k, v) for k, v in extra.items()}}
+    return g.apply(op, [xv], attrs)[0]
 
 
 @builder
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """Max over (dilated) windows of x (N, C, H, W); padding never wins (it is -inf)."""
-    g, xv, attrs = _pool_common("max_pool2d", x, kernel_size, stride, padding, ceil_mode)
-    attrs["dilation"] = _ints("max_pool2d", "dilation", dilation, 2, 1)
-    return g.apply("max_pool2d", [xv], attrs)[0]
+    return _pool("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @builder
-def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    """Mean over windows of x (N, C, H, W); count_include_pad counts padded zeros in the divisor."""
-    g, xv, attrs = _pool_common("avg_pool2d", x, kernel_size, stride, padding, ceil_mode)
-    if not isinstance(count_include_pad, (bool, np.bool_)):
-        raise GraphError(f"avg_pool2d: count_include_pad={count_include_pad!r}, expected a bool")
-    attrs["count_include_pad"] = bool(count_include_pad)
-    return g.apply("avg_pool2d", [xv], attrs)[0]
+def max_pool3d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Max over (dilated) windows of x (N, C, D, H, W); padding never wins (it is -inf)."""
+    return _pool("max_pool3d", x, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@builder
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, dilation=1):
+    """Mean over (dilated) windows of x (N, C, H, W); count_include_pad counts padded zeros in the
+    divisor. `dilation` goes beyond torch (ONNX AveragePool has it)."""
+    return _pool("avg_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode,
+                 count_include_pad=count_include_pad)
+
+
+@builder
+def avg_pool3d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, dilation=1):
+    """Mean over (dilated) windows of x (N, C, D, H, W); count_include_pad counts padded zeros in the
+    divisor."""
+    return _pool("avg_pool3d", x, kernel_size, stride, padding, dilation, ceil_mode,
+                 count_include_pad=count_include_pad)
 
 
 def _float_attr(op, arg, v):

@@ -47,8 +47,17 @@ def _mod(a, b, fmod):
 
 
 def _int_div(a, b):
-    q = np.abs(a) // np.maximum(np.abs(b), 1)
-    return np.where((a < 0) ^ (b < 0), -q, q).astype(np.result_type(a, b))
+    """Integer division truncating toward zero (C, ONNX), in the operands' own type: a divisor of 0
+    gives a (as 1 would: the module never traps) and a signed -1 gives -a, wrapping (INT_MIN / -1 =
+    INT_MIN), as the compiled module computes."""
+    t = np.result_type(a, b)
+    a, b = np.asarray(a, t), np.asarray(b, t)
+    by_minus_one = b == -1 if t.kind == "i" else np.zeros(b.shape, bool)
+    safe = np.where((b == 0) | by_minus_one, np.ones((), t), b)
+    q = a // safe                                   # floor; one more toward zero where inexact and signs differ
+    if t.kind == "i":
+        q = q + (((a % safe) != 0) & ((a < 0) != (safe < 0))).astype(t)
+    return np.where(by_minus_one, -a, q).astype(t)
 
 
 # name -> (accepted dtype kinds, reference(a, b))
@@ -92,6 +101,10 @@ UNARY = {
     "round": (("float",), {}, np.rint),   # half to even, as ONNX Round
     "reciprocal": (("float",), {}, lambda x: _quiet(np.reciprocal, x)),
 }
+# Ops without an f64 lowering: IREE's CPU backend leaves f64 erf, sin and cos to libm, which its
+# executables do not link (gelu's exact form uses erf). They take f32, f16 and bf16.
+NO_F64 = {"erf": None, "sin": None, "cos": None, "gelu": "none"}   # name -> the attribute value concerned
+
 # Float tests with a bool result: name -> (attributes with defaults, reference(x, **attrs)).
 PREDICATES = {
     "isnan": ({}, np.isnan),
@@ -125,9 +138,16 @@ for _name, _ref in LOGICAL.items():
     reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(*ins)])
 
 
+def _check_f64(op, node, types, attrs):
+    if op in NO_F64 and types[0].dtype == dt.f64 and NO_F64[op] in (None, attrs.get("approximate")):
+        raise GraphError(f"{node.describe()}: operand %{node.inputs[0].id} has dtype f64, which {op} does not "
+                         f"take (no f64 {op} lowering); it takes f32, f16 or bf16")
+
+
 def _unary_infer(op, kinds, defaults):
     def infer(node, types, attrs):
         _check_kinds(op, node, types, kinds)
+        _check_f64(op, node, types, attrs)
         if op == "gelu" and attrs.get("approximate") not in ("none", "tanh"):
             raise GraphError(f"{node.describe()}: approximate={attrs.get('approximate')!r}, expected 'none' or 'tanh'")
         for k, v in attrs.items():

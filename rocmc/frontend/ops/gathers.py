@@ -1,7 +1,15 @@
-"""Gathers by per-element indices: take_along_axis (numpy's; ONNX GatherElements) and gather_nd (ONNX
-GatherND, index tuples). Indices follow `gather`'s rule: negative ones count from the end once, then
-everything is clamped into range, so the compiled module never reads out of bounds and `rocmc.evaluate`
-gives the same result."""
+"""Gathers and scatters by per-element indices: take_along_axis (numpy's; ONNX GatherElements) and
+gather_nd (ONNX GatherND, index tuples), and their inverses scatter_elements (ONNX ScatterElements, torch
+scatter / scatter_reduce) and scatter_nd (ONNX ScatterND).
+
+Indices follow `gather`'s rule: negative ones count from the end once, then everything is clamped into
+range, so the compiled module never reads or writes out of bounds and `rocmc.evaluate` gives the same
+result. A scatter writes an index still out of range after wrapping at the nearest edge.
+
+Scatters combine an update with what is already there by `reduction`: "none" (overwrite), "add", "mul",
+"max" or "min". Several updates may land on one place; they are applied in the order of the updates
+(row-major over indices), one after another, so the result is deterministic: with "none" the last
+one wins, as in ONNX's reference implementation (which leaves that case undefined)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +19,9 @@ from ..graph import TensorType
 from ..opdef import as_value, builder, defop, graph_of, normalize_axis, reference
 from .shape import gather_indices
 
-__all__ = ["take_along_axis", "gather_nd"]
+__all__ = ["take_along_axis", "gather_nd", "scatter_elements", "scatter_nd"]
+
+REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
 def _int_indices(desc: str, t: TensorType) -> None:
@@ -108,3 +118,128 @@ def gather_nd(x, indices, batch_dims=0):
     xv = as_value("gather_nd", "x", x, g)
     iv = as_value("gather_nd", "indices", indices, g)
     return g.apply("gather_nd", [xv, iv], {"batch_dims": batch_dims})[0]
+
+
+# ---- scatters ----------------------------------------------------------------------------------
+
+def _check_scatter(desc: str, data: TensorType, idx: TensorType, upd: TensorType, reduction) -> None:
+    """What both scatters require of their operands' dtypes and of `reduction`."""
+    _int_indices(desc, idx)
+    if reduction not in REDUCTIONS:
+        raise GraphError(f"{desc}: reduction={reduction!r}, expected one of {', '.join(map(repr, REDUCTIONS))}")
+    if upd.dtype != data.dtype:
+        raise GraphError(f"{desc}: 'updates' is {upd.dtype} but 'data' is {data.dtype}; expected the same dtype")
+    if reduction != "none" and data.dtype.kind not in ("float", "int"):
+        raise GraphError(f"{desc}: reduction={reduction!r} needs a float or int 'data', got {data.dtype}")
+    if data.rank == 0:
+        raise GraphError(f"{desc}: 'data' is a scalar ({data}); expected rank >= 1")
+
+
+def _scatter_into(out: np.ndarray, at: np.ndarray, upd: np.ndarray, reduction: str) -> None:
+    """Apply updates upd[i] at out[at[i]] in order (`out` is viewed with the scattered dims flattened
+    into its first axis)."""
+    if reduction == "none":
+        # The last update of each place wins: keep only those, then write them.
+        _, first_from_end = np.unique(at[::-1], return_index=True)
+        keep = len(at) - 1 - first_from_end
+        out[at[keep]] = upd[keep]
+        return
+    ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[reduction]
+    ufunc.at(out, at, upd)
+
+
+@defop("scatter_elements", attrs=("axis", "reduction"))
+def _scatter_elements(node, types, attrs):
+    data, idx, upd = types
+    desc, axis = node.describe(), attrs["axis"]
+    _check_scatter(desc, data, idx, upd, attrs["reduction"])
+    if idx.rank != data.rank:
+        raise GraphError(f"{desc}: 'indices' has rank {idx.rank} ({idx}) but 'data' has rank {data.rank} ({data}); "
+                         f"expected the same rank")
+    if upd.shape != idx.shape:
+        raise GraphError(f"{desc}: 'updates' is {upd} but 'indices' is {idx}; expected the same shape")
+    for i, (a, b) in enumerate(zip(data.shape, idx.shape)):
+        if i != axis and isinstance(a, int) and isinstance(b, int) and b > a:
+            raise GraphError(f"{desc}: dim {i} of 'indices' is {b}, larger than {a} in 'data' ({idx} vs {data})")
+    if data.shape[axis] == 0 and 0 not in idx.shape:
+        raise GraphError(f"{desc}: scatters into axis {axis} of {data}, which is empty; nowhere to write")
+    return data
+
+
+@reference("scatter_elements")
+def _scatter_elements_ref(node, ins, attrs):
+    data, idx, upd = ins
+    axis, n = attrs["axis"], data.shape[attrs["axis"]]
+    for i, (a, b) in enumerate(zip(data.shape, idx.shape)):
+        if i != axis and b > a:
+            raise InputError(f"{node.describe()}: dim {i} of 'indices' is {b}, larger than {a} in 'data'")
+    if n == 0 and idx.size:
+        raise InputError(f"{node.describe()}: scatters into axis {axis} of a {data.shape} array, which is empty")
+    out = data.copy()
+    if idx.size:
+        where = list(np.indices(idx.shape))
+        where[axis] = gather_indices(idx, n)
+        at = np.ravel_multi_index([w.reshape(-1) for w in where], data.shape)
+        _scatter_into(out.reshape(-1), at, upd.reshape(-1), attrs["reduction"])
+    return [out]
+
+
+@builder
+def scatter_elements(data, indices, updates, axis=0, reduction="none"):
+    """ONNX ScatterElements, torch scatter / scatter_reduce(include_self=True): data with each
+    updates[p] combined into data at p with p[axis] replaced by indices[p]. `indices` and `updates`
+    have one shape, of data's rank, no larger than data's except along `axis`. reduction: "none"
+    (overwrite), "add", "mul", "max" or "min"; updates meeting at one place apply in row-major order
+    (with "none" the last wins). Indices wrap and clamp as `gather`'s."""
+    g = graph_of("scatter_elements", data, indices, updates)
+    dv = as_value("scatter_elements", "data", data, g)
+    iv = as_value("scatter_elements", "indices", indices, g)
+    uv = as_value("scatter_elements", "updates", updates, g, like=dv)
+    axis = normalize_axis(f"scatter_elements(%{dv.id}, %{iv.id}, %{uv.id})", axis, dv.rank)
+    return g.apply("scatter_elements", [dv, iv, uv], {"axis": axis, "reduction": reduction})[0]
+
+
+@defop("scatter_nd", attrs=("reduction",))
+def _scatter_nd(node, types, attrs):
+    data, idx, upd = types
+    desc = node.describe()
+    _check_scatter(desc, data, idx, upd, attrs["reduction"])
+    if idx.rank < 1 or not isinstance(idx.shape[-1], int) or not 1 <= idx.shape[-1] <= data.rank:
+        raise GraphError(f"{desc}: 'indices' is {idx}, expected rank >= 1 with a static last dim (the tuple "
+                         f"length) from 1 to {data.rank}, the rank of 'data'")
+    k = idx.shape[-1]
+    want = idx.shape[:-1] + data.shape[k:]
+    if upd.shape != want:
+        raise GraphError(f"{desc}: 'updates' is {upd}, expected shape [{','.join(map(str, want))}] "
+                         f"(indices.shape[:-1] + data.shape[{k}:])")
+    if any(d == 0 for d in data.shape[:k]) and 0 not in idx.shape[:-1]:
+        raise GraphError(f"{desc}: scatters into {data}, which is empty along an indexed dim")
+    return data
+
+
+@reference("scatter_nd")
+def _scatter_nd_ref(node, ins, attrs):
+    data, idx, upd = ins
+    k = idx.shape[-1]
+    tuples = idx.reshape(-1, k)
+    if len(tuples) and any(d == 0 for d in data.shape[:k]):
+        raise InputError(f"{node.describe()}: scatters into a {data.shape} array, empty along an indexed dim")
+    out = data.copy()
+    if len(tuples):
+        at = np.ravel_multi_index([gather_indices(tuples[:, j], data.shape[j]) for j in range(k)], data.shape[:k])
+        flat = out.reshape((-1,) + data.shape[k:])
+        _scatter_into(flat, at, upd.reshape((-1,) + data.shape[k:]), attrs["reduction"])
+    return [out]
+
+
+@builder
+def scatter_nd(data, indices, updates, reduction="none"):
+    """ONNX ScatterND: each tuple indices[..., :] (length k) selects the slice data[i0, ..., ik-1, ...],
+    which is combined with updates[...] (updates is indices.shape[:-1] + data.shape[k:]). reduction:
+    "none" (overwrite), "add", "mul", "max" or "min"; updates meeting at one slice apply in row-major
+    order (with "none" the last wins). Indices wrap and clamp as `gather`'s."""
+    g = graph_of("scatter_nd", data, indices, updates)
+    dv = as_value("scatter_nd", "data", data, g)
+    iv = as_value("scatter_nd", "indices", indices, g)
+    uv = as_value("scatter_nd", "updates", updates, g, like=dv)
+    return g.apply("scatter_nd", [dv, iv, uv], {"reduction": reduction})[0]

@@ -1,4 +1,4 @@
-"""Index-driven ops: update_slice, narrow, argmax, topk, arange, cumsum.
+"""Index-driven ops: update_slice, narrow, argmax, argmin, topk, arange, cumsum, triu, tril.
 
 update_slice and narrow take their start as a Python int or as a graph value holding one integer
 (i32 or i64, shape () or (1,)): a decode step writes its KV-cache row at a position known only at
@@ -20,7 +20,7 @@ from ..opdef import as_value, builder, defop, graph_of, normalize_axis, referenc
 from ..reference import symbol_sizes
 from .reduce import reduced_shape
 
-__all__ = ["update_slice", "narrow", "argmax", "topk", "arange", "cumsum"]
+__all__ = ["update_slice", "narrow", "argmax", "argmin", "topk", "arange", "cumsum", "triu", "tril"]
 
 # argmax and topk carry positions in 31 bits (lowering/generated/index.py: topk packs (value,
 # position) into one i64 key; argmax reduces positions as i32).
@@ -161,11 +161,11 @@ def _narrow(node, types, attrs):
     _check_start(desc, types[1] if len(types) > 1 else None, attrs.get("start"))
     symbols = node.inputs[0].graph.symbols()
     if isinstance(length, str):
-        if length not in symbols:
-            raise GraphError(f"{desc}: length={length!r} is not a dim of any graph input (symbols: "
-                             f"{', '.join(symbols) or 'none'})")
+        if not symbolic.parse(length).symbols() <= set(symbols):
+            raise GraphError(f"{desc}: length={length!r} is not a size over the dims of the graph's inputs "
+                             f"(symbols: {', '.join(symbols) or 'none'})")
     elif not _is_int(length) or length < 0:
-        raise GraphError(f"{desc}: length={length!r}, expected an int >= 0 or a symbol name")
+        raise GraphError(f"{desc}: length={length!r}, expected an int >= 0 or a size expression")
     n = x.shape[axis]
     if isinstance(n, int) and isinstance(length, int) and length > n:
         raise GraphError(f"{desc}: length={length} is larger than dim {axis} of 'x' ({x}), which is {n}")
@@ -177,7 +177,7 @@ def _narrow(node, types, attrs):
 @reference("narrow")
 def _narrow_ref(node, ins, attrs):
     x, axis, length = ins[0], attrs["axis"], attrs["length"]
-    size = symbol_sizes()[length] if isinstance(length, str) else length
+    size = symbolic.parse(length).evaluate(symbol_sizes()) if isinstance(length, str) else length
     n = x.shape[axis]
     if size > n:
         raise InputError(f"{node.describe()}: length {length} = {size} is larger than dim {axis} of 'x', "
@@ -192,8 +192,8 @@ def narrow(x, axis, start, length):
 
     `start` is an int, a size expression over the graph's symbols ("kv-1"), or a graph value holding
     one integer (i32 or i64, shape () or (1,)), clamped
-    to [0, x.shape[axis] - length] as in XLA. `length` is an int or a symbol name of the graph ("kv",
-    a dim of some input), and is the result's dim. A length larger than the dim is a GraphError when
+    to [0, x.shape[axis] - length] as in XLA. `length` is an int or a size over the graph's symbols ("kv",
+    a dim of some input, or "(kv-1)"), and is the result's dim. A length larger than the dim is a GraphError when
     both are static, else an InputError when the module is called."""
     g = graph_of("narrow", x, start)
     xv = as_value("narrow", "x", x, g)
@@ -201,7 +201,7 @@ def narrow(x, axis, start, length):
     operands, attr = _start_operand(desc, g, start)
     axis = normalize_axis(desc, axis, xv.rank)
     if not (_is_int(length) or isinstance(length, str)):
-        raise GraphError(f"{desc}: length={length!r}, expected an int or a symbol name")
+        raise GraphError(f"{desc}: length={length!r}, expected an int or a size expression")
     length = int(length) if _is_int(length) else length
     return g.apply("narrow", [xv, *operands], {"axis": axis, **attr, "length": length})[0]
 
@@ -238,16 +238,20 @@ def _require_nonempty(desc: str, x: TensorType, axis: int) -> None:
         raise GraphError(f"{desc}: axis {axis} of 'x' ({x}) is empty; there is nothing to select")
 
 
-@defop("argmax", attrs=("axis", "keepdims"))
-def _argmax(node, types, attrs):
+def _arg_extreme(node, types, attrs):
     x, desc = types[0], node.describe()
     if x.dtype.kind not in ("float", "int"):
         raise GraphError(f"{desc}: 'x' has dtype {x.dtype}, expected a float or int tensor")
     axis = _check_axis(desc, attrs["axis"], x.rank)
     _check_bool(desc, "keepdims", attrs["keepdims"])
+    _check_bool(desc, "last_index", attrs.get("last_index", False))
     _require_nonempty(desc, x, axis)
     _require_positions(desc, x, axis)
     return TensorType(reduced_shape(x.shape, [axis], attrs["keepdims"]), dt.i64)
+
+
+defop("argmax", attrs=("axis", "keepdims", "last_index"))(_arg_extreme)
+defop("argmin", attrs=("axis", "keepdims", "last_index"))(_arg_extreme)
 
 
 def _require_rows(node, x: np.ndarray, axis: int) -> None:
@@ -255,19 +259,39 @@ def _require_rows(node, x: np.ndarray, axis: int) -> None:
         raise InputError(f"{node.describe()}: axis {axis} of 'x' is empty in this call; there is nothing to select")
 
 
-@reference("argmax")
-def _argmax_ref(node, ins, attrs):
+@reference("argmax", "argmin")
+def _arg_extreme_ref(node, ins, attrs):
     x, axis = ins[0], attrs["axis"]
     _require_rows(node, x, axis)
-    return [np.argmax(x, axis=axis, keepdims=attrs["keepdims"])]
+    pick = np.argmax if node.op == "argmax" else np.argmin
+    if not attrs.get("last_index", False):
+        return [pick(x, axis=axis, keepdims=attrs["keepdims"])]
+    n = x.shape[axis]      # the first position in the reversed axis is the last one
+    return [n - 1 - pick(np.flip(x, axis), axis=axis, keepdims=attrs["keepdims"])]
+
+
+def _arg_builder(op: str, x, axis, keepdims, last_index):
+    g, xv, desc = _operand(op, x, keepdims=keepdims, last_index=last_index)
+    attrs = {"axis": normalize_axis(desc, axis, xv.rank), "keepdims": bool(keepdims)}
+    if last_index:          # absent when False: graphs built before the flag existed print and hash the same
+        attrs["last_index"] = True
+    return g.apply(op, [xv], attrs)[0]
 
 
 @builder
-def argmax(x, axis=-1, keepdims=False):
-    """Index (i64) of the largest entry along `axis`: the first one on ties, and NaN counts as the
-    largest value (the first NaN wins), as numpy.argmax and ONNX ArgMax (select_last_index=0)."""
-    g, xv, desc = _operand("argmax", x, keepdims=keepdims)
-    return g.apply("argmax", [xv], {"axis": normalize_axis(desc, axis, xv.rank), "keepdims": bool(keepdims)})[0]
+def argmax(x, axis=-1, keepdims=False, last_index=False):
+    """Index (i64) of the largest entry along `axis`: the first one on ties (the last with
+    last_index=True), and NaN counts as the largest value (the first NaN wins, or the last), as
+    numpy.argmax and ONNX ArgMax (select_last_index)."""
+    return _arg_builder("argmax", x, axis, keepdims, last_index)
+
+
+@builder
+def argmin(x, axis=-1, keepdims=False, last_index=False):
+    """Index (i64) of the smallest entry along `axis`: the first one on ties (the last with
+    last_index=True); NaN counts as the smallest value (the first NaN wins, or the last), as
+    numpy.argmin and ONNX ArgMin (select_last_index)."""
+    return _arg_builder("argmin", x, axis, keepdims, last_index)
 
 
 # ---- topk --------------------------------------------------------------------------------------
@@ -323,7 +347,7 @@ def topk(x, k, axis=-1, largest=True, sorted=True):
     torch.topk and ONNX TopK), -0.0 equals 0.0, and NaN counts as the largest value. `k` is a static
     int up to the axis size (a symbolic axis smaller than k is an InputError at the call). The
     result is always sorted; sorted=False (order unspecified) is accepted for ONNX.
-    i64 inputs take a full sort of the axis (slower for large axes) instead of a k-best selection."""
+    64-bit inputs (i64, u64, f64) rank the whole axis (quadratic in its size) instead of a k-best selection."""
     g, xv, desc = _operand("topk", x, largest=largest, sorted=sorted)
     if not _is_int(k):
         raise GraphError(f"{desc}: k={k!r}, expected a static int")
@@ -342,7 +366,7 @@ def _is_number(v) -> bool:
 def arange_size(start, limit, delta):
     """numpy.arange's length: an int for a numeric limit, '(s-start)' (or the symbol) for a symbol."""
     if isinstance(limit, str):
-        return limit if start == 0 else f"({limit}-{start})"
+        return symbolic.dim_sub(limit, start)
     return max(math.ceil((limit - start) / delta), 0)
 
 
@@ -350,7 +374,8 @@ def arange_size(start, limit, delta):
 def _arange(node, types, attrs):
     desc, (start, limit, delta) = node.describe(), (attrs["start"], attrs["limit"], attrs["delta"])
     if attrs["dtype"] not in dt.ALL or dt.ALL[attrs["dtype"]].kind not in ("float", "int"):
-        raise GraphError(f"{desc}: dtype={attrs['dtype']!r}, expected one of f32, f16, bf16, i32, i64")
+        raise GraphError(f"{desc}: dtype={attrs['dtype']!r}, expected one of "
+                         f"{', '.join(n for n, d in dt.ALL.items() if d.kind in ('float', 'int'))}")
     out = dt.ALL[attrs["dtype"]]
     for name, v in (("start", start), ("delta", delta)) + ((("limit", limit),) if not isinstance(limit, str) else ()):
         if not _is_number(v) or not math.isfinite(v):
@@ -368,7 +393,7 @@ def _arange(node, types, attrs):
 @reference("arange")
 def _arange_ref(node, ins, attrs):
     start, limit, delta = attrs["start"], attrs["limit"], attrs["delta"]
-    n = symbol_sizes()[limit] - start if isinstance(limit, str) else arange_size(start, limit, delta)
+    n = symbolic.parse(limit).evaluate(symbol_sizes()) - start if isinstance(limit, str) else arange_size(start, limit, delta)
     return [start + np.arange(n, dtype=np.float64) * delta]
 
 
@@ -377,8 +402,8 @@ def arange(graph, start, limit, delta=1, dtype="i64"):
     """numpy.arange(start, limit, delta) as a 1-d tensor of `dtype` (i64 by default), built in `graph`.
 
     start, limit and delta are Python numbers (integers for an integer dtype). `limit` may also be a
-    symbol of the graph (a dim of some input, e.g. "s"): arange(g, 0, "s") is the positions 0..s-1
-    of a call; a symbolic limit needs an int start and delta=1, and has limit - start entries (a
+    size over the graph's symbols (a dim of some input, e.g. "s", or "(s+p)"): arange(g, 0, "s") is
+    the positions 0..s-1 of a call; a symbolic limit needs an int start and delta=1, and has limit - start entries (a
     call with limit < start is an InputError)."""
     if not isinstance(graph, Graph):
         raise GraphError(f"arange: graph={graph!r}, expected the rocmc.Graph to build in")
@@ -386,9 +411,9 @@ def arange(graph, start, limit, delta=1, dtype="i64"):
         name = dt.dtype(dtype).name
     except GraphError:
         raise GraphError(f"arange: dtype={dtype!r}, expected one of f32, f16, bf16, i32, i64") from None
-    if isinstance(limit, str) and limit not in graph.symbols():
-        raise GraphError(f"arange: limit={limit!r} is not a dim of any input of graph {graph.name!r} (symbols: "
-                         f"{', '.join(graph.symbols()) or 'none'})")
+    if isinstance(limit, str) and not symbolic.parse(limit).symbols() <= set(graph.symbols()):
+        raise GraphError(f"arange: limit={limit!r} is not a size over the dims of graph {graph.name!r}'s inputs "
+                         f"(symbols: {', '.join(graph.symbols()) or 'none'})")
     attrs = {"start": _plain(start), "limit": limit if isinstance(limit, str) else _plain(limit),
              "delta": _plain(delta), "dtype": name}
     return graph.apply("arange", [], attrs)[0]
@@ -436,3 +461,47 @@ def cumsum(x, axis, exclusive=False, reverse=False):
     g, xv, desc = _operand("cumsum", x, exclusive=exclusive, reverse=reverse)
     attrs = {"axis": normalize_axis(desc, axis, xv.rank), "exclusive": bool(exclusive), "reverse": bool(reverse)}
     return g.apply("cumsum", [xv], attrs)[0]
+
+
+# ---- triu / tril -------------------------------------------------------------------------------
+
+def _triangle(node, types, attrs):
+    x, desc, k = types[0], node.describe(), attrs["k"]
+    if x.rank < 2:
+        raise GraphError(f"{desc}: 'x' has rank {x.rank} ({x}); expected rank >= 2 (a matrix, or a batch of them)")
+    if not _is_int(k):
+        raise GraphError(f"{desc}: k={k!r}, expected an int (the diagonal: 0 main, > 0 above, < 0 below)")
+    return x
+
+
+defop("triu", attrs=("k",))(_triangle)
+defop("tril", attrs=("k",))(_triangle)
+
+
+@reference("triu", "tril")
+def _triangle_ref(node, ins, attrs):
+    keep = np.triu if node.op == "triu" else np.tril
+    return [keep(ins[0], attrs["k"])]
+
+
+def _triangle_builder(op: str, x, k):
+    g = graph_of(op, x)
+    xv = as_value(op, "x", x, g)
+    if not _is_int(k):
+        raise GraphError(f"{_desc(op, xv)}: k={k!r}, expected an int")
+    return g.apply(op, [xv], {"k": int(k)})[0]
+
+
+@builder
+def triu(x, k=0):
+    """numpy.triu on the last two dims (ONNX Trilu upper=1): entries with column - row >= k kept, the
+    rest zero (False for bool). Sizes may be symbolic (exporters build causal masks this way over the
+    sequence length)."""
+    return _triangle_builder("triu", x, k)
+
+
+@builder
+def tril(x, k=0):
+    """numpy.tril on the last two dims (ONNX Trilu upper=0): entries with column - row <= k kept, the
+    rest zero (False for bool)."""
+    return _triangle_builder("tril", x, k)

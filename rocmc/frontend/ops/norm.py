@@ -1,9 +1,14 @@
-"""Softmax, log-softmax, layer norm and RMS norm.
+"""Softmax, log-softmax, layer norm and RMS norm; instance norm and group norm built from layer norm.
 
 All of them compute in f32 whatever the storage type and return x's dtype. softmax/log_softmax work
 along one axis; layer_norm and rms_norm normalize over the trailing dims `axis..rank-1` (ONNX's
 definition; the default -1 is the last dim, as in torch and candle), so their optional weight and
 bias have exactly the shape `x.shape[axis:]`.
+
+instance_norm and group_norm (torch's semantics, layout (N, C, *spatial)) are builders: a group norm
+is a layer norm over the trailing dims of x viewed as (N, G, C/G, *spatial) (an instance norm is
+one group per channel), followed by the per-channel weight and bias. The statistics therefore
+accumulate in f32 for f16/bf16 like layer_norm's, and the graph shows the layer_norm it runs.
 """
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ import numpy as np
 from ...errors import GraphError
 from ..graph import TensorType
 from ..opdef import as_value, builder, defop, graph_of, normalize_axis, reference, require_dtype
+from .elementwise import add, mul
+from .shape import reshape
 
-__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm"]
+__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "instance_norm", "group_norm"]
 
 
 # ---- shape and attribute rules ------------------------------------------------------------------
@@ -162,3 +169,52 @@ def rms_norm(x, weight=None, eps=1e-6, axis=-1):
     x = as_value("rms_norm", "x", x, g)
     attrs = {"eps": _eps_attr("rms_norm", eps), "axis": _axis_attr("rms_norm", x, axis)}
     return g.apply("rms_norm", [x, _optional("rms_norm", "weight", weight, g, x)], attrs)[0]
+
+
+def _channels_first(op: str, x) -> int:
+    """x is a float tensor (N, C, *spatial) with a static channel count: returns C."""
+    if x.rank < 3 or not x.dtype.is_float:
+        raise GraphError(f"{op}: 'x' is {x.type}, expected a float tensor of rank >= 3 (N, C, *spatial)")
+    if not isinstance(x.shape[1], int):
+        raise GraphError(f"{op}: 'x' has a symbolic channel dim ({x.type}); expected a static one")
+    return x.shape[1]
+
+
+def _per_channel(op: str, y, x, weight, bias):
+    """y * weight + bias with weight and bias of shape [C] broadcast along dim 1 of x."""
+    g, c = x.graph, x.shape[1]
+    for arg, v, fn in (("weight", weight, mul), ("bias", bias, add)):
+        if v is None:
+            continue
+        v = as_value(op, arg, v, g, x)
+        if v.shape != (c,) or v.dtype != x.dtype:
+            raise GraphError(f"{op}: {arg!r} is {v.type}, expected {x.dtype}[{c}] (one value per channel)")
+        y = fn(y, reshape(v, (c,) + (1,) * (x.rank - 2)))
+    return y
+
+
+@builder
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """(x - mean) / sqrt(var + eps) over each group of C/num_groups channels and all spatial dims
+    (biased variance), then * weight + bias per channel (shape [C])."""
+    g = graph_of("group_norm", x)
+    x = as_value("group_norm", "x", x, g)
+    c = _channels_first("group_norm", x)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups < 1 \
+            or c % num_groups:
+        raise GraphError(f"group_norm: num_groups={num_groups!r}, expected a positive divisor of the "
+                         f"{c} channels of 'x'")
+    grouped = reshape(x, (x.shape[0], int(num_groups), c // int(num_groups), *x.shape[2:]))
+    y = reshape(layer_norm(grouped, eps=_eps_attr("group_norm", eps), axis=2), x.shape)
+    return _per_channel("group_norm", y, x, weight, bias)
+
+
+@builder
+def instance_norm(x, weight=None, bias=None, eps=1e-5):
+    """(x - mean) / sqrt(var + eps) over the spatial dims of each sample and channel (biased
+    variance), then * weight + bias per channel (shape [C]); no running statistics."""
+    g = graph_of("instance_norm", x)
+    x = as_value("instance_norm", "x", x, g)
+    _channels_first("instance_norm", x)
+    y = layer_norm(x, eps=_eps_attr("instance_norm", eps), axis=2)
+    return _per_channel("instance_norm", y, x, weight, bias)

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import GraphError, InputError
+from ... import symbolic
 from ...symbolic import BIG, slice_bounds
-from ..graph import TensorType, Value
+from ..graph import Graph, TensorType, Value
 from ..opdef import (as_value, broadcast_shapes, builder, defop, dim_expr, graph_of, normalize_axis, reference,
                      same_dtype)
 from ..reference import symbol_sizes
 
-__all__ = ["reshape", "transpose", "permute", "concat", "slice", "gather", "embedding", "broadcast_to", "pad",
+__all__ = ["sizes", "reshape", "transpose", "permute", "concat", "slice", "gather", "embedding", "broadcast_to", "pad",
            "squeeze", "unsqueeze", "flatten"]
 
 # ---- symbolic sizes as products ------------------------------------------------------------
@@ -113,6 +114,48 @@ def _int_list(desc: str, arg: str, v) -> list:
 def _value(op: str, x) -> Value:
     g = graph_of(op, x)
     return as_value(op, "x", x, g)
+
+
+# ---- sizes as values ------------------------------------------------------------------------
+
+@defop("sizes", attrs=("dims", "dtype"))
+def _sizes(node, types, attrs):
+    desc, dims = node.describe(), attrs["dims"]
+    if attrs["dtype"] not in ("i32", "i64"):
+        raise GraphError(f"{desc}: dtype={attrs['dtype']!r}, expected i32 or i64")
+    if not isinstance(dims, list) or not all(_is_int(d) or isinstance(d, str) for d in dims):
+        raise GraphError(f"{desc}: dims={dims!r}, expected a list of ints and size expressions")
+    from ..dtypes import dtype
+    return TensorType((len(dims),), dtype(attrs["dtype"]))
+
+
+@reference("sizes")
+def _sizes_ref(node, ins, attrs):
+    sizes = symbol_sizes()
+    return [np.asarray([_size(d, sizes) for d in attrs["dims"]], dtype=np.int64)]
+
+
+@builder
+def sizes(graph, dims, dtype="i64"):
+    """A 1-d integer tensor of sizes: ints and size expressions over the graph's symbols ("seq",
+    "(seq+1)", "(b*seq)"), computed from the inputs' shapes when the module is called. What an
+    imported model's shape arithmetic becomes when its result is used as data (ONNX Shape feeding a
+    Cast or a Range)."""
+    if not isinstance(graph, Graph):
+        raise GraphError(f"sizes: graph={graph!r}, expected the rocmc.Graph to build in")
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    out = []
+    for d in dims:
+        if _is_int(d):
+            out.append(int(d))
+        elif isinstance(d, str) and _over(d, graph.symbols()):
+            out.append(symbolic.canonical(d))
+        else:
+            raise GraphError(f"sizes: dim {d!r} is neither an int nor a size over the symbols of graph "
+                             f"{graph.name!r} ({', '.join(graph.symbols()) or 'none'})")
+    if dtype not in ("i32", "i64"):
+        raise GraphError(f"sizes: dtype={dtype!r}, expected 'i32' or 'i64'")
+    return graph.apply("sizes", [], {"dims": out, "dtype": dtype})[0]
 
 
 # ---- reshape -----------------------------------------------------------------------------
@@ -474,11 +517,12 @@ def _broadcast_to(node, types, attrs):
     x, shape, desc = types[0], attrs["shape"], node.describe()
     if not isinstance(shape, list) or len(shape) < x.rank:
         raise GraphError(f"{desc}: shape={shape!r} must be a list of at least rank {x.rank} for {x}")
-    known = set(node.inputs[0].graph.symbols()) | {d for d in x.shape if isinstance(d, str)}
+    symbols = set(node.inputs[0].graph.symbols())
+    known = symbols | {d for d in x.shape if isinstance(d, str)}
     for d in shape:
-        if not ((_is_int(d) and d >= 0) or (isinstance(d, str) and d in known)):
-            raise GraphError(f"{desc}: target dim {d!r} is neither an int >= 0 nor a symbol of the graph "
-                             f"({', '.join(sorted(known)) or 'none'})")
+        if not ((_is_int(d) and d >= 0) or (isinstance(d, str) and (d in known or _over(d, symbols)))):
+            raise GraphError(f"{desc}: target dim {d!r} is neither an int >= 0 nor a size over the graph's "
+                             f"symbols ({', '.join(sorted(known)) or 'none'})")
     got = broadcast_shapes(desc, x.shape, tuple(shape))
     if list(got) != shape:
         raise GraphError(f"{desc}: {x} does not broadcast to {_fmt(shape)}")
@@ -490,12 +534,27 @@ def _broadcast_to_ref(node, ins, attrs):
     x, shape = ins[0], attrs["shape"]
     sizes = symbol_sizes()
     sizes.update({d: n for d, n in zip(node.inputs[0].shape, x.shape) if isinstance(d, str)})
-    return [np.broadcast_to(x, [d if isinstance(d, int) else sizes[d] for d in shape]).copy()]
+    return [np.broadcast_to(x, [_size(d, sizes) for d in shape]).copy()]
+
+
+def _over(d: str, symbols) -> bool:
+    """Whether d is a size expression over `symbols` (which the module computes from its inputs)."""
+    try:
+        return symbolic.parse(d).symbols() <= set(symbols)
+    except GraphError:
+        return False
+
+
+def _size(d, sizes: dict) -> int:
+    """A dim's size in a reference: ints as they are, bound names, else the expression evaluated."""
+    if isinstance(d, int):
+        return d
+    return sizes[d] if d in sizes else symbolic.parse(d).evaluate(sizes)
 
 
 @builder
 def broadcast_to(x, shape):
-    """numpy.broadcast_to; target dims are ints or symbols already in the graph."""
+    """numpy.broadcast_to; target dims are ints, dims of x, or sizes over the graph's symbols ("(s+1)")."""
     x = _value("broadcast_to", x)
     shape = [shape] if isinstance(shape, (int, str)) else shape
     if not isinstance(shape, (list, tuple)):

@@ -4,3 +4,5 @@ from . import attention, conv, elementwise, linalg, norm, reduce, rnn, rope, sha
 from . import index  # noqa: F401
 from . import random  # noqa: F401
 from . import gathers  # noqa: F401
+from . import resize  # noqa: F401
+from . import depthwise  # noqa: F401  (after conv: the depthwise form of conv1d/conv2d)

@@ -1,14 +1,17 @@
 """Generated lowering of the convolution family: linalg named convolutions and poolings.
 
-- conv: tensor.pad, then `linalg.conv_{1d_ncw_fcw,2d_nchw_fchw}` (grouped: `conv_2d_ngchw_gfchw` on
-  expanded shapes, a linalg.generic for 1D) into an accumulator that starts as the broadcast bias.
+- conv: tensor.pad, then `linalg.conv_{1d_ncw_fcw,2d_nchw_fchw,3d_ncdhw_fcdhw}` (grouped:
+  `conv_2d_ngchw_gfchw` on expanded shapes, a linalg.generic for 1-D and 3-D, which have no grouped
+  named op) into an accumulator that starts as the broadcast bias.
   f16/bf16 accumulate in f32 (the named ops extend their inputs to the `outs` type) and round once.
 - transposed conv: the input is spread out (stride-1 zeros between elements) and padded by
   dilation*(k-1) - pad (cropped where that is negative), then convolved at stride 1 with the kernel
   flipped and its channel dims swapped.
-- pools: `linalg.pooling_nchw_max` over -inf padding, `pooling_nchw_sum` over zero padding divided
-  by each window's count (a compile-time table when spatial dims are static, index arithmetic in
-  the body otherwise). ceil_mode pads the high side so the last partial window exists.
+- pools: `linalg.pooling_nchw_max` over -inf padding (an integer max pads with the type's least
+  value), `pooling_nchw_sum` over zero padding divided by each window's count (a compile-time table
+  when spatial dims are static, index arithmetic in the body otherwise); 3-D pools and integer max
+  pools are the same windows as a linalg.generic (linalg has no NCDHW pooling, and its NCHW max is
+  signed only). ceil_mode pads the high side so the last partial window exists.
 - static inputs are cropped to the extent the windows read: IREE rewrites a single-window conv or
   pool into a reduction that expects the window to cover the whole (padded) input.
 - batch norm and LRN compute in f32 whatever the storage type; dropout is the identity.
@@ -18,14 +21,18 @@ folds to constants when the input sizes are static.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...frontend import dtypes
 from ...frontend.graph import TensorType
+from ...frontend.ops.conv import pool_taps
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 
-NAMED_CONV = {1: "linalg.conv_1d_ncw_fcw", 2: "linalg.conv_2d_nchw_fchw"}
+NAMED_CONV = {1: "linalg.conv_1d_ncw_fcw", 2: "linalg.conv_2d_nchw_fchw", 3: "linalg.conv_3d_ncdhw_fcdhw"}
+NAMED_POOL = {2: "linalg.pooling_nchw"}
 
 
 def acc_elt(storage: str) -> str:
@@ -112,9 +119,14 @@ def _result(E: Emitter, node, t: T) -> list:
 
 
 def _grouped_generic(E: Emitter, x: T, w: T, init: T, strides, dilations) -> str:
-    """Grouped 1D conv as linalg.generic over (n, g, f, o, c, k): no named op exists for it."""
-    maps = [affine_map(6, [0, 1, 4, f"d3 * {strides[0]} + d5 * {dilations[0]}"]),
-            affine_map(6, [1, 2, 4, 5]), affine_map(6, [0, 1, 2, 3])]
+    """Grouped conv (1-D, 3-D) as linalg.generic over (n, g, f, o..., c, k...): no named op exists."""
+    nsp = len(strides)
+    c = 3 + nsp
+    ks = [c + 1 + i for i in range(nsp)]
+    pos = [f"d{3 + i} * {s} + d{k} * {d}" for i, (s, d, k) in enumerate(zip(strides, dilations, ks))]
+    rank = c + 1 + nsp
+    maps = [affine_map(rank, [0, 1, c, *pos]), affine_map(rank, [1, 2, c, *ks]),
+            affine_map(rank, [0, 1, 2, *range(3, 3 + nsp)])]
     acc = init.mlir_elt
 
     def body(E, a):
@@ -122,7 +134,7 @@ def _grouped_generic(E: Emitter, x: T, w: T, init: T, strides, dilations) -> str
         m = E.op(f"arith.mulf {xs}, {ws} : {acc}")
         return [E.op(f"arith.addf {a[2]}, {m} : {acc}")]
     return E.generic([(x.name, x.mlir), (w.name, w.mlir)], [(init.name, init.mlir)], maps,
-                     ["parallel"] * 4 + ["reduction"] * 2, body)[0]
+                     ["parallel"] * (3 + nsp) + ["reduction"] * (1 + nsp), body)[0]
 
 
 def _conv(E: Emitter, xp: T, w: T, bias: T | None, strides, dilations, groups) -> T:
@@ -253,7 +265,7 @@ def _pool_input(E: Emitter, node, x: T, dilation, value):
     elements unread). Returns the input and the output's spatial sizes."""
     a = node.attrs
     highs, outs, reach = [], [], []
-    for i in range(2):
+    for i in range(x.rank - 2):
         size, k, s, (lo, hi) = E.dim(x, 2 + i), a["kernel_size"][i], a["stride"][i], a["padding"][i]
         out = _pool_out(E, size, k, s, (lo, hi), dilation[i], a["ceil_mode"])
         need = _ix(E, "addi", _ix(E, "muli", _ix(E, "subi", out, 1), s), dilation[i] * (k - 1) + 1)
@@ -278,57 +290,86 @@ def _crop(E: Emitter, x: T, reach) -> T:
     return out
 
 
-def _pool(E: Emitter, name: str, xp: T, kernel, strides, dilations, init: T) -> T:
+def _combine(kind: str, x: T) -> str:
+    """The scalar op that folds one window element into the pool's accumulator."""
+    if kind == "sum":
+        return "arith.addf"
+    if x.type.dtype.is_float:
+        return "arith.maximumf"
+    return "arith.maxui" if x.type.dtype.unsigned else "arith.maxsi"
+
+
+def _pool(E: Emitter, kind: str, xp: T, kernel, strides, dilations, init: T) -> T:
+    """Reduce (max or sum) each window of the padded input into `init`. Integer max pools take the
+    generic form: linalg's NCHW max pooling is signed only."""
+    nsp = len(kernel)
     k = E.empty(kernel, init.mlir_elt)
-    r = E.op(f"linalg.{name} {{dilations = {_i64s(dilations)}, strides = {_i64s(strides)}}} "
-             f"ins({xp.name}, {k} : {xp.mlir}, {tensor_type(kernel, init.mlir_elt)}) "
-             f"outs({init.name} : {init.mlir}) -> {init.mlir}")
-    return T(r, init.type, init.elt)
+    kty = tensor_type(kernel, init.mlir_elt)
+    if nsp in NAMED_POOL and xp.type.dtype.is_float:
+        r = E.op(f"{NAMED_POOL[nsp]}_{kind} {{dilations = {_i64s(dilations)}, strides = {_i64s(strides)}}} "
+                 f"ins({xp.name}, {k} : {xp.mlir}, {kty}) outs({init.name} : {init.mlir}) -> {init.mlir}")
+        return T(r, init.type, init.elt)
+    rank = 2 + 2 * nsp
+    pos = [f"d{2 + i} * {s} + d{2 + nsp + i} * {d}" for i, (s, d) in enumerate(zip(strides, dilations))]
+    maps = [affine_map(rank, [0, 1, *pos]), affine_map(rank, range(2 + nsp, rank)),
+            affine_map(rank, range(2 + nsp))]
+    src, acc, combine = xp.mlir_elt, init.mlir_elt, _combine(kind, xp)
+
+    def body(E, a):
+        return [E.op(f"{combine} {a[2]}, {E.cast_scalar(a[0], src, acc)} : {acc}")]
+    r = E.generic([(xp.name, xp.mlir), (k, kty)], [(init.name, init.mlir)], maps,
+                  ["parallel"] * (2 + nsp) + ["reduction"] * nsp, body)
+    return T(r[0], init.type, init.elt)
 
 
 def _lower_max_pool(E: Emitter, node, ins, ctx):
     x, a = ins[0], node.attrs
-    # Max is exact in the storage type: no wider accumulator needed. -inf padding never wins.
-    xp, out = _pool_input(E, node, x, a["dilation"], float("-inf"))
+    # Max is exact in the storage type: no wider accumulator needed. Padding with the type's
+    # least value (-inf for floats) never wins.
+    dt = x.type.dtype
+    least = float("-inf") if dt.is_float else int(np.iinfo(dt.np).min)
+    xp, out = _pool_input(E, node, x, a["dilation"], least)
     sizes = E.dims(x)[:2] + out
-    init = _typed(E.filled(sizes, x.mlir_elt, float("-inf")), sizes, x)
-    return _result(E, node, _pool(E, "pooling_nchw_max", xp, a["kernel_size"], a["stride"], a["dilation"], init))
+    init = _typed(E.filled(sizes, x.mlir_elt, least), sizes, x)
+    return _result(E, node, _pool(E, "max", xp, a["kernel_size"], a["stride"], a["dilation"], init))
 
 
-def window_counts(size, k, s, pads, n_out, include_pad) -> np.ndarray:
-    """Elements each output position averages over along one dim (torch's divisor)."""
-    start = np.arange(n_out) * s - pads[0]
-    if include_pad:
-        return np.minimum(start + k, size + pads[1]) - start
-    return np.minimum(start + k, size) - np.maximum(start, 0)
+def window_counts(size, k, s, pads, d, n_out, include_pad) -> np.ndarray:
+    """Taps each output position averages over along one dim (the op's own rule, pool_taps)."""
+    return np.array([inside if include_pad else len(taps) for taps, inside in pool_taps(size, k, s, pads, d, n_out)])
 
 
-def _window_count(E: Emitter, o: str, size, k, s, pads, include_pad) -> str:
-    """window_counts for one position `o` (an index value), for sizes known only at run time."""
+def _window_count(E: Emitter, o: str, size, k, s, pads, d, include_pad) -> str:
+    """window_counts for one position `o` (an index value), for sizes known only at run time: the
+    taps j in [0, k) with lo <= start + j*d < hi."""
     start = E.op(f"arith.subi {E.op(f'arith.muli {o}, {E.index(s)} : index')}, {E.index(pads[0])} : index")
-    end = E.op(f"arith.addi {start}, {E.index(k)} : index")
-    if include_pad:
-        end = E.op(f"arith.minsi {end}, {E.as_index(_ix(E, 'addi', size, pads[1]))} : index")
-        return E.op(f"arith.subi {end}, {start} : index")
-    end = E.op(f"arith.minsi {end}, {E.as_index(size)} : index")
-    return E.op(f"arith.subi {end}, {E.op(f'arith.maxsi {start}, {E.index(0)} : index')} : index")
+    lo, hi = (E.index(-pads[0]), E.as_index(_ix(E, "addi", size, pads[1]))) if include_pad else \
+        (E.index(0), E.as_index(size))
+    first = E.op(f"arith.ceildivsi {E.op(f'arith.subi {lo}, {start} : index')}, {E.index(d)} : index")
+    first = E.op(f"arith.maxsi {first}, {E.index(0)} : index")
+    # j*d < hi - start, i.e. j < ceil((hi - start) / d): one past the last tap inside
+    last = E.op(f"arith.ceildivsi {E.op(f'arith.subi {hi}, {start} : index')}, {E.index(d)} : index")
+    last = E.op(f"arith.minsi {last}, {E.index(k)} : index")
+    return E.op(f"arith.maxsi {E.op(f'arith.subi {last}, {first} : index')}, {E.index(0)} : index")
 
 
 def _lower_avg_pool(E: Emitter, node, ins, ctx):
     x, a = ins[0], node.attrs
     acc, store = acc_elt(x.mlir_elt), x.mlir_elt
-    xp, out = _pool_input(E, node, x, [1, 1], 0.0)
+    nsp = x.rank - 2
+    xp, out = _pool_input(E, node, x, a["dilation"], 0.0)
     sizes = E.dims(x)[:2] + out
-    total = _pool(E, "pooling_nchw_sum", xp, a["kernel_size"], a["stride"], [1, 1],
+    total = _pool(E, "sum", xp, a["kernel_size"], a["stride"], a["dilation"],
                   _typed(E.filled(sizes, acc, 0.0), sizes, x, acc))
     total = T(total.name, node.outputs[0].type, acc)
     spatial = E.dims(x)[2:]
-    geometry = [(spatial[i], a["kernel_size"][i], a["stride"][i], a["padding"][i], a["count_include_pad"])
-                for i in range(2)]
+    geometry = [(spatial[i], a["kernel_size"][i], a["stride"][i], a["padding"][i], a["dilation"][i])
+                for i in range(nsp)]
+    include = a["count_include_pad"]
     if all(isinstance(d, int) for d in spatial):
         # The divisor only depends on the position: a separable table, computed here once.
-        rows, cols = (window_counts(*g[:4], out[i], g[4]) for i, g in enumerate(geometry))
-        table = np.outer(rows, cols).astype(np.float32)
+        per_dim = [window_counts(*g, out[i], include) for i, g in enumerate(geometry)]
+        table = functools.reduce(np.multiply.outer, per_dim).astype(np.float32)
         counts = ctx.constant(E, table, TensorType(table.shape, dtypes.f32), "cnt")
 
         def body(E, v):
@@ -337,8 +378,9 @@ def _lower_avg_pool(E: Emitter, node, ins, ctx):
         return [E.map([total, counts], node.outputs[0].type, body)]
 
     def dynamic_body(E, v):
-        n = [_window_count(E, E.op(f"linalg.index {2 + i} : index"), *g) for i, g in enumerate(geometry)]
-        count = E.op(f"arith.index_cast {E.op(f'arith.muli {n[0]}, {n[1]} : index')} : index to i64")
+        n = [_window_count(E, E.op(f"linalg.index {2 + i} : index"), *g, include) for i, g in enumerate(geometry)]
+        count = functools.reduce(lambda p, q: E.op(f"arith.muli {p}, {q} : index"), n)
+        count = E.op(f"arith.index_cast {count} : index to i64")
         q = E.op(f"arith.divf {v[0]}, {E.cast_scalar(count, 'i64', acc)} : {acc}")
         return E.cast_scalar(q, acc, store)
     return [E.map([total], node.outputs[0].type, dynamic_body)]
@@ -396,7 +438,7 @@ def _lower_lrn(E: Emitter, node, ins, ctx):
     return [E.map([x, sums], x.type, body)]
 
 
-lowering("conv1d", "conv2d")(_lower_conv)
+lowering("conv1d", "conv2d", "conv3d")(_lower_conv)
 def _conv_transpose_fits(node, target):
     """IREE 3.13's GPU codegen fails on the conv of a strided transposed conv in f16/bf16 when
     spatial sizes are dynamic ('vector.transfer_write ... restricted to workgroup distributed
@@ -408,9 +450,10 @@ def _conv_transpose_fits(node, target):
     return None
 
 
-lowering("conv_transpose1d", "conv_transpose2d", supports=_conv_transpose_fits)(_lower_conv_transpose)
-lowering("max_pool2d")(_lower_max_pool)
-lowering("avg_pool2d")(_lower_avg_pool)
+lowering("conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+         supports=_conv_transpose_fits)(_lower_conv_transpose)
+lowering("max_pool2d", "max_pool3d")(_lower_max_pool)
+lowering("avg_pool2d", "avg_pool3d")(_lower_avg_pool)
 lowering("batch_norm")(_lower_batch_norm)
 lowering("lrn")(_lower_lrn)
 lowering("dropout")(lambda E, node, ins, ctx: [ins[0]])

@@ -1,5 +1,6 @@
 """Generated lowering of the index-driven ops: update_slice and narrow as tensor.insert_slice /
-tensor.extract_slice at a run-time offset, argmax as two linalg reductions, topk over packed keys
+tensor.extract_slice at a run-time offset, argmax/argmin as two linalg reductions, triu/tril as a
+generic comparing each entry's column - row with k, topk over packed keys
 (iree_linalg_ext.topk on the CPU for small k, a parallel ranking on GPUs and for large k; a full
 iree_linalg_ext.sort for i64), cumsum as iree_linalg_ext.scan, arange as a generic.
 
@@ -39,7 +40,13 @@ def _start(E: Emitter, node, ins, at: int, ctx):
     s = ins[at]
     where = ", ".join(E.index(0) for _ in range(s.rank))
     v = E.op(f"tensor.extract {s.name}[{where}] : {s.mlir}")
-    return E.op(f"arith.index_cast {v} : {s.mlir_elt} to index")
+    cast = "arith.index_castui" if s.type.dtype.unsigned else "arith.index_cast"
+    return E.op(f"{cast} {v} : {s.mlir_elt} to index")
+
+
+def _size(E: Emitter, size, ctx):
+    """A size attribute (an int or an expression over the graph's symbols) as an int or index value."""
+    return symbolic.parse(size).compute(Ix(E), ctx.symbols) if isinstance(size, str) else size
 
 
 def _clamped(E: Emitter, start, dim, length):
@@ -73,7 +80,7 @@ def _lower_narrow(E: Emitter, node, ins, ctx):
     x, axis, length = ins[0], node.attrs["axis"], node.attrs["length"]
     out = node.outputs[0].type
     n = E.dim(x, axis)
-    size = n if length == x.shape[axis] else ctx.symbol_size(length) if isinstance(length, str) else length
+    size = n if length == x.shape[axis] else _size(E, length, ctx)
     _check_fits(E, node, size, n, f"length {length} is larger than dim {axis} of 'x'")
     offsets, sizes = [0] * x.rank, E.dims(x)
     offsets[axis], sizes[axis] = _clamped(E, _start(E, node, ins, 1, ctx), n, size), size
@@ -91,17 +98,19 @@ def _check_nonempty(E: Emitter, node, x: T, axis: int) -> None:
     E.check(ok, f"{node.describe()}: axis {axis} of 'x' is empty in this call (nothing to select)")
 
 
-@lowering("argmax")
-def _lower_argmax(E: Emitter, node, ins, ctx):
-    """Two plain reductions: the maximum (NaN if any entry is NaN), then the lowest position holding it.
-    One reduction carrying (value, position) pairs made IREE's GPU code keep a whole row in shared
-    memory (128 KB for a 32000-entry vocabulary, over gfx942's 64 KB)."""
+@lowering("argmax", "argmin")
+def _lower_arg_extreme(E: Emitter, node, ins, ctx):
+    """Two plain reductions: the extreme value (NaN if any entry is NaN), then the lowest (or, with
+    last_index, the highest) position holding it. One reduction carrying (value, position) pairs made
+    IREE's GPU code keep a whole row in shared memory (128 KB for a 32000-entry vocabulary, over
+    gfx942's 64 KB)."""
     x, axis, keep = ins[0], node.attrs["axis"], node.attrs["keepdims"]
+    largest, last = node.op == "argmax", node.attrs.get("last_index", False)
     out = node.outputs[0].type
     _check_nonempty(E, node, x, axis)
     storage = x.mlir_elt
     acc = compute_elt(storage)
-    is_float = acc in ("f16", "bf16", "f32", "f64")
+    is_float, signed = acc in ("f16", "bf16", "f32", "f64"), node.inputs[0].dtype.signed
     dims = E.dims(x)
     sizes = [1 if i == axis else d for i, d in enumerate(dims)] if keep else dims[:axis] + dims[axis + 1:]
     out_map = affine_map(x.rank, ["0" if i == axis else i for i in range(x.rank)] if keep
@@ -110,17 +119,25 @@ def _lower_argmax(E: Emitter, node, ins, ctx):
     max_ty = tensor_type(out.shape, acc)
 
     def value(E, a):
-        """The entry as compared: floats in `acc`; integers with the sign bit flipped, so that
+        """The entry as compared: floats in `acc`; signed integers with the sign bit flipped, so that
         unsigned order is signed order (see _NO_POSITION for why unsigned)."""
         v = E.cast_scalar(a, storage, acc)
-        return v if is_float else E.op(f"arith.xori {v}, {E.const(-(1 << (int(acc[1:]) - 1)), acc)} : {acc}")
+        if is_float or not signed:
+            return v
+        return E.op(f"arith.xori {v}, {E.const(-(1 << (int(acc[1:]) - 1)), acc)} : {acc}")
 
-    def biggest(E, a):
-        return [E.op(f"arith.{'maximumf' if is_float else 'maxui'} {value(E, a[0])}, {a[1]} : {acc}")]
-    m = E.generic([(x.name, x.mlir)], [(E.filled(sizes, acc, float("-inf") if is_float else 0), max_ty)],
-                  [affine_map(x.rank, range(x.rank)), out_map], iterators, biggest)[0]
+    pick = ("maximumf" if is_float else "maxui") if largest else ("minimumf" if is_float else "minui")
+    start = (float("-inf") if largest else float("inf")) if is_float else (0 if largest else -1)
 
-    def first(E, a):
+    def extreme(E, a):
+        return [E.op(f"arith.{pick} {value(E, a[0])}, {a[1]} : {acc}")]
+    m = E.generic([(x.name, x.mlir)], [(E.filled(sizes, acc, start), max_ty)],
+                  [affine_map(x.rank, range(x.rank)), out_map], iterators, extreme)[0]
+    # The first position: the least of the matching ones (others count as _NO_POSITION); the last:
+    # the greatest (others count as 0, which only position 0 itself can win with).
+    none, choose = (0, "maxui") if last else (_NO_POSITION, "minui")
+
+    def position(E, a):
         v = value(E, a[0])
         if is_float:
             same = E.op(f"arith.cmpf oeq, {v}, {a[1]} : {acc}")
@@ -130,11 +147,11 @@ def _lower_argmax(E: Emitter, node, ins, ctx):
         else:
             same = E.op(f"arith.cmpi eq, {v}, {a[1]} : {acc}")
         j = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i32")
-        cand = E.op(f"arith.select {same}, {j}, {E.const(_NO_POSITION, 'i32')} : i32")
-        return [E.op(f"arith.minui {cand}, {a[2]} : i32")]
-    first_at = E.filled(sizes, "i32", _NO_POSITION)
-    r = E.generic([(x.name, x.mlir), (m, max_ty)], [(first_at, tensor_type(out.shape, "i32"))],
-                  [affine_map(x.rank, range(x.rank)), out_map, out_map], iterators, first)[0]
+        cand = E.op(f"arith.select {same}, {j}, {E.const(none, 'i32')} : i32")
+        return [E.op(f"arith.{choose} {cand}, {a[2]} : i32")]
+    at = E.filled(sizes, "i32", none)
+    r = E.generic([(x.name, x.mlir), (m, max_ty)], [(at, tensor_type(out.shape, "i32"))],
+                  [affine_map(x.rank, range(x.rank)), out_map, out_map], iterators, position)[0]
     return [E.convert(T(r, out, "i32"), "i64")]
 
 
@@ -159,10 +176,17 @@ _NO_POSITION = (1 << 31) - 1
 _POS_MAX = (1 << 31) - 1
 
 
-def _order_bits(E: Emitter, v: str, elt: str) -> tuple[str, str | None]:
-    """(i32 whose signed order is the value order, i1 'v is -0.0' or None)."""
-    if elt == "i32":
-        return v, None
+_SIGN32 = -(1 << 31)
+
+
+def _order_bits(E: Emitter, v: str, dtype) -> tuple[str, str | None]:
+    """(i32 whose signed order is the value order, i1 'v is -0.0' or None). Integers of up to 32
+    bits: narrower ones extended by their signedness, u32 with its top bit flipped."""
+    elt = dtype.mlir
+    if dtype.kind == "int":
+        if dtype.bits < 32:
+            return E.cast_scalar(v, elt, "i32", unsigned_src=dtype.unsigned), None
+        return (E.op(f"arith.xori {v}, {E.const(_SIGN32, 'i32')} : i32") if dtype.unsigned else v), None
     if elt != "f32":
         v = E.cast_scalar(v, elt, "f32")
     zero = E.const(0.0, "f32")
@@ -183,10 +207,8 @@ def _flip_negative(E: Emitter, bits: str) -> str:
 
 
 def _topk_keys(E: Emitter, x: T, axis: int, largest: bool) -> T:
-    elt = x.mlir_elt
-
     def key(E, a):
-        o, neg_zero = _order_bits(E, a[0], elt)
+        o, neg_zero = _order_bits(E, a[0], x.type.dtype)
         if not largest:
             o = E.op(f"arith.xori {o}, {E.const(-1, 'i32')} : i32")
         high = E.op(f"arith.shli {E.op(f'arith.extsi {o} : i32 to i64')}, {E.const(32, 'i64')} : i64")
@@ -208,14 +230,17 @@ def _topk_keys(E: Emitter, x: T, axis: int, largest: bool) -> T:
     return T(r, x.type, "i64")
 
 
-def _decode_value(E: Emitter, key: str, elt: str, largest: bool) -> str:
+def _decode_value(E: Emitter, key: str, dtype, largest: bool) -> str:
     """The entry a key was made from (NaN payloads aside)."""
+    elt = dtype.mlir
     high = E.op(f"arith.shrsi {key}, {E.const(32, 'i64')} : i64")
     o = E.op(f"arith.trunci {high} : i64 to i32")
     if not largest:
         o = E.op(f"arith.xori {o}, {E.const(-1, 'i32')} : i32")
-    if elt == "i32":
-        return o
+    if dtype.kind == "int":
+        if dtype.bits < 32:
+            return E.op(f"arith.trunci {o} : i32 to {elt}")
+        return E.op(f"arith.xori {o}, {E.const(_SIGN32, 'i32')} : i32") if dtype.unsigned else o
     v = E.op(f"arith.bitcast {_flip_negative(E, o)} : i32 to f32")
     neg_zero = E.op(f"arith.trunci {key} : i64 to i1")
     v = E.op(f"arith.select {neg_zero}, {E.const(-0.0, 'f32')}, {v} : f32")
@@ -238,28 +263,62 @@ def _topk_select(E: Emitter, keys: T, sizes, shape, axis: int) -> tuple[str, str
     return f"{r}#0", f"{r}#1"
 
 
-def _topk_by_sort(E: Emitter, x: T, axis: int, sizes, largest: bool, out_shape) -> tuple[str, str]:
-    """i64 values, whose key cannot also hold a position: a full sort of (value, position) pairs
-    with the order spelled out in the comparator (quadratic per row in IREE's sort), then the first k."""
-    ident = affine_map(x.rank, range(x.rank))
-    pos = E.generic([], [(E.empty(E.dims(x), "i64"), tensor_type(x.shape, "i64"))], [ident], ["parallel"] * x.rank,
-                    lambda E, _: [E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")])[0]
-    r = E.fresh("sort")
-    E.lines.append(f"  {r}:2 = iree_linalg_ext.sort dimension({axis}) outs({x.name}, {pos} : {x.mlir}, "
-                   f"{tensor_type(x.shape, 'i64')}) {{")
-    a, b, ia, ib = (E.fresh("a") for _ in range(4))
-    E.lines.append(f"  ^bb0({a}: i64, {b}: i64, {ia}: i64, {ib}: i64):")
-    before = E.op(f"arith.cmpi {'sgt' if largest else 'slt'}, {a}, {b} : i64")
-    tie = E.op(f"arith.andi {E.op(f'arith.cmpi eq, {a}, {b} : i64')}, {E.op(f'arith.cmpi slt, {ia}, {ib} : i64')} : i1")
-    E.emit(f"  iree_linalg_ext.yield {E.op(f'arith.ori {before}, {tie} : i1')} : i1")
-    E.lines.append(f"  }} -> {x.mlir}, {tensor_type(x.shape, 'i64')}" + (f" {E.loc}" if E.loc else ""))
-    offsets, strides = _ints([0] * x.rank), _ints([1] * x.rank)
-    first = []
-    for i in range(2):
-        ty = tensor_type(x.shape, "i64")
-        first.append(E.op(f"tensor.extract_slice {r}#{i}[{offsets}][{_ints(sizes)}][{strides}] : {ty} to "
-                          f"{tensor_type(out_shape, 'i64')}"))
-    return first[0], first[1]
+def _sorts_before(E: Emitter, a: str, b: str, dtype, largest: bool) -> str:
+    """i1: value a comes strictly before value b in topk order (NaN the largest, -0.0 equal to 0.0)."""
+    elt = dtype.mlir
+    if dtype.kind == "int":
+        pred = ("ugt" if largest else "ult") if dtype.unsigned else ("sgt" if largest else "slt")
+        return E.op(f"arith.cmpi {pred}, {a}, {b} : {elt}")
+    by_value = E.op(f"arith.cmpf {'ogt' if largest else 'olt'}, {a}, {b} : {elt}")
+    nan_a, nan_b = (E.op(f"arith.cmpf uno, {v}, {v} : {elt}") for v in (a, b))
+    # largest: a NaN precedes every number; smallest: every number precedes a NaN
+    first, second = (nan_a, nan_b) if largest else (nan_b, nan_a)
+    true = E.const(True, "i1")
+    by_nan = E.op(f"arith.andi {first}, {E.op(f'arith.xori {second}, {true} : i1')} : i1")
+    return E.op(f"arith.ori {by_value}, {by_nan} : i1")
+
+
+def _sorts_equal(E: Emitter, a: str, b: str, dtype) -> str:
+    elt = dtype.mlir
+    if dtype.kind == "int":
+        return E.op(f"arith.cmpi eq, {a}, {b} : {elt}")
+    both_nan = E.op(f"arith.andi {E.op(f'arith.cmpf uno, {a}, {a} : {elt}')}, {E.op(f'arith.cmpf uno, {b}, {b} : {elt}')} : i1")
+    return E.op(f"arith.ori {E.op(f'arith.cmpf oeq, {a}, {b} : {elt}')}, {both_nan} : i1")
+
+
+def _topk_wide(E: Emitter, x: T, axis: int, sizes, largest: bool, shape) -> tuple[str, str]:
+    """64-bit values (i64, u64, f64), whose key cannot also hold a position: each entry's rank (how
+    many entries come before it, with the order and the tie on positions spelled out) by one
+    reduction, then slot r takes the value and position of rank r. Quadratic work per row, as the
+    rank path of the keyed form; no iree_linalg_ext.sort, which permutes its operands in place (IREE
+    3.13 sorted the caller's tensor for every later user of it)."""
+    rank, dims, dtype = x.rank, E.dims(x), x.type.dtype
+    own = affine_map(rank + 1, range(rank))
+    other = affine_map(rank + 1, [rank if d == axis else d for d in range(rank)])
+    iters = ["parallel"] * rank + ["reduction"]
+
+    def count(E, a):
+        i, j = (E.op(f"linalg.index {d} : index") for d in (rank, axis))
+        tie = E.op(f"arith.andi {_sorts_equal(E, a[1], a[0], dtype)}, {E.op(f'arith.cmpi ult, {i}, {j} : index')} : i1")
+        first = E.op(f"arith.ori {_sorts_before(E, a[1], a[0], dtype, largest)}, {tie} : i1")
+        return [E.op(f"arith.addi {a[2]}, {E.op(f'arith.extui {first} : i1 to i64')} : i64")]
+    ranks = E.generic([(x.name, x.mlir), (x.name, x.mlir)], [(E.filled(dims, "i64", 0), tensor_type(x.shape, "i64"))],
+                      [own, other, own], iters, count)[0]
+
+    def pick(elt, value):
+        """Slot r of the result: `value` (of the entry, at its position) where the entry's rank is r.
+        Values and positions are picked by two single-result reductions (one with both results
+        failed to bufferize on the GPU targets)."""
+        def body(E, a):
+            slot = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")
+            hit = E.op(f"arith.cmpi eq, {a[0]}, {slot} : i64")
+            return [E.op(f"arith.select {hit}, {value(E, a[1])}, {a[2]} : {elt}")]
+        return E.generic([(ranks, tensor_type(x.shape, "i64")), (x.name, x.mlir)],
+                         [(E.filled(sizes, elt, 0), tensor_type(shape, elt))], [other, other, own], iters, body)[0]
+
+    def at(E, _):
+        return E.op(f"arith.index_cast {E.op(f'linalg.index {rank} : index')} : index to i64")
+    return pick(x.mlir_elt, lambda E, v: v), pick("i64", at)
 
 
 def _position(E: Emitter, key: str) -> str:
@@ -316,23 +375,24 @@ def _lower_topk(E: Emitter, node, ins, ctx):
     if k == 0:
         return [T(E.empty(sizes, x.mlir_elt), values_t, x.elt), T(E.empty(sizes, "i64"), indices_t)]
     _check_fits(E, node, k, E.dim(x, axis), f"k={k} is larger than dim {axis} of 'x'")
-    if x.mlir_elt == "i64":
-        v, i = _topk_by_sort(E, x, axis, sizes, a["largest"], values_t.shape)
+    if x.type.dtype.bits == 64:
+        v, i = _topk_wide(E, x, axis, sizes, a["largest"], values_t.shape)
         return [T(v, values_t), T(i, indices_t)]
     keys = _topk_keys(E, x, axis, a["largest"])
     elt, ident = x.mlir_elt, affine_map(x.rank, range(x.rank))
+    dtype = x.type.dtype
     if ctx.target.is_gpu or k > RANK_FROM_K:
         top = _topk_by_rank(E, keys, axis, sizes, values_t.shape)
         ins_ = [(top, tensor_type(values_t.shape, "i64"))]
 
         def decode(E, args):
-            return [_decode_value(E, args[0], elt, a["largest"]), _position(E, args[0])]
+            return [_decode_value(E, args[0], dtype, a["largest"]), _position(E, args[0])]
         v, i = _generic2(E, ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 3, ["parallel"] * x.rank, decode)
         return [T(v, values_t, x.elt), T(i, indices_t)]
     top, slots = _topk_select(E, keys, sizes, values_t.shape, axis)
 
     def decode(E, args):
-        return [_decode_value(E, args[0], elt, a["largest"]), E.op(f"arith.extui {args[1]} : i32 to i64")]
+        return [_decode_value(E, args[0], dtype, a["largest"]), E.op(f"arith.extui {args[1]} : i32 to i64")]
     ins_ = [(top, tensor_type(values_t.shape, "i64")), (slots, tensor_type(values_t.shape, "i32"))]
     v, i = _generic2(E, ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 4, ["parallel"] * x.rank, decode)
     return [T(v, values_t, x.elt), T(i, indices_t)]
@@ -389,9 +449,9 @@ def _lower_cumsum(E: Emitter, node, ins, ctx):
 def _lower_arange(E: Emitter, node, ins, ctx):
     a, out = node.attrs, node.outputs[0].type
     start, limit, delta = a["start"], a["limit"], a["delta"]
-    size = Ix(E).sub(ctx.symbol_size(limit), start) if isinstance(limit, str) else out.shape[0]
+    size = Ix(E).sub(_size(E, limit, ctx), start) if isinstance(limit, str) else out.shape[0]
     elt = out.dtype.mlir
-    calc = "i64" if out.dtype.kind == "int" else "f32"
+    calc = "i64" if out.dtype.kind == "int" else "f64" if elt == "f64" else "f32"
 
     def body(E, _):
         i = E.op(f"arith.index_cast {E.op('linalg.index 0 : index')} : index to i64")
@@ -399,8 +459,23 @@ def _lower_arange(E: Emitter, node, ins, ctx):
             step = E.op(f"arith.muli {i}, {E.const(delta, calc)} : i64")
             v = E.op(f"arith.addi {E.const(start, 'i64')}, {step} : i64")
         else:
-            step = E.op(f"arith.mulf {E.op(f'arith.sitofp {i} : i64 to f32')}, {E.const(delta, calc)} : f32")
-            v = E.op(f"arith.addf {E.const(start, 'f32')}, {step} : f32")
+            step = E.op(f"arith.mulf {E.op(f'arith.sitofp {i} : i64 to {calc}')}, {E.const(delta, calc)} : {calc}")
+            v = E.op(f"arith.addf {E.const(start, calc)}, {step} : {calc}")
         return [E.cast_scalar(v, calc, elt)]
     r = E.generic([], [(E.empty([size], elt), tensor_type(out.shape, elt))], [affine_map(1, [0])], ["parallel"], body)
     return [T(r[0], out)]
+
+
+# ---- triu / tril -------------------------------------------------------------------------------
+
+@lowering("triu", "tril")
+def _lower_triangle(E: Emitter, node, ins, ctx):
+    x, k, rank = ins[0], node.attrs["k"], ins[0].rank
+    keep_if = "sge" if node.op == "triu" else "sle"     # column - row against k
+
+    def body(E, a):
+        row, col = (E.op(f"linalg.index {i} : index") for i in (rank - 2, rank - 1))
+        diff = E.op(f"arith.subi {col}, {row} : index")
+        keep = E.op(f"arith.cmpi {keep_if}, {diff}, {E.index(k)} : index")
+        return E.op(f"arith.select {keep}, {a[0]}, {E.const(0, x.mlir_elt)} : {x.mlir_elt}")
+    return [E.map([x], x.type, body, out_elt=x.elt)]

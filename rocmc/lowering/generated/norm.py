@@ -1,4 +1,4 @@
-"""Generated lowering of softmax, log_softmax, layer_norm and rms_norm, all computed in f32.
+"""Generated lowering of softmax, log_softmax, layer_norm and rms_norm, computed in f32 (in f64 for f64).
 
 softmax is linalg.softmax between conversions. The others are short chains of linalg.generic ops
 over x's iteration space: reductions into f32 row statistics (indexed by the kept dims), tiny
@@ -19,11 +19,17 @@ from .reduce import Space, count, pointwise, reduction
 F32 = "f32"
 
 
+def acc_elt(storage: str) -> str:
+    """The type the statistics and arithmetic use: f32, or f64 for f64 tensors."""
+    return "f64" if storage == "f64" else F32
+
+
 class _Rows:
     """x split into the reduced dims `axes` and the kept dims that index each row's statistics."""
 
     def __init__(self, E: Emitter, x: T, axes):
         self.x = x
+        self.acc = acc_elt(x.mlir_elt)
         self.space = Space.of(E, x)
         self.axes = list(axes)
         self.kept = [i for i in range(x.rank) if i not in self.axes]
@@ -49,45 +55,42 @@ class _Rows:
         return self.on_stats(E, [T(k, TensorType(self.stats.shape, x.type.dtype))], lambda E, a: self.load(E, a[0]))
 
     def load(self, E: Emitter, v: str) -> str:
-        return E.cast_scalar(v, self.x.mlir_elt, F32)
+        return E.cast_scalar(v, self.x.mlir_elt, self.acc)
 
     def reduce(self, E: Emitter, ins, identity, step) -> T:
-        return reduction(E, self.space, ins, self.axes, F32, identity, step)
+        return reduction(E, self.space, ins, self.axes, self.acc, identity, step)
 
     def on_stats(self, E: Emitter, stats, fn) -> T:
         """Pointwise over the statistics' space (one value per row)."""
-        return pointwise(E, self.stats, [(s, list(range(len(self.kept)))) for s in stats], F32, fn)
+        return pointwise(E, self.stats, [(s, list(range(len(self.kept)))) for s in stats], self.acc, fn)
 
     def finish(self, E: Emitter, ins, fn) -> T:
         """Pointwise over x's space producing the result in x's storage type."""
         storage = self.x.mlir_elt
-        return pointwise(E, self.space, ins, storage, lambda E, a: E.cast_scalar(fn(E, a), F32, storage))
+        return pointwise(E, self.space, ins, storage, lambda E, a: E.cast_scalar(fn(E, a), self.acc, storage))
 
 
-def _f32(E: Emitter, value: float) -> str:
-    return E.const(value, F32)
+def _add(E, a, b, t):
+    return E.op(f"arith.addf {a}, {b} : {t}")
 
 
-def _add(E, a, b):
-    return E.op(f"arith.addf {a}, {b} : f32")
+def _sub(E, a, b, t):
+    return E.op(f"arith.subf {a}, {b} : {t}")
 
 
-def _sub(E, a, b):
-    return E.op(f"arith.subf {a}, {b} : f32")
-
-
-def _mul(E, a, b):
-    return E.op(f"arith.mulf {a}, {b} : f32")
+def _mul(E, a, b, t):
+    return E.op(f"arith.mulf {a}, {b} : {t}")
 
 
 def _row_max_and_sum(E: Emitter, rows: _Rows):
     """The row max m and sum(exp(x - m)), each a reduction IREE recognizes (maximumf, addf)."""
+    t = rows.acc
     m = rows.reduce(E, [rows.full], float("-inf"),
-                    lambda E, a, r: E.op(f"arith.maximumf {rows.load(E, a[0])}, {r} : f32"))
+                    lambda E, a, r: E.op(f"arith.maximumf {rows.load(E, a[0])}, {r} : {t}"))
 
     def exp_sum(E, a, r):
-        e = E.op(f"math.exp {_sub(E, rows.load(E, a[0]), a[1])} : f32")
-        return _add(E, e, r)
+        e = E.op(f"math.exp {_sub(E, rows.load(E, a[0]), a[1], t)} : {t}")
+        return _add(E, e, r, t)
     s = rows.reduce(E, [rows.full, rows.per_row(m)], 0.0, exp_sum)
     return m, s
 
@@ -96,28 +99,31 @@ def _softmax(E: Emitter, node, ins, ctx):
     # linalg.softmax stays one op through IREE's dispatch formation and is decomposed (max,
     # exp-sum, divide) inside a single dispatch; the equivalent chain of generics takes two.
     x = ins[0]
-    x32 = E.convert(x, F32)
-    init = E.empty(E.dims(x), F32)
+    acc = acc_elt(x.mlir_elt)
+    x32 = E.convert(x, acc)
+    init = E.empty(E.dims(x), acc)
     ty = x32.mlir
     y = E.op(f"linalg.softmax dimension({node.attrs['axis']}) ins({x32.name} : {ty}) outs({init} : {ty}) -> {ty}")
-    return [E.convert(T(y, x.type, F32), x.mlir_elt)]
+    return [E.convert(T(y, x.type, acc), x.mlir_elt)]
 
 
 def _log_softmax(E: Emitter, node, ins, ctx):
     rows = _Rows(E, ins[0], [node.attrs["axis"]])
     m, s = _row_max_and_sum(E, rows)
-    log_s = rows.on_stats(E, [s], lambda E, a: E.op(f"math.log {a[0]} : f32"))
+    t = rows.acc
+    log_s = rows.on_stats(E, [s], lambda E, a: E.op(f"math.log {a[0]} : {t}"))
     return [rows.finish(E, [rows.full, rows.per_row(m), rows.per_row(log_s)],
-                        lambda E, a: _sub(E, _sub(E, rows.load(E, a[0]), a[1]), a[2]))]
+                        lambda E, a: _sub(E, _sub(E, rows.load(E, a[0]), a[1], t), a[2], t))]
 
 
 def _inv_std(E: Emitter, rows: _Rows, sum_sq: T, eps: float) -> T:
     """1 / sqrt(sum_sq / n + eps) per row."""
-    n = count(E, rows.space, rows.axes)
+    t = rows.acc
+    n = count(E, rows.space, rows.axes, t)
 
     def fn(E, a):
-        ms = E.op(f"arith.divf {a[0]}, {n} : f32")
-        return E.op(f"math.rsqrt {_add(E, ms, _f32(E, eps))} : f32")
+        ms = E.op(f"arith.divf {a[0]}, {n} : {t}")
+        return E.op(f"math.rsqrt {_add(E, ms, E.const(eps, t), t)} : {t}")
     return rows.on_stats(E, [sum_sq], fn)
 
 
@@ -127,10 +133,10 @@ def _affine(rows: _Rows, params):
     return [(t, rows.axes) for t, _ in present], present
 
 
-def _apply_affine(E: Emitter, y: str, scalars, present) -> str:
-    """y * weight + bias for the present parameters, each converted to f32 from its own storage type."""
+def _apply_affine(E: Emitter, y: str, scalars, present, acc: str) -> str:
+    """y * weight + bias for the present parameters, each converted to `acc` from its own storage type."""
     for v, (t, fn) in zip(scalars, present):
-        y = fn(E, y, E.cast_scalar(v, t.mlir_elt, F32))
+        y = fn(E, y, E.cast_scalar(v, t.mlir_elt, acc), acc)
     return y
 
 
@@ -141,40 +147,42 @@ def _layer_norm(E: Emitter, node, ins, ctx):
     # rounded large mean.
     x, weight, bias = ins
     rows = _Rows(E, x, range(node.attrs["axis"], x.rank))
-    n = count(E, rows.space, rows.axes)
+    t = rows.acc
+    n = count(E, rows.space, rows.axes, t)
 
     k = rows.first(E)
 
     def shifted(E, a):
-        return _sub(E, rows.load(E, a[0]), a[1])
-    total = rows.reduce(E, [rows.full, rows.per_row(k)], 0.0, lambda E, a, r: _add(E, shifted(E, a), r))
-    c = rows.on_stats(E, [total], lambda E, a: E.op(f"arith.divf {a[0]}, {n} : f32"))
+        return _sub(E, rows.load(E, a[0]), a[1], t)
+    total = rows.reduce(E, [rows.full, rows.per_row(k)], 0.0, lambda E, a, r: _add(E, shifted(E, a), r, t))
+    c = rows.on_stats(E, [total], lambda E, a: E.op(f"arith.divf {a[0]}, {n} : {t}"))
 
     def sq_dev(E, a, r):
-        d = _sub(E, shifted(E, a), a[2])
-        return _add(E, _mul(E, d, d), r)
+        d = _sub(E, shifted(E, a), a[2], t)
+        return _add(E, _mul(E, d, d, t), r, t)
     var_sum = rows.reduce(E, [rows.full, rows.per_row(k), rows.per_row(c)], 0.0, sq_dev)
     inv = _inv_std(E, rows, var_sum, node.attrs["eps"])
     params, present = _affine(rows, [(weight, _mul), (bias, _add)])
 
     def y(E, a):
-        v = _mul(E, _sub(E, shifted(E, a), a[2]), a[3])
-        return _apply_affine(E, v, a[4:], present)
+        v = _mul(E, _sub(E, shifted(E, a), a[2], t), a[3], t)
+        return _apply_affine(E, v, a[4:], present, t)
     return [rows.finish(E, [rows.full, rows.per_row(k), rows.per_row(c), rows.per_row(inv), *params], y)]
 
 
 def _rms_norm(E: Emitter, node, ins, ctx):
     x, weight = ins
     rows = _Rows(E, x, range(node.attrs["axis"], x.rank))
+    t = rows.acc
 
     def sq(E, a, r):
         v = rows.load(E, a[0])
-        return _add(E, _mul(E, v, v), r)
+        return _add(E, _mul(E, v, v, t), r, t)
     sum_sq = rows.reduce(E, [rows.full], 0.0, sq)
     inv = _inv_std(E, rows, sum_sq, node.attrs["eps"])
     params, present = _affine(rows, [(weight, _mul)])
     return [rows.finish(E, [rows.full, rows.per_row(inv), *params],
-                        lambda E, a: _apply_affine(E, _mul(E, rows.load(E, a[0]), a[1]), a[2:], present))]
+                        lambda E, a: _apply_affine(E, _mul(E, rows.load(E, a[0]), a[1], t), a[2:], present, t))]
 
 
 lowering("softmax")(_softmax)

@@ -19,7 +19,7 @@ def _lower_random_uniform(E: Emitter, node, ins, ctx):
     def body(E, a):
         def op(name, x, y):
             return E.op(f"arith.{name} {x}, {y} : i64")
-        k = E.cast_scalar(a[0], key.mlir_elt, "i64")
+        k = E.cast_scalar(a[0], key.mlir_elt, "i64", unsigned_src=key.type.dtype.unsigned)
         index = E.op(f"linalg.index {r - 1} : index")
         j = E.op(f"arith.index_cast {index} : index to i64")
         z = op("addi", op("muli", k, _i64(E, GOLDEN)), op("muli", op("addi", j, E.const(1, "i64")), _i64(E, MIX1)))

@@ -88,17 +88,12 @@ def binop(fop: str, iop: str):
     return emit
 
 
-def _int_limit(t: str, low: bool) -> int:
-    bits = int(t[1:])
-    return -(1 << (bits - 1)) if low else (1 << (bits - 1)) - 1
+def _lowest(t, dtype):
+    return float("-inf") if t in FLOAT_TYPES else dtype.limits[0]
 
 
-def _lowest(t):
-    return float("-inf") if t in FLOAT_TYPES else _int_limit(t, True)
-
-
-def _highest(t):
-    return float("inf") if t in FLOAT_TYPES else _int_limit(t, False)
+def _highest(t, dtype):
+    return float("inf") if t in FLOAT_TYPES else dtype.limits[1]
 
 
 def _square(E, x, t):
@@ -108,22 +103,30 @@ def _square(E, x, t):
 _add = binop("arith.addf", "arith.addi")
 _mul = binop("arith.mulf", "arith.muli")
 
-# name -> (identity(acc elt), pre(E, x, t) or None, combine(E, acc, x, t), post(E, r, n, t) or None)
+# name -> (identity(acc elt, graph dtype), pre(E, x, t) or None, combine(E, acc, x, t), post(E, r, n, t) or None)
 REDUCTIONS = {
-    "sum": (lambda t: 0, None, _add, None),
-    "mean": (lambda t: 0, None, _add, lambda E, r, n, t: E.op(f"arith.divf {r}, {n} : {t}")),
-    "prod": (lambda t: 1, None, _mul, None),
+    "sum": (lambda t, d: 0, None, _add, None),
+    "mean": (lambda t, d: 0, None, _add, lambda E, r, n, t: E.op(f"arith.divf {r}, {n} : {t}")),
+    "prod": (lambda t, d: 1, None, _mul, None),
     "max": (_lowest, None, binop("arith.maximumf", "arith.maxsi"), None),
     "amax": (_lowest, None, binop("arith.maximumf", "arith.maxsi"), None),
     "min": (_highest, None, binop("arith.minimumf", "arith.minsi"), None),
-    "norm1": (lambda t: 0, lambda E, x, t: E.op(f"math.absf {x} : {t}"), _add, None),
-    "norm2": (lambda t: 0, _square, _add, lambda E, r, n, t: E.op(f"math.sqrt {r} : {t}")),
+    "norm1": (lambda t, d: 0, lambda E, x, t: E.op(f"math.absf {x} : {t}"), _add, None),
+    "norm2": (lambda t, d: 0, _square, _add, lambda E, r, n, t: E.op(f"math.sqrt {r} : {t}")),
 }
+# The combiners of unsigned integers, where they differ.
+def _unsigned(op: str):
+    return lambda E, a, b, t: E.op(f"arith.{op} {a}, {b} : {t}")
+
+
+UNSIGNED_COMBINE = {"max": _unsigned("maxui"), "amax": _unsigned("maxui"), "min": _unsigned("minui")}
 
 
 def _lower_reduction(E: Emitter, node, ins, ctx):
     x = ins[0]
     identity, pre, combine, post = REDUCTIONS[node.op]
+    if x.type.dtype.unsigned:
+        combine = UNSIGNED_COMBINE.get(node.op, combine)
     axes, keepdims = node.attrs["axes"], node.attrs["keepdims"]
     storage = x.mlir_elt
     acc = compute_elt(storage)
@@ -133,7 +136,7 @@ def _lower_reduction(E: Emitter, node, ins, ctx):
     def step(E, a, r):
         v = E.cast_scalar(a[0], storage, acc)
         return combine(E, r, pre(E, v, acc) if pre else v, acc)
-    r = reduction(E, space, [(x, list(range(x.rank)))], axes, acc, identity(acc), step)
+    r = reduction(E, space, [(x, list(range(x.rank)))], axes, acc, identity(acc, x.type.dtype), step)
     if post is None and acc == storage and not (keepdims and axes):
         return [r]
     # keepdims: iterate over the output shape (size-1 dims in place of the reduced ones).

@@ -85,7 +85,7 @@ def lower_rope(E: Emitter, node, ins, ctx):
         if pos is None:
             c, s = (E.cast_scalar(v, cos.mlir_elt, F32) for v in a[2:4])
         else:
-            c, s = _gather(E, a[2], pos.mlir_elt, p_loop, cos, sin)
+            c, s = _gather(E, a[2], pos.mlir_elt, p_loop, cos, sin, pos.type.dtype.unsigned)
         y0 = E.op(f"arith.subf {E.op(f'arith.mulf {x0}, {c} : f32')}, {E.op(f'arith.mulf {x1}, {s} : f32')} : f32")
         y1 = E.op(f"arith.addf {E.op(f'arith.mulf {x0}, {s} : f32')}, {E.op(f'arith.mulf {x1}, {c} : f32')} : f32")
         first = E.op(f"arith.cmpi eq, {E.op(f'linalg.index {c_loop} : index')}, {E.index(0)} : index")
@@ -101,9 +101,9 @@ def lower_rope(E: Emitter, node, ins, ctx):
     return [T(merged, x.type)]
 
 
-def _gather(E: Emitter, p, pos_elt: str, p_loop: int, cos: T, sin: T):
+def _gather(E: Emitter, p, pos_elt: str, p_loop: int, cos: T, sin: T, unsigned: bool = False):
     """cos[p, i] and sin[p, i] in f32, for position p and the pair loop's index i."""
-    row = E.op(f"arith.index_cast {p} : {pos_elt} to index")
+    row = E.op(f"arith.{'index_castui' if unsigned else 'index_cast'} {p} : {pos_elt} to index")
     col = E.op(f"linalg.index {p_loop} : index")
     return [E.cast_scalar(E.op(f"tensor.extract {t.name}[{row}, {col}] : {t.mlir}"), t.mlir_elt, F32)
             for t in (cos, sin)]

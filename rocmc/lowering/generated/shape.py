@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 
+from ... import symbolic
 from ...errors import LoweringError
 from ...frontend.graph import TensorType
 from ...frontend.ops.shape import product, size_of, slice_bounds
@@ -76,9 +77,20 @@ def dim_value(E: Emitter, ctx, d, *sources: T):
         for k, v in enumerate(ctx.graph.inputs):
             if d in v.shape:
                 return E.dim(T(f"%arg{k}", v.type, v.dtype.abi_mlir), v.shape.index(d))
+        if d not in ctx.symbols:   # a sum, a floor division, ...: computed from the symbols' sizes
+            return symbolic.parse(d, LoweringError).compute(Ix(E), ctx.symbols)
         raise LoweringError(f"size {d!r} is neither in an operand nor a graph input's symbol")
     ix = Ix(E)
     return ix.mul(ix.prod(dim_value(E, ctx, a, *sources) for a in s.atoms), s.coef)
+
+
+@lowering("sizes")
+def _lower_sizes(E: Emitter, node, ins, ctx):
+    out = node.outputs[0].type
+    elt = out.dtype.mlir
+    values = [E.op(f"arith.index_cast {E.as_index(dim_value(E, ctx, d))} : index to {elt}") for d in node.attrs["dims"]]
+    r = E.op(f"tensor.from_elements {', '.join(values)} : {tensor_type(out.shape, elt)}")
+    return [T(r, out)]
 
 
 def _out_sizes(E: Emitter, ctx, x: T, dims, total) -> list:
@@ -286,10 +298,11 @@ def _lower_gather(E: Emitter, node, ins, ctx):
     n = E.as_index(E.dim(x, axis))
     sizes = E.dims(x)[:axis] + E.dims(idx) + E.dims(x)[axis + 1:]
     ielt = idx.mlir_elt
+    cast = "arith.index_castui" if idx.type.dtype.unsigned else "arith.index_cast"   # u8 200 is 200, not -56
     _assert_not_empty(E, node, x, axis, idx)
 
     def coords(E, at, scalars):
-        i = E.op(f"arith.index_cast {scalars[0]} : {ielt} to index")
+        i = E.op(f"{cast} {scalars[0]} : {ielt} to index")
         neg = E.op(f"arith.cmpi slt, {i}, {E.index(0)} : index")
         wrapped = E.op(f"arith.addi {i}, {n} : index")
         i = E.op(f"arith.select {neg}, {wrapped}, {i} : index")

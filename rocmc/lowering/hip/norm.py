@@ -75,6 +75,8 @@ def _grid(E: Emitter, rows, group):
 def _supports(names):
     def supports(node: Node, target: Target):
         x = node.inputs[0]
+        if x.dtype.name not in kernels.DTYPES:
+            return f"x is {x.dtype}; the kernel is built for {', '.join(kernels.DTYPES)}"
         for v, name in zip(node.inputs[1:], names):
             if v is not None and v.dtype != x.dtype:
                 return f"{name} is {v.dtype} but x is {x.dtype}; the kernel reads one element type"

@@ -30,7 +30,11 @@ def items_per_row(d: int, r: int, interleaved: bool, dtype: str) -> int:
 
 
 def supports(node: Node, target: Target):
-    x, cos, _, _ = node.inputs
+    x, cos, _, pos = node.inputs
+    if x.dtype.name not in kernels.DTYPES:
+        return f"x is {x.dtype}; the kernel is built for {', '.join(kernels.DTYPES)}"
+    if pos is not None and pos.dtype.name not in ("i32", "i64"):
+        return f"position_ids are {pos.dtype}; the kernel reads i32 or i64"
     if cos.dtype != x.dtype:
         return f"cos/sin are {cos.dtype} but x is {x.dtype}; the kernel reads one element type"
     n = math.prod(s for s in x.shape if isinstance(s, int))

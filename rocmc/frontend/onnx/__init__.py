@@ -3,8 +3,14 @@
 Graph inputs become inputs (a `dim_param` stays a symbolic dim), initializers become constants and
 each node is converted by one small function from the CONVERTERS table onto rocmc's ops. Values known
 at import time (initializers, Constant, and whatever Shape/Gather/Concat/... compute from them) are
-kept as numpy arrays and folded, so shape arithmetic never reaches the compiled module; a shape that
-holds a symbolic dim is an object array of ints and symbol names, which Reshape/Expand accept.
+kept as numpy arrays and folded, so shape arithmetic never reaches the compiled module. Shapes are
+values too: a shape that holds a symbolic dim is an object array of ints and size expressions
+('seq', '(seq+1)', '(batch*seq)'), and the shape ops exporters write (Gather, Concat, Add, Mul, Div,
+Min, Equal, Where, Range, Expand, ConstantOfShape, Slice, Reshape, ...) compute on it with
+rocmc.symbolic's canonical arithmetic, so dims stay symbolic in the compiled module. A comparison of
+sizes the importer cannot decide otherwise assumes symbols >= 2 (as torch.export does), and a Slice
+whose symbolic end may pass the dim assumes it does not; each assumption is kept in the graph and
+checked when the module is called (InputError).
 Elementwise nodes whose inputs are all known (RoPE's cos/sin tables) are evaluated at import with
 rocmc's own float64 op references, rounded to the node's dtype, and become constants too.
 
@@ -22,14 +28,16 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import GraphError, ModelImportError, RocmcError
-from .graph import Graph, Value
-from .ops.shape import gather_indices
+from ... import symbolic
+from ...errors import GraphError, ModelImportError, RocmcError
+from ..graph import Graph, Value
+from ..ops.shape import gather_indices
 
 MAX_OPSET = 23   # highest default-domain opset whose op definitions rocmc implements
 
-# ONNX TensorProto element types rocmc has; anything else (double, int8, uint8, ...) is reported.
-_DTYPES = {1: "f32", 10: "f16", 16: "bf16", 6: "i32", 7: "i64", 9: "bool"}
+# ONNX TensorProto element types rocmc has; anything else (float8, int4, string, ...) is reported.
+_DTYPES = {1: "f32", 10: "f16", 16: "bf16", 11: "f64", 3: "i8", 5: "i16", 6: "i32", 7: "i64",
+           2: "u8", 4: "u16", 12: "u32", 13: "u64", 9: "bool"}
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
 # Versions after opset 23 that changed only things rocmc checks elsewhere (new element types such as
 # int2/float8e8m0, Cast's round_mode for float8 targets, Range's stash_type for f16 accumulation):
@@ -48,7 +56,7 @@ class Unsupported(Exception):
 
 
 def _ops():
-    from .. import ops
+    from ... import ops
     return ops
 
 
@@ -92,12 +100,54 @@ def _check_folded(shape, dtype, what: str) -> None:
 
 # ---- values during import -------------------------------------------------------------------
 
+_INT_TYPES = {"i32": np.int32, "i64": np.int64}
+
+
+def _known_array(a, int_type: str = "i64") -> np.ndarray:
+    """An import-time value as a numpy array: sizes that are symbolic as an object array of ints and
+    canonical size expressions (numpy would otherwise make strings of every entry), one whose entries
+    all became ints as a plain integer array."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "OUS":
+        return a
+    flat = [_dim_entry(v) for v in a.reshape(-1).tolist()]
+    if all(isinstance(v, int) for v in flat):
+        return np.asarray(flat, dtype=_INT_TYPES.get(int_type, np.int64)).reshape(a.shape)
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(a.shape)
+
+
+def _dim_entry(v):
+    if isinstance(v, (bytes, np.bytes_)):
+        v = v.decode()
+    if isinstance(v, str):
+        try:
+            return symbolic.canonical(v)
+        except GraphError:
+            raise Unsupported(f"value {v!r} is neither a number nor a size expression") from None
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise Unsupported(f"a shape value mixes sizes with {v!r}")
+    return int(v)
+
+
+def _sym_values(arrays) -> bool:
+    return any(np.asarray(a).dtype == object for a in arrays)
+
 @dataclass
 class Tensor:
-    """An ONNX value: a graph Value, an array known at import time, or both (materialized once)."""
+    """An ONNX value: a graph Value, an array known at import time, or both (materialized once).
+
+    A known integer array holding symbolic sizes is an object array of ints and size expressions;
+    `int_type` is then the integer type it stands for (Shape gives int64, a Cast may make it int32)."""
     value: Value | None = None
     known: np.ndarray | None = None
     name: str = ""
+    int_type: str = "i64"
+
+    def __post_init__(self):
+        if self.known is not None:
+            self.known = _known_array(self.known, self.int_type)
 
     @property
     def shape(self) -> tuple:
@@ -110,7 +160,9 @@ class Tensor:
     def dtype_name(self) -> str:
         if self.value is not None:
             return self.value.dtype.name
-        from .dtypes import dtype
+        if self.known.dtype == object:
+            return self.int_type
+        from ..dtypes import dtype
         try:
             return dtype(self.known.dtype).name
         except GraphError:
@@ -143,8 +195,8 @@ class Node:
             return default
         t = self.inputs[i]
         if t.known is None:
-            raise Unsupported(f"input {what!r} ({t.name}) must be known at import time (a constant "
-                              f"or computed from constants and static shapes)")
+            raise Unsupported(f"input {what!r} ({t.name}) must be known at import time (a constant, "
+                              f"or computed from constants and shapes)")
         return t.known
 
     def ints(self, i: int, what: str, default=None):
@@ -219,19 +271,54 @@ class Importer:
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
         self._used: set[str] = set()
         self._writer: dict[str, str] = {}              # value name -> what defined it, for duplicates
+        self.label = ""                                # the node being converted, for assumptions
+
+    # -- assumptions about symbolic sizes
+    def assume_symbols(self, least: dict) -> None:
+        """The node being converted decided a comparison by assuming these least sizes {symbol: n}."""
+        for name, n in sorted(least.items()):
+            self.graph.assume(symbolic.Constraint(f"{self.label} (imported assuming {name} >= {n})",
+                                                  "at_least", symbolic.Sym(name), symbolic.Int(n)))
+
+    def assume_at_most(self, a, b) -> None:
+        """The node being converted assumed size a <= size b (checked when the module is called)."""
+        self.graph.assume(symbolic.Constraint(f"{self.label} (imported assuming {a} <= {b})", "at_least",
+                                              symbolic.parse(b), symbolic.parse(a)))
+
+    def at_most(self, a, b) -> bool:
+        """Whether size a <= size b; when nothing decides it, assumed true (a Slice's symbolic end within
+        its dim: a call that breaks it is an InputError, not a silently shorter slice)."""
+        try:
+            return self.decide(a, "<=", b)
+        except Unsupported:
+            self.assume_at_most(a, b)
+            return True
+
+    def decide(self, a, relation: str, b) -> bool:
+        """Whether `a relation b` holds for two sizes (symbolic.decide, recording what it assumed);
+        Unsupported when no assumption decides it."""
+        try:
+            ok, needs = symbolic.decide(a, relation, b)
+        except symbolic.Undecided as e:
+            raise Unsupported(f"cannot decide {a} {relation} {b}: {e}") from None
+        self.assume_symbols(needs)
+        return ok
 
     # -- values
     def value(self, t: Tensor) -> Value:
         if t.value is None:
             arr = t.known
-            if arr.dtype == object:
-                raise Unsupported(f"{t.name} holds a shape with symbolic dims ({_fmt(arr)}) that is used as "
-                                  f"a runtime tensor; rocmc folds shapes only at import time")
-            if arr.dtype.kind == "f" and arr.dtype.itemsize == 8:
-                raise Unsupported(f"{t.name} is float64 (DOUBLE), which rocmc does not support")
-            if arr.dtype.kind == "u" or (arr.dtype.kind == "i" and arr.dtype.itemsize < 4):
-                raise Unsupported(f"{t.name} has element type {arr.dtype}; rocmc supports integers as int32/int64")
-            t.value = self.graph.constant(self._unique(t.name or "c"), arr)
+            if arr.dtype == object:   # sizes used as data: computed from the inputs' shapes at run time
+                R = _ops()
+                flat = R.sizes(self.graph, arr.reshape(-1).tolist(), dtype=t.int_type)
+                t.value = flat if arr.ndim == 1 else R.reshape(flat, arr.shape)
+                return t.value
+            from ..dtypes import dtype as rocmc_dtype
+            try:
+                dtype = rocmc_dtype(arr.dtype)
+            except GraphError:
+                raise Unsupported(f"{t.name} has element type {arr.dtype}, which rocmc does not support") from None
+            t.value = self.graph.constant(self._unique(t.name or "c"), arr, dtype=dtype)
         return t.value
 
     def _unique(self, name: str) -> str:
@@ -321,6 +408,7 @@ class Importer:
                 poisoned |= t is None
                 inputs.append(t)
         outs = [None] * len(proto.output)
+        self.label = f"{op} node {label!r}"
         try:
             version = self._version(proto)
             self._check_attributes(proto)
@@ -368,7 +456,8 @@ class Importer:
             except Unsupported:
                 res = None
             if res is not None:
-                return [Tensor(known=np.asarray(r)) for r in res]
+                it = next((t.int_type for t in node.inputs if t is not None and t.known.dtype == object), "i64")
+                return [r if isinstance(r, Tensor) else Tensor(known=r, int_type=it) for r in res]
         if proto.op_type in REFERENCE_FOLDS and all(t is None or t.known is not None for t in node.inputs):
             res = self._fold_by_reference(proto, node)
             if res is not None:
@@ -395,7 +484,7 @@ class Importer:
         result's dtype: the constant is what the compiled ops would compute, not numpy's opinion."""
         if any(t is not None and t.known.dtype == object for t in node.inputs):
             return None
-        from .reference import evaluate
+        from ..reference import evaluate
         scratch = Importer(self.model, "fold", self.dims)
         inputs = [None if t is None else Tensor(known=t.known, name=t.name) for t in node.inputs]
         try:
@@ -537,7 +626,9 @@ def _reshape_target(in_shape, target, allowzero: bool) -> list:
     return [in_shape[i] if (isinstance(d, int) and d == 0 and not allowzero) else d for i, d in enumerate(target)]
 
 
-def _broadcast(a, b) -> list:
+def _broadcast(a, b, imp: "Importer | None" = None) -> list:
+    """Numpy broadcasting of two shapes; symbolic dims are equal when their sizes are (decided by
+    `imp`, which may assume symbols >= 2: a symbolic dim against 1 is then the dim)."""
     rank = max(len(a), len(b))
     a = [1] * (rank - len(a)) + list(a)
     b = [1] * (rank - len(b)) + list(b)
@@ -547,9 +638,18 @@ def _broadcast(a, b) -> list:
             out.append(y)
         elif y == 1 or x == y:
             out.append(x)
+        elif imp is not None and (isinstance(x, str) or isinstance(y, str)) and _equal_sizes(imp, x, y):
+            out.append(x)
         else:
-            raise Unsupported(f"shapes {a} and {b} do not broadcast")
+            raise Unsupported(f"shapes {_fmt(a)} and {_fmt(b)} do not broadcast")
     return out
+
+
+def _equal_sizes(imp: "Importer", x, y) -> bool:
+    try:
+        return imp.decide(x, "==", y)
+    except Unsupported:
+        return False
 
 
 # ---- elementwise ----------------------------------------------------------------------------
@@ -578,33 +678,58 @@ def _binary(n: Node):
 @folds(*_NUMPY_BINARY)
 def _fold_binary(n: Node):
     a, b = n.known(0, "A"), n.known(1, "B")
-    if a.dtype == object or b.dtype == object:
-        if n.proto.op_type not in ("Add", "Sub", "Mul"):
-            return None
-        try:   # symbolic dims fold only when the other operand leaves them unchanged (x*1, x+0)
-            res = [_sym_arith(n.proto.op_type, x, y) for x, y in np.broadcast(a, b)]
-        except Unsupported:
-            return None
-        return [np.asarray(res, dtype=object).reshape(np.broadcast_shapes(a.shape, b.shape))]
+    if _sym_values((a, b)):
+        return _sym_elementwise(n, [a, b])
     arithmetic = n.proto.op_type in ("Add", "Sub", "Mul")
     return [_NUMPY_BINARY[n.proto.op_type](a, b).astype(a.dtype if arithmetic else bool)]
 
 
-def _sym_arith(op, x, y):
-    if not isinstance(x, str) and not isinstance(y, str):
-        return {"Add": x + y, "Sub": x - y, "Mul": x * y}[op]
-    if op == "Mul" and (x == 1 or y == 1):
-        return y if x == 1 else x
-    if op in ("Add", "Sub") and y == 0:
-        return x
-    raise Unsupported("symbolic arithmetic")
+def _sym_elementwise(n: Node, arrays) -> list:
+    """An elementwise node over sizes (some symbolic), computed with rocmc.symbolic's arithmetic:
+    the shape arithmetic of exporters (seq+1, batch*seq, seq//2, min(seq, 512), seq == 1)."""
+    op = n.proto.op_type
+    if not all(np.asarray(a).dtype.kind in "Oiu" for a in arrays):
+        raise Unsupported(f"{op} mixes symbolic sizes with non-integer values")
+    shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+    out = [_sym_scalar(n, op, list(xs)) for xs in np.broadcast(*arrays)]
+    if op in _SIZE_COMPARISONS:
+        return [np.asarray(out, dtype=bool).reshape(shape)]
+    res = np.empty(len(out), dtype=object)
+    res[:] = out
+    return [res.reshape(shape)]
+
+
+_SIZE_COMPARISONS = {"Equal": "==", "Less": "<", "LessOrEqual": "<=", "Greater": ">", "GreaterOrEqual": ">="}
+
+
+def _sym_scalar(n: Node, op: str, xs: list):
+    xs = [x if isinstance(x, str) else int(x) for x in xs]
+    S = symbolic
+    if op in _SIZE_COMPARISONS:
+        return n.imp.decide(xs[0], _SIZE_COMPARISONS[op], xs[1])
+    if op in ("Max", "Min"):
+        assumed: dict = {}
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = (S.dim_max if op == "Max" else S.dim_min)(acc, x, assumed)
+        n.imp.assume_symbols(assumed)
+        return acc
+    if op in ("Div", "Mod"):
+        a, b = xs
+        if not (n.imp.decide(b, ">", 0) and n.imp.decide(a, ">=", 0)):
+            raise Unsupported(f"{op} of sizes {a} and {b}: only non-negative by positive is supported")
+        return S.dim_floordiv(a, b) if op == "Div" else S.dim_mod(a, b)
+    fn = {"Add": S.dim_add, "Sub": S.dim_sub, "Mul": S.dim_mul}.get(op)
+    if fn is None:
+        raise Unsupported(f"{op} of symbolic sizes")
+    return fn(*xs)
 
 
 @folds("Mod")
 def _fold_mod(n: Node):
     a, b = n.known(0, "A"), n.known(1, "B")
-    if a.dtype == object or b.dtype == object:
-        return None
+    if _sym_values((a, b)):
+        return _sym_elementwise(n, [a, b])
     return [(np.fmod(a, b) if n.attr("fmod", 0) else np.mod(a, b)).astype(a.dtype)]
 
 
@@ -618,8 +743,8 @@ def _fold_trilu(n: Node):
 @folds("Div")
 def _fold_div(n: Node):
     a, b = n.known(0, "A"), n.known(1, "B")
-    if a.dtype == object or b.dtype == object:
-        return None
+    if _sym_values((a, b)):
+        return _sym_elementwise(n, [a, b])
     if a.dtype.kind in "iu":
         q = np.abs(a) // np.maximum(np.abs(b), 1)
         return [np.where((a < 0) ^ (b < 0), -q, q).astype(a.dtype)]
@@ -658,7 +783,9 @@ _NUMPY_UNARY = {"Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Sqrt"
 def _fold_unary(n: Node):
     a = n.known(0, "X")
     if a.dtype == object:
-        return None
+        if n.proto.op_type != "Neg":
+            return None
+        return [_known_array(np.vectorize(lambda d: symbolic.dim_sub(0, d), otypes=[object])(a))]
     return [np.asarray(_NUMPY_UNARY[n.proto.op_type](a)).astype(a.dtype)]
 
 
@@ -732,8 +859,8 @@ def _variadic(n: Node):
 @folds("Max", "Min")
 def _fold_minmax(n: Node):
     arrs = [n.known(i, "data_0") for i in range(len(n.inputs))]
-    if any(a.dtype == object for a in arrs):
-        return None
+    if _sym_values(arrs):
+        return _sym_elementwise(n, arrs)
     fn = np.maximum if n.proto.op_type == "Max" else np.minimum
     acc = arrs[0]
     for a in arrs[1:]:
@@ -761,7 +888,7 @@ def _cast(n: Node):
     to = n.inputs[1].dtype_name() if n.proto.op_type == "CastLike" else _rocmc_dtype(n.attr("to"), "target type 'to'")
     src = n.inputs[0]
     if src.known is not None and src.known.dtype != object:   # e.g. a constant cast like a runtime tensor
-        from .dtypes import dtype
+        from ..dtypes import dtype
         return [src.known.astype(dtype(to).np)]
     return _ops().cast(n.value(0), to)
 
@@ -770,8 +897,8 @@ def _cast(n: Node):
 def _fold_cast(n: Node):
     a = n.known(0, "input")
     to = n.attr("to")
-    if a.dtype == object:
-        return [a] if to in (6, 7) else None
+    if a.dtype == object:   # sizes stay sizes as integers; as floats they become data (Importer.value)
+        return [Tensor(known=a, int_type="i32" if to == 6 else "i64")] if to in (6, 7) else None
     import onnx.helper
     return [a.astype(onnx.helper.tensor_dtype_to_np_dtype(to))]
 
@@ -817,17 +944,20 @@ def _shape(n: Node):
 
 @converts("Size")
 def _size(n: Node):
-    return [np.asarray(math.prod(_static(n.inputs[0].shape, "Size")), dtype=np.int64)]
+    total = 1
+    for d in n.inputs[0].shape:
+        total = symbolic.dim_mul(total, d)
+    return [_known_array(np.asarray(total, dtype=object))]
 
 
 @converts("ConstantOfShape")
 def _constant_of_shape(n: Node):
     from onnx import numpy_helper
     shape = _dims(n.known(0, "input"))
-    if any(isinstance(d, str) for d in shape):
-        raise Unsupported(f"ConstantOfShape of a symbolic shape {shape}")
     v = n.attr("value")
     fill = numpy_helper.to_array(v).reshape(-1)[0] if v is not None else np.float32(0)
+    if any(isinstance(d, str) for d in shape):   # filled at run time, to sizes the inputs give
+        return _ops().broadcast_to(n.imp.value(Tensor(known=np.asarray(fill), name="fill")), shape)
     _check_folded(shape, np.asarray(fill).dtype, "ConstantOfShape")
     return [np.full(shape, fill, dtype=np.asarray(fill).dtype)]
 
@@ -981,142 +1111,6 @@ def _gemm(n: Node):
     return y
 
 
-# ---- convolution and pooling ----------------------------------------------------------------
-
-def _spatial_pads(n: Node, x_shape, kernel, strides, dilations) -> list:
-    """Per spatial dim (lo, hi) padding from `pads` or `auto_pad` (SAME_* needs static sizes)."""
-    k = len(kernel)
-    auto = n.attr("auto_pad", "NOTSET")
-    if auto in ("NOTSET", ""):
-        pads = n.attr("pads", [0] * (2 * k))
-        return [(int(pads[i]), int(pads[i + k])) for i in range(k)]
-    if auto == "VALID":
-        return [(0, 0)] * k
-    if auto not in ("SAME_UPPER", "SAME_LOWER"):
-        raise Unsupported(f"auto_pad={auto!r}")
-    out = []
-    for size, kk, s, d in zip(_static(x_shape[2:], f"auto_pad={auto}"), kernel, strides, dilations):
-        total = max(0, (-(-size // s) - 1) * s + (kk - 1) * d + 1 - size)
-        small = total // 2
-        out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
-    return out
-
-
-def _window(n: Node, x: Value, kernel) -> tuple:
-    k = len(kernel)
-    strides = [int(s) for s in n.attr("strides", [1] * k)]
-    dilations = [int(d) for d in n.attr("dilations", [1] * k)]
-    return strides, dilations, _spatial_pads(n, x.shape, kernel, strides, dilations)
-
-
-def _pairs_or_ints(pads):
-    return [p[0] for p in pads] if all(lo == hi for lo, hi in pads) else [list(p) for p in pads]
-
-
-@converts("Conv")
-def _conv(n: Node):
-    R = _ops()
-    x, w, bias = n.value(0), n.value(1), n.value(2)
-    kernel = n.attr("kernel_shape") or list(w.shape[2:])
-    if len(kernel) not in (1, 2):
-        raise Unsupported(f"{len(kernel)}-D convolution (rocmc has 1-D and 2-D)")
-    strides, dilations, pads = _window(n, x, kernel)
-    fn = R.conv1d if len(kernel) == 1 else R.conv2d
-    return fn(x, w, bias, stride=strides, padding=_pairs_or_ints(pads), dilation=dilations,
-              groups=int(n.attr("group", 1)))
-
-
-@converts("ConvTranspose")
-def _conv_transpose(n: Node):
-    R = _ops()
-    x, w, bias = n.value(0), n.value(1), n.value(2)
-    kernel = [int(k) for k in (n.attr("kernel_shape") or w.shape[2:])]
-    k = len(kernel)
-    if k not in (1, 2):
-        raise Unsupported(f"{k}-D transposed convolution (rocmc has 1-D and 2-D)")
-    strides = [int(s) for s in n.attr("strides", [1] * k)]
-    dilations = [int(d) for d in n.attr("dilations", [1] * k)]
-    out_pad = [int(p) for p in n.attr("output_padding", [0] * k)]
-    groups = int(n.attr("group", 1))
-    full = [s * (i - 1) + op + (kk - 1) * d + 1 for i, s, op, kk, d in
-            zip(_static(x.shape[2:], "ConvTranspose"), strides, out_pad, kernel, dilations)]
-    output_shape = n.attr("output_shape")
-    auto = n.attr("auto_pad", "NOTSET")
-    if output_shape:
-        output_shape = [int(v) for v in output_shape][-k:]
-        totals = [f - o for f, o in zip(full, output_shape)]
-        upper = auto == "SAME_UPPER"
-        pads = [((t // 2, t - t // 2) if upper else (t - t // 2, t // 2)) if t >= 0 else (0, 0) for t in totals]
-        # A requested size beyond the full result extends it at the end, as output_padding does.
-        out_pad = [op - min(t, 0) for op, t in zip(out_pad, totals)]
-        full = [f - min(t, 0) for f, t in zip(full, totals)]
-    elif auto in ("SAME_UPPER", "SAME_LOWER"):
-        totals = [f - i * s for f, i, s in zip(full, x.shape[2:], strides)]
-        pads = [((t // 2, t - t // 2) if auto == "SAME_UPPER" else (t - t // 2, t // 2)) for t in totals]
-    elif auto == "VALID":
-        pads = [(0, 0)] * k
-    else:
-        p = n.attr("pads", [0] * (2 * k))
-        pads = [(int(p[i]), int(p[i + k])) for i in range(k)]
-    if any(lo < 0 or hi < 0 for lo, hi in pads):
-        raise Unsupported(f"output_shape {output_shape} needs negative padding {pads}")
-    fn = R.conv_transpose1d if k == 1 else R.conv_transpose2d
-    if all(lo == hi for lo, hi in pads):
-        return fn(x, w, bias, stride=strides, padding=[lo for lo, _ in pads], output_padding=out_pad,
-                  groups=groups, dilation=dilations)
-    # Asymmetric padding: the unpadded result, cropped (padding a transposed conv removes border rows).
-    y = fn(x, w, bias, stride=strides, padding=[0] * k, output_padding=out_pad, groups=groups, dilation=dilations)
-    axes = list(range(2, 2 + k))
-    return R.slice(y, [lo for lo, _ in pads], [f - hi for f, (_, hi) in zip(full, pads)], axes, [1] * k)
-
-
-@converts("MaxPool", "AveragePool")
-def _pool(n: Node):
-    R = _ops()
-    x = n.value(0)
-    kernel = [int(k) for k in n.attr("kernel_shape")]
-    if len(kernel) not in (1, 2):
-        raise Unsupported(f"{len(kernel)}-D pooling (rocmc has 2-D, and 1-D through it)")
-    strides, dilations, pads = _window(n, x, kernel)
-    ceil = bool(n.attr("ceil_mode", 0))
-    if n.proto.op_type == "MaxPool":
-        n.reject_outputs(1, "the Indices output is not supported")
-        if n.attr("storage_order", 0):
-            raise Unsupported("storage_order=1 is not supported")
-
-        def pool(v, k, s, p, d):
-            return R.max_pool2d(v, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)
-    else:
-        if any(d != 1 for d in dilations):
-            def pool(v, k, s, p, d):
-                raise Unsupported(f"AveragePool with dilations {dilations} is not supported")
-        else:
-            include = bool(n.attr("count_include_pad", 0))
-
-            def pool(v, k, s, p, d):
-                return R.avg_pool2d(v, kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=include)
-    if not ceil and any(p > k // 2 for (lo, hi), k in zip(pads, kernel) for p in (lo, hi)):
-        # rocmc's pooling (like torch's) takes at most half a kernel of padding; ONNX allows more.
-        # Without ceil_mode an explicit pad of the pool's identity is the same computation.
-        if n.proto.op_type == "AveragePool" and not n.attr("count_include_pad", 0):
-            raise Unsupported(f"pads {pads} exceed half the kernel {kernel} with count_include_pad=0")
-        fill = float("-inf") if n.proto.op_type == "MaxPool" else 0.0
-        x = R.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in pads], mode="constant", value=fill)
-        pads = [(0, 0)] * len(kernel)
-    if len(kernel) == 1:
-        return R.squeeze(pool(R.unsqueeze(x, 2), [1, kernel[0]], [1, strides[0]], _pairs_or_ints([(0, 0)] + pads),
-                              [1, dilations[0]]), 2)
-    return pool(x, kernel, strides, _pairs_or_ints(pads), dilations)
-
-
-@converts("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(n: Node):
-    R = _ops()
-    x = n.value(0)
-    fn = R.mean if n.proto.op_type == "GlobalAveragePool" else R.max
-    return fn(x, axis=tuple(range(2, x.rank)), keepdims=True)
-
-
 # ---- attention and rotary embedding (opset 23) ------------------------------------------------
 
 def _to_heads(R, x: Value, heads: int) -> Value:
@@ -1248,7 +1242,7 @@ def _fold_reshape(n: Node):
 
 @converts("Flatten")
 def _flatten(n: Node):
-    from .ops.shape import product
+    from ..ops.shape import product
     x = n.inputs[0]
     axis = n.attr("axis", 1)
     axis = axis + x.rank if axis < 0 else axis   # Flatten's axis ranges over [-rank, rank]
@@ -1298,12 +1292,52 @@ def _slice_args(n: Node, rank: int):
 @converts("Slice")
 def _slice(n: Node):
     x = n.inputs[0]
+    if n.version >= 10 and _sym_values([n.known(i, w) for i, w in ((1, "starts"), (2, "ends")) if n.has(i)]):
+        return _symbolic_slice(n, x)
     starts, ends, axes, steps = _slice_args(n, x.rank)
     if x.known is not None:
         return [_np_slice(x.known, starts, ends, axes, steps)]
     if any(s == 0 for s in steps):
         raise Unsupported("Slice step 0")
     return _ops().slice(n.value(0), starts, ends, axes, steps)
+
+
+def _symbolic_slice(n: Node, x: Tensor):
+    """Slice with sizes among its bounds (x[:, :seq], x[past:past+seq]): step 1 on those axes, each a
+    `narrow` of a symbolic length. Bounds are clamped to the dim as ONNX does when the importer can
+    decide it, else the end is assumed within the dim (and checked when the module is called)."""
+    starts, ends = (np.asarray(n.known(i, w)).reshape(-1).tolist() for i, w in ((1, "starts"), (2, "ends")))
+    axes = n.ints(3, "axes") or list(range(len(starts)))
+    steps = n.ints(4, "steps") or [1] * len(starts)
+    R, v = _ops(), n.value(0)
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        ax = _axis(ax, x.rank, "axes")
+        if isinstance(s, int) and isinstance(e, int) and not isinstance(x.shape[ax], str):
+            v = R.slice(v, [s], [e], [ax], [st])
+            continue
+        if st != 1:
+            raise Unsupported(f"Slice with symbolic bounds ({s}:{e}) and step {st}; only step 1 is supported")
+        dim = x.shape[ax]
+        s, e = _bound(n, s, dim), _bound(n, e, dim)
+        if not n.imp.at_most(e, dim):
+            e = dim
+        if not n.imp.at_most(s, e):
+            raise Unsupported(f"Slice {s}:{e} of axis {ax} is empty; rocmc has no empty tensors")
+        v = R.narrow(v, ax, s, symbolic.dim_sub(e, s))
+    return v
+
+
+def _bound(n: Node, b, dim):
+    """A Slice bound as a size: negative ints count from the end, INT_MAX-like ones mean the end."""
+    if isinstance(b, str):
+        return b
+    if b >= symbolic.BIG:
+        return dim
+    if b < 0:
+        b = symbolic.dim_add(dim, b)
+        if not n.imp.at_most(0, b):
+            return 0
+    return b
 
 
 def _np_slice(a, starts, ends, axes, steps):
@@ -1367,7 +1401,7 @@ def _squeeze(n: Node):
 @converts("Expand")
 def _expand(n: Node):
     x = n.inputs[0]
-    shape = _broadcast(x.shape, _dims(n.known(1, "shape")))
+    shape = _broadcast(x.shape, _dims(n.known(1, "shape")), n.imp)
     if x.known is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) <= 1 << 16:
         return [np.broadcast_to(x.known, shape).copy()]
     return _ops().broadcast_to(n.value(0), tuple(shape))
@@ -1414,7 +1448,7 @@ def _pad(n: Node):
     return _ops().pad(x, [tuple(w) for w in width], mode=mode, value=value)
 
 
-# ---- index ops: ArgMax, TopK, CumSum, and Range up to a symbolic dim ---------------------------
+# ---- index ops: TopK, CumSum, and Range up to a symbolic dim -----------------------------------
 
 NEWER_COMPATIBLE["TopK"] = 24     # TopK-24 only added bfloat16 inputs
 
@@ -1424,14 +1458,6 @@ def _one_int(n: Node, i: int, what: str) -> int:
     if values is None or len(values) != 1:
         raise Unsupported(f"input {what!r} must hold one integer, got {values}")
     return values[0]
-
-
-@converts("ArgMax")
-def _argmax(n: Node):
-    if n.attr("select_last_index", 0):
-        raise Unsupported("select_last_index=1 (the last position of the maximum) is not supported")
-    x = n.value(0)
-    return _ops().argmax(x, axis=_axis(n.attr("axis", 0), x.rank), keepdims=bool(n.attr("keepdims", 1)))
 
 
 @converts("TopK")
@@ -1451,10 +1477,30 @@ def _cumsum(n: Node):
 
 
 def _symbolic_range(n: Node, start, limit, delta):
-    """Range(start, s, 1) up to a symbolic dim s (positions from a Shape): arange in the graph."""
-    lim = np.asarray(limit).reshape(-1)
-    plain = all(np.asarray(v).dtype.kind == "i" for v in (start, delta))
-    if not (plain and lim.size == 1 and isinstance(lim[0], str) and int(delta) == 1):
-        raise Unsupported(f"Range({_fmt(start)}, {_fmt(limit)}, {_fmt(delta)}) over symbolic dims is supported "
-                          f"only as Range(start, dim, 1) with an integer start")
-    return _ops().arange(n.imp.graph, int(start), str(lim[0]), 1, dtype=n.inputs[0].dtype_name())
+    """Range over symbolic sizes (positions from a Shape: Range(past, past+seq, 1)): an arange of the
+    symbolic length, scaled by the step and shifted by the start, both computed at run time."""
+    R = _ops()
+    start, limit, delta = (np.asarray(v).reshape(-1) for v in (start, limit, delta))
+    if not (start.size == limit.size == delta.size == 1) or np.asarray(delta).dtype == object or int(delta[0]) <= 0:
+        raise Unsupported(f"Range({_fmt(start)}, {_fmt(limit)}, {_fmt(delta)}) over symbolic sizes needs scalars "
+                          f"and a positive integer step")
+    s, e, d = _entry(start[0]), _entry(limit[0]), int(delta[0])
+    if not n.imp.at_most(s, e):
+        raise Unsupported(f"Range({s}, {e}, {d}) is empty for every size; rocmc has no empty tensors")
+    span = symbolic.dim_sub(e, s)
+    count = span if d == 1 else symbolic.dim_floordiv(symbolic.dim_add(span, d - 1), d)
+    dtype = n.inputs[0].dtype_name()
+    r = R.arange(n.imp.graph, 0, count, 1, dtype=dtype)
+    if d != 1:
+        r = R.mul(r, np.asarray(d, dtype=r.dtype.np))
+    if s != 0:
+        r = R.add(r, n.imp.value(Tensor(known=_known_array(np.asarray(s, dtype=object)), int_type=dtype, name="start")))
+    return r
+
+
+def _entry(v):
+    return v if isinstance(v, str) else int(v)
+
+
+from . import spatial  # noqa: E402,F401
+from . import indexing  # noqa: E402,F401
