@@ -146,16 +146,6 @@ def require_dtype(op: str, arg: str, t: TensorType, kinds=("float",)) -> None:
         raise GraphError(f"{op}: {arg!r} has dtype {t.dtype}, expected a {' or '.join(kinds)} tensor")
 
 
-def require_rank(op: str, arg: str, t: TensorType, ranks) -> None:
-    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
-    if t.rank not in ranks:
-        raise GraphError(f"{op}: {arg!r} has rank {t.rank} ({t}), expected rank {' or '.join(map(str, ranks))}")
-
-
-def dims_equal(a: Dim, b: Dim) -> bool:
-    return a == b
-
-
 def dim_expr(op: str, a: Dim, b: Dim) -> Dim:
     """Combine two dims; ints fold, symbols become an expression string such as '(seq+4)' (the
     spelling rocmc.symbolic parses)."""

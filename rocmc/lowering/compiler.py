@@ -14,10 +14,6 @@ from pathlib import Path
 from ..errors import CompileError
 from .target import Target
 
-# What `ir(stage)` names, and the file suffix IREE's phase dump gives it.
-PHASES = ("input", "abi", "preprocessing", "global-optimization", "dispatch-creation", "flow", "stream",
-          "executable-sources", "executable-configurations", "executable-targets", "hal", "vm")
-
 
 @lru_cache(maxsize=None)
 def iree_compile_path() -> str:
@@ -117,13 +113,3 @@ def _running(pid: int) -> bool:
 
 def _trim(text: str, limit: int = 8000) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters)"
-
-
-def stage_files(dump_dir: str | Path) -> dict[str, Path]:
-    """Map phase name -> dump file in a directory written by compile_bytecode(dump_dir=...)."""
-    out = {}
-    for p in Path(dump_dir).glob("*.mlir"):
-        parts = p.name.split(".")
-        if len(parts) >= 4 and parts[-3].isdigit():
-            out[parts[-2]] = p
-    return out

@@ -34,8 +34,6 @@ from .registry import lowering
 BV = "!hal.buffer_view"
 
 CONV_OPS = ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
-ACTIVATIONS = ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "clipped_relu")
-RNN_OPS = ("lstm", "gru")
 # Storage types MIOpen accepts per op (its batch-norm, LRN and RNN kernels have no bf16 variant).
 OP_DTYPES = {"batch_norm": ("f32", "f16"), "lrn": ("f32", "f16"), "lstm": ("f32", "f16"), "gru": ("f32", "f16")}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..archs import CUDA_ARCHS, ROCM_ARCHS, known_targets  # noqa: F401  (known_targets is re-exported)
+from ..archs import CUDA_ARCHS, DRIVERS, ROCM_ARCHS, default_device, known_targets  # noqa: F401  (re-exported)
 from ..errors import TargetError
 
 _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
@@ -39,12 +39,12 @@ class Target:
 
     @property
     def default_device(self) -> str:
-        return {"cpu": "local-task", "rocm": "hip", "cuda": "cuda"}[self.kind]
+        return default_device(self.kind)
 
     @property
     def drivers(self) -> tuple:
         """Runtime drivers that can run this target's artifacts."""
-        return {"cpu": ("local-task", "local-sync"), "rocm": ("hip",), "cuda": ("cuda",)}[self.kind]
+        return DRIVERS[self.kind]
 
     def tuning_flags(self) -> list[str]:
         """Options tried first; dropped when IREE cannot compile a module with them."""

@@ -4,20 +4,14 @@ from __future__ import annotations
 import ctypes.util
 import threading
 
+from ..archs import DEVICES
 from ..errors import DeviceError
 
-DEVICES = ("local-task", "local-sync", "hip", "cuda")
 # The library each GPU driver loads, named in the error when it is absent.
 _DRIVER_LIBRARY = {"hip": ("libamdhip64.so", "amdhip64", "install ROCm (the HIP runtime) or set IREE_HIP_DYLIB_PATH"),
                    "cuda": ("libcuda.so", "cuda", "install the NVIDIA driver")}
 _devices: dict = {}
 _lock = threading.Lock()
-
-
-def kind_of(device: str) -> str:
-    """Target kind a device runs: cpu, rocm or cuda."""
-    base = device.split(":")[0]
-    return {"local-task": "cpu", "local-sync": "cpu", "hip": "rocm", "cuda": "cuda"}[base]
 
 
 def get_device(device: str):

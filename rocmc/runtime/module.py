@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import symbolic
+from ..archs import DEVICES, default_device, kind_of
 from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
 from ..signature import bind, np_dtype as _np_dtype
-from .devices import get_device, kind_of
+from .devices import get_device
 
 
 class _Entry:
@@ -37,11 +38,12 @@ class Module:
         meta = artifact.metadata
         target_kind = meta["target"].split(":")[0]
         if device is None:
-            device = {"cpu": "local-task", "rocm": "hip", "cuda": "cuda"}[target_kind]
+            device = default_device(target_kind)
         try:
             dev_kind = kind_of(device)
         except KeyError:
-            raise DeviceError(f"unknown device {device!r}; expected local-task, local-sync, hip or cuda") from None
+            expected = f"{', '.join(DEVICES[:-1])} or {DEVICES[-1]}"
+            raise DeviceError(f"unknown device {device!r}; expected {expected}") from None
         if dev_kind != target_kind:
             raise DeviceError(f"artifact was compiled for {meta['target']} but device {device!r} runs "
                               f"{dev_kind} code; recompile with the matching target or pick another device")
