@@ -180,3 +180,18 @@ def test_absurd_symbolic_fill_is_refused_before_allocating():
     m = _model(nodes, [helper.make_tensor_value_info("x", F, [1])], [helper.make_tensor_value_info("y", F, None)])
     with pytest.raises(rocmc.ModelImportError, match=r"ConstantOfShape 'big'.*GiB"):
         rocmc.import_onnx(m)
+
+
+def test_string_tensors_are_reported_not_taken_for_sizes():
+    """Strings are data rocmc has no type for, whatever they spell ('seq' is not a size here)."""
+    strings = onnx.helper.make_tensor("names", TensorProto.STRING, [2], [b"seq", b"two words"])
+    nodes = [helper.make_node("Constant", [], ["c"], value=onnx.helper.make_tensor("v", TensorProto.STRING, [1], [b"x"]),
+                              name="const_str"),
+             helper.make_node("Identity", ["x"], ["y"])]
+    g = helper.make_graph(nodes, "s", [helper.make_tensor_value_info("x", F, [2])],
+                          [helper.make_tensor_value_info("y", F, None)], initializer=[strings])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(rocmc.ModelImportError) as err:
+        rocmc.import_onnx(m)
+    assert "(initializer) 'names': string tensors are not supported" in str(err.value)
+    assert "Constant 'const_str': string tensors are not supported" in str(err.value)

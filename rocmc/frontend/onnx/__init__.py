@@ -361,6 +361,10 @@ class Importer:
             self.problems.append(("(initializer)", proto.name, f"cannot read tensor: {e}"))
             self._define(proto.name, None, "an initializer")
             return
+        if np.asarray(arr).dtype.kind in "OUS":
+            self.problems.append(("(initializer)", proto.name, "string tensors are not supported"))
+            self._define(proto.name, None, "an initializer")
+            return
         self._define(proto.name, Tensor(known=np.asarray(arr), name=proto.name), "an initializer")
 
     def _define(self, name: str, t: "Tensor | None", writer: str) -> bool:
@@ -928,7 +932,10 @@ def _constant(n: Node):
     for key, dtype in kinds.items():
         if key in n.attrs:
             v = n.attr(key)
-            return [numpy_helper.to_array(v) if dtype is None else np.asarray(v, dtype=dtype)]
+            arr = numpy_helper.to_array(v) if dtype is None else np.asarray(v, dtype=dtype)
+            if arr.dtype.kind in "OUS":
+                raise Unsupported("string tensors are not supported")
+            return [arr]
     raise Unsupported(f"Constant with {', '.join(n.attrs)} is not supported (only tensor, float(s), int(s))")
 
 
