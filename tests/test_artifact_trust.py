@@ -122,7 +122,7 @@ for i, pos, mask in json.load(sys.stdin):
     except Exception as e:
         outcome = "untyped:" + type(e).__name__
     signal.alarm(0)
-    print(i, outcome, flush=True)
+    print("rocmc-fuzz-outcome", i, outcome, flush=True)
 """
 HANG_S = 5
 
@@ -135,9 +135,10 @@ def _fuzz(tmp_path, cases: list, verify: bool) -> list[str]:
                                str(tmp_path / "x.npy"), str(tmp_path / "want.npy"), str(HANG_S)],
                               input=json.dumps([[i, *cases[i]] for i in todo]), capture_output=True, text=True,
                               cwd=ROOT, timeout=HANG_S * 3 + len(todo))
-        for line in proc.stdout.splitlines():
-            i, outcome = line.split()
-            outcomes[int(i)] = outcome
+        for line in proc.stdout.splitlines():   # damaged native code may print too: only the worker's lines
+            fields = line.split()
+            if len(fields) == 3 and fields[0] == "rocmc-fuzz-outcome" and fields[1].isdigit():
+                outcomes[int(fields[1])] = fields[2]
         left = [i for i in todo if i not in outcomes]
         if left and proc.returncode == 0:
             raise AssertionError(f"the worker stopped early: {proc.stderr[-2000:]}")
