@@ -616,7 +616,7 @@ def dim_max(a, b, assumed: dict | None = None):
 
 
 def _extreme(name: str, a, b, assumed: set | None):
-    """min/max of two sizes: the one that is, when `compare` decides it (with `assumed` given, also by
+    """min/max of two sizes: the one that is, when `decide` says which (with `assumed` given, also by
     assuming least sizes of symbols, which are added to it), else 'min(a,b)'."""
     for relation, pick in (("<=", a if name == "min" else b), (">=", b if name == "min" else a)):
         try:
@@ -671,19 +671,6 @@ def decide(a, relation: str, b) -> tuple[bool, dict]:
         if holds(lo, hi) or fails(lo, hi):
             return holds(lo, hi), ({x: least for x in symbols} if least else {})
     raise Undecided(f"whether {canonical(a)} {relation} {canonical(b)} depends on the sizes")
-
-
-def compare(a, b) -> tuple[int, dict]:
-    """(sign of a - b, what deciding it assumed, as `decide`); Undecided when the sign depends on the
-    sizes."""
-    for sign, relation in ((0, "=="), (-1, "<"), (1, ">")):
-        try:
-            ok, needs = decide(a, relation, b)
-        except Undecided:
-            continue
-        if ok:
-            return sign, needs
-    raise Undecided(f"the sign of {dim_sub(a, b)} depends on the sizes")
 
 
 def _is_symbol(x: str) -> bool:

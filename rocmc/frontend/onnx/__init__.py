@@ -630,7 +630,7 @@ def _reshape_target(in_shape, target, allowzero: bool) -> list:
     return [in_shape[i] if (isinstance(d, int) and d == 0 and not allowzero) else d for i, d in enumerate(target)]
 
 
-def _broadcast(a, b, imp: "Importer | None" = None) -> list:
+def _broadcast(a, b, imp: "Importer") -> list:
     """Numpy broadcasting of two shapes; symbolic dims are equal when their sizes are (decided by
     `imp`, which may assume symbols >= 2: a symbolic dim against 1 is then the dim)."""
     rank = max(len(a), len(b))
@@ -642,7 +642,7 @@ def _broadcast(a, b, imp: "Importer | None" = None) -> list:
             out.append(y)
         elif y == 1 or x == y:
             out.append(x)
-        elif imp is not None and (isinstance(x, str) or isinstance(y, str)) and _equal_sizes(imp, x, y):
+        elif (isinstance(x, str) or isinstance(y, str)) and _equal_sizes(imp, x, y):
             out.append(x)
         else:
             raise Unsupported(f"shapes {_fmt(a)} and {_fmt(b)} do not broadcast")
