@@ -28,33 +28,52 @@ import models  # noqa: E402
 TARGET = "cuda:sm_80"
 # case -> {variant: rocmc.compile options}. "kernels" is the default implementation choice (hand-written
 # RMSNorm/RoPE kernels on GPU targets); "generated" turns them off; "cudnn" routes convolutions, pooling,
-# batch norm and activations to cuDNN through the extern-call path; "cudnn_conv" only the convolutions.
+# batch norm and activations to cuDNN through the extern-call path; "cudnn_conv" only the convolutions
+# (with the rewrite stage's epilogues: batch norm folded, bias + residual + ReLU in the cuDNN call);
+# "cudnn_conv_unfused" the convolutions alone, the graph compiled as given (rewrite=False).
 # "+static" fixes the symbolic sequence length to the case's (2048): with a dynamic M, IREE 3.13 gives
 # every matmul a GEMV-style reduction strategy on CUDA instead of tensor-core MMA (BENCHMARKS.md).
-_LLAMA = {"kernels": {}, "generated": {"impl": "generated"},
-          "kernels+static": {"static": True}, "generated+static": {"impl": "generated", "static": True}}
+# "kernels" is the default: hand-written kernels, the GEMMs and attention's two GEMMs through the vendor
+# library (cuBLASLt on CUDA, hipBLASLt on ROCm); "iree_attention" keeps IREE's attention; "iree_gemm"
+# keeps the kernels but every GEMM and the attention in IREE's generated code.
+_IREE_GEMM = {"matmul": "generated", "linear": "generated"}
+_IREE_ATTENTION = {"sdpa": "generated"}
+_LLAMA = {"kernels": {}, "iree_gemm": {"impl": {**_IREE_GEMM, **_IREE_ATTENTION}},
+          "iree_attention": {"impl": _IREE_ATTENTION},
+          "kernels+static": {"static": True}, "iree_gemm+static": {"impl": {**_IREE_GEMM, **_IREE_ATTENTION}, "static": True},
+          "iree_attention+static": {"impl": _IREE_ATTENTION, "static": True}}
 CASES = {
     "llama_h1024_s2048_f16": _LLAMA,
     "llama_h4096_s2048_f16": _LLAMA,
-    "resnet18_b32_f32": {"generated": {"impl": "generated"}, "cudnn_conv": {"impl": {"conv2d": "miopen"}},
+    "resnet18_b32_f32": {"generated": {"impl": "generated"},
+                         "cudnn_conv": {"impl": {"conv2d": "miopen", "fused_conv2d": "miopen"}},
+                         "cudnn_conv_unfused": {"impl": {"conv2d": "miopen"}, "rewrite": False},
+                         # weights embedded: batch norm folded into them at compile time (too large to
+                         # carry with the others: compile these with --only-variants and run them alone)
+                         "cudnn_conv+const": {"impl": {"conv2d": "miopen", "fused_conv2d": "miopen"}, "const": True},
+                         "cudnn_conv_unfused+const": {"impl": {"conv2d": "miopen"}, "rewrite": False, "const": True},
                          "cudnn": {"libraries": ["miopen"]}},
 }
 WARMUP, RUNS = 5, 50
 
 
-def compile_all(out: Path, only=None) -> None:
+def compile_all(out: Path, only=None, variants=None) -> None:
     import rocmc
     out.mkdir(parents=True, exist_ok=True)
-    for name, variants in CASES.items():
+    for name, chosen in CASES.items():
         if only and name not in only:
             continue
         case = models.parse(name)
         base = models.rocmc_graph(case)
         dynamic = models.weights_as_inputs(base)
         static = models.rebuild(base, weights_as_inputs=True, sizes={"seq": case.seq}) if case.seq else dynamic
-        for variant, opts in variants.items():
+        for variant, opts in chosen.items():
+            if variants and variant not in variants:
+                continue
             opts = dict(opts)
             g = static if opts.pop("static", False) else dynamic
+            if opts.pop("const", False):
+                g = base
             t = time.perf_counter()
             art = rocmc.compile(g, TARGET, **opts)
             art.save(out / f"{name}.{variant}.vmfb")
@@ -99,12 +118,12 @@ def _time(fn, sync, first_s: float) -> dict:
 def _rocmc(case, variant, out: Path):
     import rocmc
     from iree import runtime as rt
-    if variant.startswith("cudnn"):
-        from rocmc.runtime.providers.cudnn import prepare_cuda
-        prepare_cuda()
+    from rocmc.runtime.providers.cudnn import prepare_cuda
+    prepare_cuda()      # library calls (cuDNN, cuBLASLt) need exportable device buffers
     g = models.rocmc_graph(case)
     mod = rocmc.load(out / f"{case.name}.{variant}.vmfb")
-    args = [rt.asdevicearray(mod.device, a) for a in models.inputs(case) + models.weight_arrays(g)]
+    weights = [] if variant.endswith("+const") else models.weight_arrays(g)
+    args = [rt.asdevicearray(mod.device, a) for a in models.inputs(case) + weights]
     del g
     fn = lambda: mod(*args, output="device")
     return fn, (lambda r: r.to_host()), (lambda: None)
@@ -206,11 +225,12 @@ def main() -> int:
     ap.add_argument("--out", default="out/bench/gpu")
     ap.add_argument("--cases", default="")
     ap.add_argument("--systems", default="", help="e.g. rocmc:kernels+static,torch:eager (default: all)")
+    ap.add_argument("--variants", default="", help="compile: only these variants (default: all)")
     a = ap.parse_args()
     out = Path(a.out)
     only = set(a.cases.split(",")) - {""}
     if a.cmd == "compile":
-        compile_all(out, only)
+        compile_all(out, only, set(a.variants.split(",")) - {""})
         return 0
     if a.cmd == "worker":
         print(json.dumps(worker(a.args[0], a.args[1], out)))

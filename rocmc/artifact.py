@@ -33,6 +33,9 @@ _GRAPH_STAGES = ("graph", "rewrite")      # rocmc's graph before and after rocmc
 _VMFB_MAGIC = b"IREE"
 # The scope of the module's named parameters (#flow.parameter.named<"model"::"name">).
 PARAMETER_SCOPE = "model"
+# Version of the metadata rocmc writes. 1 (no "format" key): every extern call is MIOpen's
+# (`miopen.<op>`) and its entry names no library; 2: each extern entry names its library.
+FORMAT = 2
 
 
 class Artifact:
@@ -250,7 +253,17 @@ class Artifact:
         for d in self.dispatches():
             extra = f" [{d['arch']}]" if "arch" in d else ""
             lines.append(f"  {d['name']:<60} {d['kind']:<12} {d['impl']:<10}{extra} {' '.join(d['nodes'])} ({', '.join(d['ops'])})")
-        return "\n".join(lines)
+        return "\n".join(lines + _passed_over(self.metadata))
+
+
+def _passed_over(meta: dict) -> list[str]:
+    """Nodes where a preferred implementation (a library call, a hand-written kernel) was not used,
+    with the reason: e.g. a GEMM too small for a library call."""
+    rows = [c for f in functions(meta) for c in f["implementations"] if c.get("skipped")]
+    if not rows:
+        return []
+    return ["passed over:"] + [f"  {c['node']:<6} {c['op']:<16} {c['impl']:<10} ({'; '.join(c['skipped'])})"
+                               for c in rows]
 
 
 def rewrite_lines(meta: dict) -> list[str]:
@@ -406,7 +419,9 @@ METADATA_SCHEMA = {
     "signature": {"inputs": [_TENSOR], "outputs": [_TENSOR]},
     "implementations": [{"node": str, "op": str, "impl": str}],
     "kernels": [{"node": str, "op": str, "symbol": str, "arch": str}],
-    "externs": [{"node": str, "op": str, "import": str, "impl": str, "dtype": str, "attrs?": dict}],
+    "format?": int,      # FORMAT; absent in modules of format 1
+    "externs": [{"node": str, "op": str, "import": str, "impl": str, "dtype": str, "attrs?": dict,
+                 "library?": str}],
     "graph_text?": str, "compile_flags?": [str], "compile_note?": str,
     "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
     # A program of several functions: the first is described above (named `function`, default "main").

@@ -2,6 +2,7 @@
 from .frontend.ops.attention import *  # noqa: F401,F403
 from .frontend.ops.conv import *  # noqa: F401,F403
 from .frontend.ops.elementwise import *  # noqa: F401,F403
+from .frontend.ops.fused import *  # noqa: F401,F403
 from .frontend.ops.index import *  # noqa: F401,F403
 from .frontend.ops.random import *  # noqa: F401,F403
 from .frontend.ops.gathers import *  # noqa: F401,F403

@@ -14,6 +14,7 @@ computes a size from the symbols' values. The grammar:
 called. '//' floors. The functions are the size rules of conv, pool, conv_transpose and slice, and min
 and max. Every rule is written against an arithmetic passed in (`INT` here; the lowering passes one
 that emits index ops), so one definition gives static sizes, call-time checks and the module's asserts.
+`call_dim` is how the op rules use them: the size for static dims, else the call's spelling.
 """
 from __future__ import annotations
 
@@ -231,7 +232,22 @@ class Call(Expr):
         return self.args
 
     def __str__(self):
-        return f"{self.name}({','.join(map(str, (*self.args, *self.flags)))})"
+        return _spell(self.name, self.args, self.flags)
+
+
+def _spell(name: str, args, flags=()) -> str:
+    """How a size function's call is written: 'conv(h,3,2,1,0,1)', 'pool(h,3,2,1,1,1,ceil)'."""
+    return f"{name}({','.join(map(str, (*args, *flags)))})"
+
+
+def call_dim(name: str, *args, **flags):
+    """A size function of FUNCTIONS applied to dims (ints or size expressions) and int literals: the
+    size when no dim is an expression, else the call as graph types spell it, which `parse` reads
+    back. `flags` are the rule's bare words, on when true (pool's ceil=True)."""
+    rule = FUNCTIONS[name]
+    if not any(isinstance(a, str) for a in args):
+        return rule.fn(INT, *args, **flags)
+    return _spell(name, args, tuple(f for f in rule.flags if flags.get(f)))
 
 
 def bare(e: Expr) -> str:
@@ -504,7 +520,7 @@ def _poly(e: Expr) -> dict:
 
 
 def _atom_text(e: Call) -> str:
-    return f"{e.name}({','.join([str(dim_of(_poly(a))) for a in e.args] + list(e.flags))})"
+    return _spell(e.name, [dim_of(_poly(a)) for a in e.args], e.flags)
 
 
 def _padd(a: dict, b: dict) -> dict:

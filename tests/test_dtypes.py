@@ -170,6 +170,33 @@ def test_dtype_spellings():
     assert rocmc.u16.limits == (0, 65535) and rocmc.i8.limits == (-128, 127)
 
 
+def test_every_dtype_crosses_the_module_boundary_as_its_facts_say(rng):
+    # One module passing every dtype through: the results carry each DType's HAL element type, and
+    # the values (bf16 passed as tagged raw bits, bool as int8) come back unchanged.
+    g = rocmc.Graph("g")
+    data, outs = {}, []
+    for d in rocmc.frontend.dtypes.ALL.values():
+        x = g.input(f"x_{d.name}", (5,), d)
+        outs.append(ops.logical_not(ops.logical_not(x)) if d.kind == "bool" else ops.cast(ops.cast(x, "f64"), d))
+        data[x.name] = (rng.random(5) < 0.5) if d.kind == "bool" else rng.integers(0, 100, 5).astype(d.np)
+    g.output(*outs)
+    module = rocmc.load(rocmc.compile(g, "cpu"))
+    on_device = module(**data, output="device")
+    for d, r, got in zip(rocmc.frontend.dtypes.ALL.values(), on_device, module(**data)):
+        assert int(r._buffer_view.element_type) == int(d.hal_element_type()), d
+        assert got.dtype == d.np and np.array_equal(got, data[f"x_{d.name}"]), d
+
+
+def test_accumulation_and_mlir_lookup():
+    dt = rocmc.frontend.dtypes
+    assert [d.acc_mlir for d in (rocmc.f16, rocmc.bf16, rocmc.f32, rocmc.f64, rocmc.u8, rocmc.bool_)] == \
+        ["f32", "f32", "f32", "f64", "i8", "i1"]
+    assert dt.of_mlir("i8") is rocmc.i8 and dt.acc_mlir("bf16") == "f32" and dt.is_float_mlir("f16")
+    assert not dt.is_float_mlir("i64")
+    with pytest.raises(rocmc.GraphError, match="'index' is none of rocmc's"):
+        dt.of_mlir("index")
+
+
 def test_evaluate_wraps_integer_inputs_of_another_width(rng):
     g = rocmc.Graph("g")
     x = g.input("x", (5,), "u8")

@@ -24,7 +24,7 @@ def _no_lowering(*args, **kwargs):
     ("genrated", (), r"impl='genrated'\): unknown implementation; known: .*generated"),
     ({"rms_norm": "bogus"}, (), r"unknown implementation of rms_norm; known: .*generated"),
     ({"not_an_op": "generated"}, (), r"unknown op 'not_an_op'; known: .*rms_norm"),
-    (None, ["bogus"], r"libraries=\['bogus'\]\): unknown library; known: miopen"),
+    (None, ["bogus"], r"libraries=\['bogus'\]\): unknown library; known: hipblaslt, miopen"),
     (None, "miopen", r"expected a list of library names"),
 ])
 def test_compile_rejects_unknown_options_before_lowering(monkeypatch, impl, libraries, message):

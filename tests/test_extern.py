@@ -10,12 +10,14 @@ import pytest
 
 import rocmc
 from rocmc import ops
+from rocmc.externs import MIOPEN, from_bits, to_bits
 from rocmc.lowering import registry
 from rocmc.lowering.target import Target
 from rocmc.runtime.providers import modules_for
-from rocmc.runtime.providers.abi import NO_CUDNN_CALL, SIGNATURES, from_bits, to_bits
 
 from helpers import TOL, check, rand
+
+SIGNATURES = MIOPEN.signatures
 
 
 def _w(rng, *shape, dtype="f32"):
@@ -40,8 +42,10 @@ def every_op_graph(rng, dtype="f32"):
     bn = ops.batch_norm(a, _w(rng, 4, dtype=dtype), rng.uniform(0.5, 2.0, 4).astype(stats), _w(rng, 4, dtype=dtype),
                         None, eps=1e-3)
     ln = ops.lrn(bn, 3, alpha=0.1, beta=0.75, k=2.0)
+    f = ops.fused_conv2d(c, _w(rng, 6, 3, 3, 3, dtype=dtype), _w(rng, 6, dtype=dtype), c, padding=1, groups=2,
+                         activation="relu")
     g.output(ops.relu(ops.softmax(ln, axis=1)), ops.sigmoid(a2), ops.tanh(ops.log_softmax(t1, axis=2)),
-             ops.elu(ln, 0.7), ops.leaky_relu(t1, 0.2), ops.clipped_relu(c, 0.5))
+             ops.elu(ln, 0.7), ops.leaky_relu(t1, 0.2), ops.clipped_relu(c, 0.5), f)
     # recurrences over a symbolic sequence (LSTM with both biases and c0 only, GRU with b_hh and the
     # LSTM's h_n as h0) and attention with a kv length other than the query's
     r = g.input("r", ("t", 2, 5), dtype)
@@ -153,7 +157,7 @@ def test_gpu_modules_import_every_op_with_the_abi_signature(target, tmp_path, rn
     dump = _dump_imports(art.vmfb, tmp_path)
     imports = dict(re.findall(r"vm\.import @(miopen\.[\w.]+) cconv \"(\w+)\"", dump))
     # cuda modules are served by cuDNN, which lacks some calls: those ops stay generated there
-    skip = NO_CUDNN_CALL if target.startswith("cuda") else {}
+    skip = MIOPEN.unavailable["cuda"] if target.startswith("cuda") else {}
     assert imports == {f"miopen.{op}": sig.cconv for op, sig in SIGNATURES.items() if op not in skip}
     assert imports["miopen.conv2d"] == "0rrrIIIIIII_r"
 
@@ -163,7 +167,7 @@ def test_dispatches_list_the_extern_calls():
     x = g.input("x", (1, 3, 6, 6), "f32")
     y = ops.conv2d(x, np.ones((2, 3, 3, 3), np.float32))
     g.output(ops.relu(y) + 1.0)
-    art = rocmc.compile(g, "gfx942")
+    art = rocmc.compile(g, "gfx942", rewrite=False)     # (rewritten, conv + relu is one miopen.fused_conv2d)
     calls = [d for d in art.dispatches() if d["kind"] == "extern call"]
     assert calls == [{"name": "miopen.conv2d", "nodes": [f"%{y.id}"], "ops": ["conv2d"], "impl": "miopen",
                       "kind": "extern call"}]

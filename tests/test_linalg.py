@@ -108,3 +108,12 @@ def test_matmul_inner_dim_mismatch_names_node_and_dims():
 def test_bad_inputs_are_graph_errors(build, message):
     with pytest.raises(rocmc.GraphError, match=message):
         build(rocmc.Graph("t"))
+
+
+def test_bf16_constant_weights_and_bias_over_symbolic_rows(rng):
+    """bf16 constants large enough to be module globals: IREE 3.13's constant evaluation once made their
+    f32 conversion an `arith.constant` of bf16 bytes typed f32 (held as i16 bits now)."""
+    g = rocmc.Graph("lin")
+    x = g.input("x", ("b", "n", 16), "bf16")
+    g.output(ops.linear(x, g.constant("w", rand(rng, (37, 16), "bf16")), g.constant("b", rand(rng, (37,), "bf16"))))
+    check(g, rand(rng, (2, 3, 16), "bf16"), rewrite=False)

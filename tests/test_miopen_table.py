@@ -5,7 +5,7 @@ import ctypes
 import pytest
 
 from rocmc.runtime.providers.cudnn import CUDNN
-from rocmc.runtime.providers.dnn import ARG_TYPES
+from rocmc.runtime.providers.dnn import declared
 from rocmc.runtime.providers.miopen import HIP, MIOPEN
 
 # Signatures as the header declares them, in the document's argument names.
@@ -55,7 +55,20 @@ def _expected(fn: str, doc: str) -> list:
 
 
 def _by_name(table):
-    return {name: args.split() for name, args in table.functions.values()}
+    return {name: [n for n, _ in declared(args)] for name, args in table.functions.values()}
+
+
+def _names(args):
+    return [n for n, _ in declared(args)]
+
+
+def _types(table):
+    """{argument name: ctypes type} over a table's declarations (one name has one type in each table)."""
+    out = {}
+    for name, args in {**table.functions, **table.runtime.functions}.values():
+        for a, t in declared(args):
+            assert out.setdefault(a, t) is t, f"{name}: {a!r} declared with two types"
+    return out
 
 
 @pytest.mark.parametrize("fn", sorted(MIOPEN_API))
@@ -101,14 +114,17 @@ def test_cudnn_twin_differences():
                    "rnn_set_param", "rnn_set_bias", "create_mha", "set_mha", "create_mha_problem",
                    "set_problem_tensor", "find_solutions", "solution_ws", "run_solution", "destroy_problem",
                    "destroy_solution", "create_conv_problem", "create_find_options", "set_find_tensor",
-                   "destroy_find_options"}
+                   "destroy_find_options", "op_tensor", "create_fusion_plan", "create_fusion_conv",
+                   "create_fusion_bias", "create_fusion_act", "compile_fusion_plan", "create_op_args",
+                   "set_op_args_conv", "set_op_args_bias", "set_op_args_act", "execute_fusion_plan",
+                   "destroy_fusion_plan", "destroy_op_args"}
     assert set(MIOPEN.functions) - miopen_only <= set(CUDNN.functions)
     assert CUDNN.enums["cross_correlation"] == 1
     assert (CUDNN.enums["pool_avg_include"], CUDNN.enums["pool_avg_exclude"]) == (1, 2)
     assert CUDNN.dtypes == {"f32": 0, "f16": 2, "bf16": 9}
-    assert CUDNN.functions["conv_fwd"][1].split()[-5:] == ["ws", "ws_size", "beta", "yD", "y"]
-    assert CUDNN.functions["conv_bwd_data"][1].split()[2:6] == ["wD", "w", "dyD", "dy"]
-    assert CUDNN.functions["softmax_fwd"][1].split()[:3] == ["h", "sm_algo", "sm_mode"]
+    assert _names(CUDNN.functions["conv_fwd"][1])[-5:] == ["ws", "ws_size", "beta", "yD", "y"]
+    assert _names(CUDNN.functions["conv_bwd_data"][1])[2:6] == ["wD", "w", "dyD", "dy"]
+    assert _names(CUDNN.functions["softmax_fwd"][1])[:3] == ["h", "sm_algo", "sm_mode"]
     assert "leaky_relu" not in CUDNN.activations
     assert {op: m for op, (m, _) in CUDNN.activations.items()} == \
         {"sigmoid": 0, "relu": 1, "tanh": 2, "clipped_relu": 3, "elu": 4}
@@ -120,13 +136,11 @@ def test_cudnn_twin_differences():
 
 @pytest.mark.parametrize("table", [MIOPEN, CUDNN], ids=["miopen", "cudnn"])
 def test_every_argument_has_a_c_type(table):
-    for role, (name, args) in {**table.functions, **table.runtime.functions}.items():
-        for a in args.split():
-            assert a in ARG_TYPES, f"{name}: argument {a!r} has no ctypes type"
+    types = _types(table)
     # Doubles where the header has doubles (activation and LRN parameters, batch-norm epsilon).
     for a in ("act_alpha", "lrn_alpha", "lrn_beta", "lrn_k", "eps", "coef"):
-        assert ARG_TYPES[a] is ctypes.c_double
-    assert ARG_TYPES["lrn_n"] is ctypes.c_uint and ARG_TYPES["ws_size"] is ctypes.c_size_t
+        assert types.get(a, ctypes.c_double) is ctypes.c_double
+    assert types["lrn_n"] is ctypes.c_uint and types["ws_size"] is ctypes.c_size_t
 
 
 # ---- RNN and multi-head attention ---------------------------------------------------------------
@@ -183,8 +197,8 @@ def test_miopen_rnn_and_mha_calls(fn):
 
 
 def test_rnn_sizes_follow_buffers_in_miopen_and_precede_them_in_cudnn():
-    miopen = MIOPEN.functions["rnn_fwd"][1].split()
-    cudnn = CUDNN.functions["rnn_fwd"][1].split()
+    miopen = _names(MIOPEN.functions["rnn_fwd"][1])
+    cudnn = _names(CUDNN.functions["rnn_fwd"][1])
     for buf, size in (("w", "w_size"), ("ws", "ws_size"), ("rs", "rs_size")):
         assert miopen.index(size) == miopen.index(buf) + 1
         assert cudnn.index(size) == cudnn.index(buf) - 1
@@ -207,11 +221,11 @@ def test_rnn_enums_and_gate_orders():
 
 def test_cudnn_v8_rnn_calls():
     f = CUDNN.functions
-    assert f["set_rnn"][0] == "cudnnSetRNNDescriptor_v8" and len(f["set_rnn"][1].split()) == 15
-    assert f["set_rnn_data"][0] == "cudnnSetRNNDataDescriptor" and len(f["set_rnn_data"][1].split()) == 8
-    assert f["rnn_temp_sizes"] == ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode xS size_out size_out2")
+    assert f["set_rnn"][0] == "cudnnSetRNNDescriptor_v8" and len(_names(f["set_rnn"][1])) == 15
+    assert f["set_rnn_data"][0] == "cudnnSetRNNDataDescriptor" and len(_names(f["set_rnn_data"][1])) == 8
+    assert f["rnn_temp_sizes"] == ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode:int xS size_out size_out2")
     assert f["rnn_weight_params"] == ("cudnnGetRNNWeightParams",
-                                      "h desc layer w_size w lin_id mD m_addr bD b_addr")
+                                      "h desc layer:int w_size:size_t w lin_id:int mD m_addr bD b_addr")
     assert "create_mha" not in f    # no legacy attention: sdpa is refused on cuda devices
 
 
@@ -265,7 +279,7 @@ def test_cudnn_backend_calls(fn):
     header, names = CUDNN_BACKEND_API[fn]
     table = _by_name(CUDNN)
     assert len(table[fn]) == len(header.split()) and table[fn] == names.split()
-    assert ARG_TYPES["n_elems"] is ctypes.c_int64     # int64_t elementCount
+    assert _types(CUDNN)["n_elems"] is ctypes.c_int64     # int64_t elementCount
 
 
 def test_cudnn_backend_enums():
@@ -304,7 +318,7 @@ def test_cudnn_backend_enums():
             NUMERICAL_NOTES["reduced_precision_reduction"]) == (0, 1, 2)
     # f32 parity: no TF32 tensor-core engines; halves accumulate in f32
     assert FORBIDDEN_NOTES["f32"] == {0, 1} and FORBIDDEN_NOTES["f16"] == FORBIDDEN_NOTES["bf16"] == {2}
-    assert CUDNN.conv_ids == {"x": 1, "w": 2, "y": 3, "b": 4}
+    assert CUDNN.conv_ids == {"x": 1, "w": 2, "y": 3, "b": 4, "r": 6}
 
 
 def test_cuda_graph_replay_calls():
@@ -313,9 +327,9 @@ def test_cuda_graph_replay_calls():
     cudaGraphLaunch(exec, stream); thread-local capture mode is 1."""
     from rocmc.runtime.providers.dnn import CAPTURE_THREAD_LOCAL
     f = CUDNN.runtime.functions
-    assert f["capture_begin"] == ("cudaStreamBeginCapture", "stream capture_mode")
+    assert f["capture_begin"] == ("cudaStreamBeginCapture", "stream capture_mode:int")
     assert f["capture_end"] == ("cudaStreamEndCapture", "stream out")
-    assert f["graph_instantiate"] == ("cudaGraphInstantiateWithFlags", "out graph flags")
+    assert f["graph_instantiate"] == ("cudaGraphInstantiateWithFlags", "out graph flags:u64")
     assert f["graph_launch"] == ("cudaGraphLaunch", "exec stream")
-    assert ARG_TYPES["flags"] is ctypes.c_ulonglong and CAPTURE_THREAD_LOCAL == 1
+    assert CAPTURE_THREAD_LOCAL == 1
     assert CUDNN.graph_launch and not MIOPEN.graph_launch    # not enabled where it never ran

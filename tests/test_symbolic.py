@@ -1,6 +1,7 @@
 """Symbolic sizes: parsed (never `eval`ed), checked at call time by the runtime, `evaluate` and the
 compiled module itself."""
 import copy
+import math
 import re
 import time
 from pathlib import Path
@@ -10,7 +11,6 @@ import pytest
 
 import rocmc
 from rocmc import ops, symbolic
-from rocmc.frontend.ops.conv import conv_out_size, conv_transpose_out_size, pool_out_size
 from rocmc.runtime.module import _long_form
 from rocmc.symbolic import parse
 
@@ -52,12 +52,20 @@ def test_every_spelling_parses_and_prints_back(text):
     assert str(parse(text)) == text
 
 
+def _windows(n, k, s, lo, hi, d, ceil=False):
+    """torch's output size of a conv or pool window: a ceil-mode window starting past the input and
+    the low padding is dropped."""
+    span = (n + lo + hi - d * (k - 1) - 1) / s
+    out = (math.ceil(span) if ceil else math.floor(span)) + 1
+    return out - 1 if ceil and (out - 1) * s >= n + lo else out
+
+
 @pytest.mark.parametrize("text,static", [
-    ("conv(n,3,2,1,0,2)", lambda n: conv_out_size(n, 3, 2, (1, 0), 2)),
-    ("pool(n,3,2,1,1,1)", lambda n: pool_out_size(n, 3, 2, (1, 1), 1, False)),
-    ("pool(n,3,2,1,1,1,ceil)", lambda n: pool_out_size(n, 3, 2, (1, 1), 1, True)),
-    ("pool(n,2,3,0,0,1,ceil)", lambda n: pool_out_size(n, 2, 3, (0, 0), 1, True)),
-    ("conv_transpose(n,3,2,1,0,1,1)", lambda n: conv_transpose_out_size(n, 3, 2, (1, 0), 1, 1)),
+    ("conv(n,3,2,1,0,2)", lambda n: _windows(n, 3, 2, 1, 0, 2)),
+    ("pool(n,3,2,1,1,1)", lambda n: _windows(n, 3, 2, 1, 1, 1)),
+    ("pool(n,3,2,1,1,1,ceil)", lambda n: _windows(n, 3, 2, 1, 1, 1, ceil=True)),
+    ("pool(n,2,3,0,0,1,ceil)", lambda n: _windows(n, 2, 3, 0, 0, 1, ceil=True)),
+    ("conv_transpose(n,3,2,1,0,1,1)", lambda n: (n - 1) * 2 - 1 - 0 + 1 * (3 - 1) + 1 + 1),
     ("slice(n,-3,2147483647,1)", lambda n: len(range(n)[-3:])),
     ("slice(n,1,-1,2)", lambda n: len(range(n)[1:-1:2])),
     ("slice(n,-1,-2147483647,-2)", lambda n: len(range(n)[-1::-2])),
@@ -65,6 +73,16 @@ def test_every_spelling_parses_and_prints_back(text):
 def test_functions_compute_the_static_rule(text, static):
     for n in range(1, 12):
         assert parse(text).evaluate({"n": n}) == static(n), n
+
+
+@pytest.mark.parametrize("name,args,flags", [("conv", (3, 2, 1, 0, 2), {}), ("pool", (3, 2, 1, 1, 1), {"ceil": True}),
+                                              ("pool", (2, 3, 0, 0, 1), {"ceil": False}),
+                                              ("conv_transpose", (3, 2, 1, 0, 1, 1), {})])
+def test_call_dim_spells_what_parse_evaluates(name, args, flags):
+    spelled = symbolic.call_dim(name, "n", *args, **flags)
+    assert spelled == f"{name}(n,{','.join(map(str, args))}{',ceil' if flags.get('ceil') else ''})"
+    for n in range(1, 12):
+        assert parse(spelled).evaluate({"n": n}) == symbolic.call_dim(name, n, *args, **flags), n
 
 
 @pytest.mark.parametrize("junk", ["9**9**9**9", "__import__('os').system('true')", "n+", "(n", "n)", "1e9",

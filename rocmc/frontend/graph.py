@@ -11,13 +11,14 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
 from ..errors import GraphError
 from . import dtypes as _dt
 from .dtypes import DType
+from .registry import get_op
 
 Dim = Union[int, str]
 _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -26,6 +27,17 @@ _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:]{0,255}$")
 # IREE holds dims, element counts and byte sizes as signed 64-bit integers; a tensor beyond that can't
 # be written in the module (an MLIR parse failure much later), so building it is the error.
 MAX_SIZE = 2 ** 63 - 1
+
+# The op builders behind Value's operators (`a + b` is ops.add(a, b)), by name. The builders are
+# written on this module (rocmc/frontend/ops), so they register here as they are defined rather
+# than being imported by it.
+_OPERATORS: dict[str, Callable] = {}
+
+
+def value_operator(fn: Callable) -> Callable:
+    """Register a builder for Value's operators under its name (add, sub, mul, div, pow, neg, matmul)."""
+    _OPERATORS[fn.__name__] = fn
+    return fn
 
 
 _CHUNK = 16 << 20
@@ -144,23 +156,19 @@ class Value:
     def __repr__(self) -> str:
         return f"%{self.id}:{self.type}"
 
-    # Operators delegate to rocmc.ops so `a + b`, `a @ b` read naturally.
-    def _ops(self):
-        from .. import ops
-        return ops
-
-    def __add__(self, o): return self._ops().add(self, o)
-    def __radd__(self, o): return self._ops().add(o, self)
-    def __sub__(self, o): return self._ops().sub(self, o)
-    def __rsub__(self, o): return self._ops().sub(o, self)
-    def __mul__(self, o): return self._ops().mul(self, o)
-    def __rmul__(self, o): return self._ops().mul(o, self)
-    def __truediv__(self, o): return self._ops().div(self, o)
-    def __rtruediv__(self, o): return self._ops().div(o, self)
-    def __pow__(self, o): return self._ops().pow(self, o)
-    def __neg__(self): return self._ops().neg(self)
-    def __matmul__(self, o): return self._ops().matmul(self, o)
-    def __rmatmul__(self, o): return self._ops().matmul(o, self)
+    # Operators call the op builders (rocmc.ops) so `a + b`, `a @ b` read naturally.
+    def __add__(self, o): return _OPERATORS["add"](self, o)
+    def __radd__(self, o): return _OPERATORS["add"](o, self)
+    def __sub__(self, o): return _OPERATORS["sub"](self, o)
+    def __rsub__(self, o): return _OPERATORS["sub"](o, self)
+    def __mul__(self, o): return _OPERATORS["mul"](self, o)
+    def __rmul__(self, o): return _OPERATORS["mul"](o, self)
+    def __truediv__(self, o): return _OPERATORS["div"](self, o)
+    def __rtruediv__(self, o): return _OPERATORS["div"](o, self)
+    def __pow__(self, o): return _OPERATORS["pow"](self, o)
+    def __neg__(self): return _OPERATORS["neg"](self)
+    def __matmul__(self, o): return _OPERATORS["matmul"](self, o)
+    def __rmatmul__(self, o): return _OPERATORS["matmul"](o, self)
 
 
 @dataclass
@@ -321,7 +329,6 @@ class Graph:
 
     def apply(self, op: str, inputs: Sequence, attrs: dict | None = None) -> list[Value]:
         """Add a node; its result types come from the op's shape/dtype rule."""
-        from .opdef import get_op
         opdef = get_op(op)
         attrs = dict(attrs or {})
         for v in inputs:

@@ -1,40 +1,21 @@
 """Op definitions: each op is defined once, with its attributes, shape/dtype rule and float64 reference.
 
-Frontend modules under rocmc/frontend/ops/ register ops with `@defop` (the shape rule) and
-`@reference` (numpy semantics); user-facing builders are wrapped with `@builder` so unknown keyword
+Frontend modules under rocmc/frontend/ops/ register ops in the op registry (registry.py) with
+`@defop` (the shape rule) and `@reference` (numpy semantics); user-facing builders are wrapped with `@builder` so unknown keyword
 arguments give a typed GraphError naming the op.
 """
 from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from .. import symbolic
 from ..errors import GraphError
 from .dtypes import DType
-from .graph import Dim, Graph, Node, TensorType, Value
-
-
-@dataclass
-class OpDef:
-    name: str
-    infer: Callable            # (node, input types, attrs) -> list[TensorType]
-    attrs: tuple = ()          # allowed attribute names
-    reference: Callable | None = None   # (node, inputs as numpy (floats as float64), attrs) -> list[np.ndarray]
-    doc: str = ""
-
-    def check_attrs(self, node: Node) -> None:
-        unknown = [k for k in node.attrs if k not in self.attrs]
-        if unknown:
-            raise GraphError(f"{node.op}: unknown attribute {', '.join(map(repr, unknown))}; "
-                             f"expected {', '.join(self.attrs) or 'none'}")
-
-
-OPS: dict[str, OpDef] = {}
+from .graph import Dim, Graph, TensorType, Value
+from .registry import OPS, OpDef
 
 
 def defop(name: str, attrs=()):
@@ -55,12 +36,6 @@ def reference(*names: str):
             OPS[n].reference = fn
         return fn
     return deco
-
-
-def get_op(name: str) -> OpDef:
-    if name not in OPS:
-        raise GraphError(f"unknown op {name!r}")
-    return OPS[name]
 
 
 def builder(fn):
@@ -156,12 +131,6 @@ def dim_expr(op: str, a: Dim, b: Dim) -> Dim:
     if op in "+-" and b == 0:
         return a
     return f"({a}{op}{b})"
-
-
-def conv_out_dim(size: Dim, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> Dim:
-    if isinstance(size, int):
-        return symbolic.conv_size(symbolic.INT, size, kernel, stride, pad_lo, pad_hi, dilation)
-    return f"conv({size},{kernel},{stride},{pad_lo},{pad_hi},{dilation})"
 
 
 def dim_constraints(graph: Graph) -> list:

@@ -8,7 +8,8 @@ import numpy as np
 from ..errors import GraphError, InputError
 from ..signature import bind, input_specs
 from .graph import Graph
-from .opdef import dim_constraints, get_op, np_float
+from .opdef import dim_constraints, np_float
+from .registry import get_op
 
 
 # Sizes of the graph's symbolic dims during `evaluate`, for references whose result sizes name a

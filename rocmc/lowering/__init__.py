@@ -13,7 +13,7 @@ from ..artifact import Artifact, seal
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
 from . import hip  # noqa: F401
 from . import kernels
-from . import extern  # noqa: F401
+from . import blas, miopen  # noqa: F401
 from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_stale
 from .compiler import compile_bytecode, iree_version, owned_tempdir
 from .module import lower, program_hash, program_of
@@ -79,7 +79,7 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
             _Stages(lowered.bytecode, target, used, None)
         art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=stages)
         art.cached = False
-    art.parameter_arrays = _constant_parameters(program, art.metadata)
+    art.parameter_arrays = _constant_parameters(program, art.metadata, rewrite)
     weakref.finalize(art, stages.remove_temporary)
     if dump_ir is not None:
         art.dump_ir(dump_ir)
@@ -113,10 +113,14 @@ def _info(info) -> dict | None:
     return info
 
 
-def _constant_parameters(program: dict, meta: dict) -> dict:
+def _constant_parameters(program: dict, meta: dict, rewrite: bool) -> dict:
     """The arrays of the constants the module takes as parameters, from the graphs compiled (a cache hit
-    has the module but not these bytes)."""
+    has the module but not these bytes). A rewrite may have made new constants (batch norm folded into a
+    conv's weight): they come from rewriting the graphs again, which gives the same names and values."""
     wanted = {p["name"] for p in meta.get("parameters", []) if p.get("from") == "constant"}
+    if rewrite and wanted - {name for g in program.values() for name in g.constants}:
+        from ..rewrite import rewrite_program
+        program = rewrite_program(program)[0]
     return {name: g.constants[name] for g in program.values() for name in g.constants if name in wanted}
 
 

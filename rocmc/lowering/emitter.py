@@ -7,8 +7,11 @@ the node, instead of deep inside the compiler. Every op a node emits carries the
 """
 from __future__ import annotations
 
+import operator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from types import SimpleNamespace
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -42,6 +45,11 @@ class T:
 def tensor_type(shape: Sequence, elt: str) -> str:
     dims = "".join(f"{d}x" if isinstance(d, int) else "?x" for d in shape)
     return f"tensor<{dims}{elt}>"
+
+
+def result_types(types: Sequence[str]) -> str:
+    """An op's trailing result types: one bare, several in parentheses (as MLIR's parser wants)."""
+    return types[0] if len(types) == 1 else f"({', '.join(types)})"
 
 
 def affine_map(n: int, results: Sequence) -> str:
@@ -82,26 +90,56 @@ def float_literal(x: float, elt: str) -> str:
 
 
 class Emitter:
+    """The text of one function body. Ops go through `emit`/`op` (indented to the region they are in,
+    with the location of the node being lowered); ops with a region through `region`."""
+
     def __init__(self):
         self.lines: list[str] = []
         self._n = 0
+        self._depth = 0               # regions open around the next line
         self.loc = ""                 # location suffix of the node being lowered
-        self._dim_cache: dict = {}
-        self._pad_cache: dict = {}      # padded tensors (generated/padding.py)
+        self._sizes: dict = {}        # (value, axis) -> its size, once known
+        self._memo: dict = {}
 
     # ---- names and raw text ------------------------------------------------------------
     def fresh(self, prefix: str = "v") -> str:
         self._n += 1
         return f"%{prefix}{self._n}"
 
-    def emit(self, line: str, indent: int = 2) -> None:
-        self.lines.append(" " * indent + line + (f" {self.loc}" if self.loc and not line.startswith("^") else ""))
+    def _line(self, text: str) -> None:
+        self.lines.append(" " * (2 + 2 * self._depth) + text)
+
+    def emit(self, line: str) -> None:
+        """One op, at the current region depth, carrying the node's location."""
+        self._line(line + (f" {self.loc}" if self.loc else ""))
 
     def op(self, text: str, prefix: str = "v") -> str:
         """Emit `%new = <text>` and return %new."""
         r = self.fresh(prefix)
         self.emit(f"{r} = {text}")
         return r
+
+    @contextmanager
+    def region(self, head: str, tail: str = "", args: Sequence[str] = (), prefix: str = "a"):
+        """An op with one region: `head {`, a block declaring a fresh argument of each type in
+        `args` (none: the head declares them, as scf.for does), the ops emitted in the with-block,
+        then `} tail` with the node's location. Yields the block arguments' names."""
+        names = [self.fresh(prefix) for _ in args]
+        self._line(f"{head} {{")
+        if names:
+            self._line(f"^bb0({', '.join(f'{n}: {t}' for n, t in zip(names, args))}):")
+        self._depth += 1
+        try:
+            yield names
+        finally:
+            self._depth -= 1
+        self.emit("}" + (f" {tail}" if tail else ""))
+
+    def memo(self, key, make: Callable[[], object]):
+        """`make()` once per function for `key` (a value derived from SSA values already emitted)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     # ---- scalars ------------------------------------------------------------------------
     def const(self, value, elt: str) -> str:
@@ -110,6 +148,19 @@ class Emitter:
         if elt == "i1":
             return self.op(f"arith.constant {'true' if value else 'false'}", "c")
         return self.op(f"arith.constant {signless(int(value), _WIDTH[elt])} : {elt}", "c")
+
+    def _arith(self, fop: str, iop: str, a: str, b: str, elt: str) -> str:
+        return self.op(f"arith.{fop if elt in FLOAT_TYPES else iop} {a}, {b} : {elt}")
+
+    def add(self, a: str, b: str, elt: str) -> str:
+        """a + b on scalars of element type `elt` (arith.addf or arith.addi by the type)."""
+        return self._arith("addf", "addi", a, b, elt)
+
+    def sub(self, a: str, b: str, elt: str) -> str:
+        return self._arith("subf", "subi", a, b, elt)
+
+    def mul(self, a: str, b: str, elt: str) -> str:
+        return self._arith("mulf", "muli", a, b, elt)
 
     def check(self, ok: str, fact: str) -> None:
         """Fail the call unless the i1 `ok` holds. The runtime finds `fact` in IREE's error by its
@@ -147,17 +198,81 @@ class Emitter:
             return self.op(f"{op} {v} : {src} to {dst}")
         return self.op(f"arith.trunci {v} : {src} to {dst}")
 
+    # ---- index arithmetic ---------------------------------------------------------------
+    # Sizes are ints when static and `index` SSA values otherwise: these fold the former and emit
+    # arith for the latter, so one code path serves static and symbolic shapes.
+    def _index_op(self, name: str, a, b, fold):
+        if isinstance(a, int) and isinstance(b, int):
+            return fold(a, b)
+        return self.op(f"arith.{name} {self.as_index(a)}, {self.as_index(b)} : index", "i")
+
+    def addi(self, a, b):
+        return a if b == 0 else b if a == 0 else self._index_op("addi", a, b, operator.add)
+
+    def subi(self, a, b):
+        return a if b == 0 else self._index_op("subi", a, b, operator.sub)
+
+    def muli(self, a, b):
+        return a if b == 1 else b if a == 1 else self._index_op("muli", a, b, operator.mul)
+
+    def divsi(self, a, b):
+        """a / b where b divides a."""
+        return a if b == 1 else self._index_op("divsi", a, b, operator.floordiv)
+
+    def floordivsi(self, a, b):
+        return self._index_op("floordivsi", a, b, operator.floordiv)
+
+    def ceildiv(self, a, b: int):
+        """Ceiling division by a positive int, exact for a > 0 and <= 0 otherwise (what size rules
+        need: they clamp at 0). arith.ceildivsi on index fails IREE's CPU backend."""
+        if b == 1 or isinstance(a, int):
+            return a if b == 1 else -(-a // b)
+        return self.divsi(self.addi(a, b - 1), b)
+
+    def ceildivui(self, a, b):
+        """Ceiling division of non-negative sizes in one op (for GPU dispatch grids)."""
+        return self._index_op("ceildivui", a, b, lambda x, y: -(-x // y))
+
+    def minsi(self, a, b):
+        return self._index_op("minsi", a, b, min)
+
+    def maxsi(self, a, b):
+        return self._index_op("maxsi", a, b, max)
+
+    def product(self, sizes: Iterable):
+        """The product of sizes: the dynamic ones multiplied in order, then by the static ones' product."""
+        const, dyn = 1, None
+        for s in sizes:
+            if isinstance(s, int):
+                const *= s
+            else:
+                dyn = s if dyn is None else self.op(f"arith.muli {dyn}, {s} : index")
+        if dyn is None:
+            return const
+        return dyn if const == 1 else self.op(f"arith.muli {dyn}, {self.index(const)} : index")
+
+    @property
+    def ix(self) -> SimpleNamespace:
+        """This arithmetic under the names `rocmc.symbolic`'s size rules call (as `symbolic.INT`)."""
+        return SimpleNamespace(add=self.addi, sub=self.subi, mul=self.muli, div=self.divsi,
+                               floordiv=self.floordivsi, ceildiv=self.ceildiv, min=self.minsi, max=self.maxsi)
+
     # ---- shapes -------------------------------------------------------------------------
     def dim(self, t: T, i: int) -> str | int:
-        """Size of dim i: an int when static, else an SSA index from tensor.dim."""
+        """Size of dim i: an int when static, else an SSA index from tensor.dim (or as recorded)."""
         d = t.shape[i]
         if isinstance(d, int):
             return d
         key = (t.name, i)
-        if key not in self._dim_cache:
+        if key not in self._sizes:
             c = self.index(i)
-            self._dim_cache[key] = self.op(f"tensor.dim {t.name}, {c} : {t.mlir}", "d")
-        return self._dim_cache[key]
+            self._sizes[key] = self.op(f"tensor.dim {t.name}, {c} : {t.mlir}", "d")
+        return self._sizes[key]
+
+    def set_dim(self, t: T, i: int, size: str) -> None:
+        """Record that dim i of `t` is the index value `size` (e.g. one carrying a divisibility
+        hint), so `dim` returns it instead of reading the tensor."""
+        self._sizes[(t.name, i)] = size
 
     def as_index(self, d) -> str:
         return self.index(d) if isinstance(d, int) else d
@@ -185,19 +300,15 @@ class Emitter:
         def elt_of(ty):
             return ty[ty.rindex("x") + 1:-1] if "x" in ty else ty[len("tensor<"):-1]
         results = [self.fresh("g") for _ in outs]
-        args = [self.fresh("a") for _ in list(ins) + list(outs)]
         head = (f"{', '.join(results)} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
                 f"iterator_types = [{', '.join(repr(i).replace(chr(39), chr(34)) for i in iterators)}]}}")
         if ins:
             head += f" ins({', '.join(n for n, _ in ins)} : {', '.join(t for _, t in ins)})"
-        head += f" outs({', '.join(n for n, _ in outs)} : {', '.join(t for _, t in outs)}) {{"
-        self.lines.append("  " + head)
-        sig = ", ".join(f"{a}: {elt_of(t)}" for a, (_, t) in zip(args, list(ins) + list(outs)))
-        self.lines.append(f"  ^bb0({sig}):")
-        ys = body(self, args)
-        out_elts = [elt_of(t) for _, t in outs]
-        self.emit(f"  linalg.yield {', '.join(ys)} : {', '.join(out_elts)}")
-        self.lines.append(f"  }} -> {', '.join(t for _, t in outs)}" + (f" {self.loc}" if self.loc else ""))
+        head += f" outs({', '.join(n for n, _ in outs)} : {', '.join(t for _, t in outs)})"
+        with self.region(head, f"-> {result_types([t for _, t in outs])}",
+                         [elt_of(t) for _, t in list(ins) + list(outs)]) as args:
+            ys = body(self, args)
+            self.emit(f"linalg.yield {', '.join(ys)} : {', '.join(elt_of(t) for _, t in outs)}")
         return results
 
     def map(self, ins: Sequence[T], out_type: TensorType, fn, out_elt: str | None = None) -> T:

@@ -10,15 +10,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._version import __version__
-from ..artifact import PARAMETER_SCOPE
-from ..errors import CompileError, GraphError, LoweringError, RocmcError
+from ..artifact import FORMAT, PARAMETER_SCOPE
+from ..errors import GraphError, LoweringError, RocmcError
 from ..frontend.graph import Graph, TensorType
 from ..frontend.opdef import dim_constraints
 from ..signature import input_specs
 from . import registry
 from .emitter import Emitter, T, mlir_string, tensor_type
 from .compiler import iree_version
-from .generated.shape import Ix
 from .target import Target
 
 
@@ -143,8 +142,18 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         name = f"rocmc_{hint}{len(ctx.resources)}"
         ctx.resources[name] = arr
         ctx._resource_of[key] = name
-        ctx.declare(f"global:{name}", f"util.global private @{name} = dense_resource<{name}> : {ty}")
-    return E.op(f"util.global.load @{name} : {ty}", "cst")
+        ctx.declare(f"global:{name}", f"util.global private @{name} = dense_resource<{name}> : {_stored(shape, elt)}")
+    if elt != "bf16":
+        return E.op(f"util.global.load @{name} : {ty}", "cst")
+    bits = E.op(f"util.global.load @{name} : {_stored(shape, elt)}", "cst")
+    return E.op(f"arith.bitcast {bits} : {_stored(shape, elt)} to {ty}", "cst")
+
+
+def _stored(shape, elt: str) -> str:
+    """Type of a resource global: bf16 data is held as its i16 bits (IREE 3.13's constant evaluation
+    turns a bf16 resource converted to f32 into an f32 constant still holding the bf16 bytes: an
+    `arith.constant` that fails to verify), and bitcast where it is loaded."""
+    return tensor_type(shape, "i16" if elt == "bf16" else elt)
 
 
 @dataclass
@@ -248,9 +257,8 @@ def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dic
             ok = E.op(f"arith.cmpi eq, {first}, {size} : index", "ok")
             E.check(ok, f"dim {axis} of input {v.name!r} equals dim {first_axis} of input {name!r} ({d})")
     values = {d: size for d, (size, _, _) in sizes.items()}
-    ar = Ix(E)
     for c in constraints:
-        a, b = E.as_index(c.lhs.compute(ar, values)), c.rhs.compute(ar, values)
+        a, b = E.as_index(c.lhs.compute(E.ix, values)), c.rhs.compute(E.ix, values)
         if c.kind == "divisible":
             ok = _divisible(E, a, b)
         else:
@@ -346,6 +354,7 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
     main = infos[0]
     meta = {
         "rocmc": __version__,
+        "format": FORMAT,
         "iree": iree_version(),
         "graph": first.name if len(program) == 1 else "+".join(program),
         "graph_hash": program_hash(given, external),
@@ -381,17 +390,83 @@ def _to_bytecode(text: str, resources: dict) -> bytes:
         try:
             module = ir.Module.parse(text)
         except Exception as e:   # MLIR diagnostics: a bug in a lowering, not in the user's graph
-            raise CompileError("emitted MLIR does not parse", stage="emit", diagnostics=str(e)) from None
+            raise invalid_mlir(text, str(e)) from None
         keep = []
         if resources:
             _bind_resources(ir, module, resources, keep)
         try:
             module.operation.verify()
         except Exception as e:
-            raise CompileError("emitted MLIR does not verify", stage="emit", diagnostics=str(e)) from None
+            raise invalid_mlir(text, str(e)) from None
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
         return buf.getvalue()
+
+
+CONTEXT_LINES = 3                 # lines shown either side of the failing one
+_SHOWN_CHARS = 240                # of each line shown (a function's first line holds the whole metadata)
+_AT_LINE = re.compile(r'"-":(\d+):(\d+)')
+_NAMED = re.compile(r'error: "(rocmc\.[^"]+)": \'([\w.]+)\' op')
+_NODE_LOC = re.compile(r'loc\("rocmc\.([^"]+)"\)')
+
+
+def invalid_mlir(text: str, diagnostics: str) -> LoweringError:
+    """The error for emitted text that MLIR rejects: the first diagnostic, the node whose lowering wrote
+    the failing line (the location on it or nearest before it in its function) and the numbered lines
+    around it. A parse error gives a line and column; a verifier error gives the op's location."""
+    lines = text.split("\n")
+    first = next((l.strip()[len("error: "):] for l in diagnostics.splitlines() if l.strip().startswith("error:")),
+                 diagnostics.strip())
+    at, col = _failing_line(lines, diagnostics)
+    if at is None:
+        return LoweringError(f"emitted MLIR is invalid: {first}")
+    return LoweringError(f"lowering of {_node_before(lines, at)} produced invalid MLIR: {first}\n"
+                         + _excerpt(lines, at, col))
+
+
+def _failing_line(lines: list, diagnostics: str):
+    """(0-based line, 1-based column or None) the diagnostics point at, or (None, None)."""
+    m = _AT_LINE.search(diagnostics)
+    if m and 0 < int(m.group(1)) <= len(lines):
+        return int(m.group(1)) - 1, int(m.group(2))
+    m = _NAMED.search(diagnostics)
+    if m:
+        loc, op = f'loc("{m.group(1)}")', m.group(2)
+        ours = [i for i, l in enumerate(lines) if l.endswith(loc)]
+        match = [i for i in ours if f"= {op} " in lines[i] or lines[i].lstrip().startswith(f"{op} ")]
+        if match or ours:
+            return (match or ours)[0], None
+    return None, None
+
+
+def _node_before(lines: list, at: int) -> str:
+    """How the message names what emitted line `at`: the node of the location on it or nearest before."""
+    for line in reversed(lines[:at + 1]):
+        m = _NODE_LOC.search(line)
+        if m:
+            where = m.group(1)
+            if where == "checks":
+                return "the input size checks"
+            if where == "return":
+                return "the function's results"
+            value, _, op = where.partition(":")
+            return f"%{value} ({op})"
+        if line.startswith("func.func"):
+            break
+    return "a module-level declaration"
+
+
+def _excerpt(lines: list, at: int, col: int | None) -> str:
+    """Lines at-3..at+3, numbered (1-based), the failing one marked, a caret under its column."""
+    lo, hi = max(0, at - CONTEXT_LINES), min(len(lines), at + CONTEXT_LINES + 1)
+    width = len(str(hi))
+    out = []
+    for i in range(lo, hi):
+        line = lines[i] if len(lines[i]) <= _SHOWN_CHARS else lines[i][:_SHOWN_CHARS] + " ..."
+        out.append(f"{'>' if i == at else ' '} {i + 1:>{width}} | {line}")
+        if i == at and col is not None and col <= _SHOWN_CHARS:
+            out.append(f"  {' ' * width} | {' ' * (col - 1)}^")
+    return "\n".join(out)
 
 
 def _bind_resources(ir, module, resources: dict, keep: list) -> None:

@@ -24,19 +24,32 @@ class Impl:
     priority: int              # lower wins among defaults
     supports: Callable | None  # (node, target) -> None | reason
     library: str | None        # compile-wide switch name that enables it (e.g. "miopen")
+    # (node, target) -> None | reason: when it pays to use it; checked when the implementation is
+    # chosen by default or by `libraries`, not when a node's implementation is asked for by name
+    rule: Callable | None = None
+    # Eligible on every target of `kinds` even where not enabled (default_on, libraries): what lowers
+    # a node when nothing preferred can (the generated implementation)
+    fallback: bool = False
 
 
 REGISTRY: dict[str, dict[str, Impl]] = {}
 
 
-def lowering(*ops: str, impl: str = "generated", kinds=("cpu", "rocm", "cuda"), default_on=None,
-             priority: int = 100, supports=None, library: str | None = None):
-    """Register a lowering for one or more ops."""
+GENERATED = "generated"
+
+
+def lowering(*ops: str, impl: str = GENERATED, kinds=("cpu", "rocm", "cuda"), default_on=None,
+             priority: int = 100, supports=None, library: str | None = None, rule=None,
+             fallback: bool | None = None):
+    """Register a lowering for one or more ops. The generated implementation (the default `impl`)
+    is each op's fallback unless `fallback` says otherwise."""
+    fallback = impl == GENERATED if fallback is None else fallback
+
     def deco(fn):
         for op in ops:
             REGISTRY.setdefault(op, {})[impl] = Impl(op, impl, fn, tuple(kinds),
                                                      tuple(kinds if default_on is None else default_on),
-                                                     priority, supports, library)
+                                                     priority, supports, library, rule, fallback)
         return fn
     return deco
 
@@ -104,9 +117,9 @@ def choose(node: Node, target: Target, impl=None, libraries=()) -> Choice:
                                   i.priority))
     for cand in order:
         enabled = target.kind in cand.default_on or (cand.library is not None and cand.library in libraries)
-        if not enabled and cand.name != "generated":
+        if not enabled and not cand.fallback:
             continue
-        reason = _unfit(cand, node, target)
+        reason = _unfit(cand, node, target) or (cand.rule(node, target) if cand.rule else None)
         if reason is None:
             return Choice(cand, skipped)
         skipped.append((cand.name, reason))

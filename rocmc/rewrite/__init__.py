@@ -12,7 +12,7 @@ most), and every intermediate it replaces must be used only inside the match (ch
 pattern). Anchors are tried from the last node back, so a larger pattern claims its nodes before a
 smaller one sees them. Nodes left without users by a rewrite (a pattern's constants) are dropped.
 
-Pattern families live in one module each (norms, activations, rope, attention) and register with
+Pattern families live in one module each (norms, activations, rope, attention, conv, linear) and register with
 `@pattern(name, *anchor_ops)`.
 """
 from __future__ import annotations
@@ -465,4 +465,4 @@ def rewrite_program(program: dict) -> tuple[dict, list[dict]]:
     return out, records
 
 
-from . import attention, norms, activations, rope  # noqa: E402,F401  (register the patterns)
+from . import attention, norms, linear, activations, rope, conv  # noqa: E402,F401  (register the patterns)

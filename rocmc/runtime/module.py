@@ -11,7 +11,8 @@ from .. import symbolic
 from ..archs import DEVICES, default_device, kind_of
 from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
-from ..signature import bind, np_dtype as _np_dtype
+from ..frontend.dtypes import ALL as DTYPES, DType
+from ..signature import bind
 from .devices import get_device
 
 
@@ -56,7 +57,8 @@ class Module:
         self._providers = []
         if meta.get("externs"):
             from .providers import modules_for
-            self._providers = modules_for(meta["externs"], self.device, device, self._ctx.instance)
+            self._providers = modules_for(meta["externs"], self.device, device, self._ctx.instance,
+                                          meta.get("format", 1))
             for m in self._providers:
                 self._ctx.add_vm_module(m)
         try:
@@ -109,23 +111,23 @@ class Module:
         values, sizes = bind(entry.sig["inputs"], args, kwargs, entry.constraints,
                              arrays=(np.ndarray, rt.DeviceArray))
         out = []
-        for v in values:
+        for spec, v in zip(entry.sig["inputs"], values):
             if isinstance(v, np.ndarray):
-                v = np.asarray(v, order="C")
-                if v.dtype == np.bool_:
-                    v = v.view(np.int8)
-                elif v.dtype.name == "bfloat16":
-                    v = self._bf16_view(v)
+                v = self._as_module_takes(np.asarray(v, order="C"), DTYPES[spec["dtype"]])
             out.append(v)
         return out, sizes
 
-    def _bf16_view(self, v: np.ndarray):
-        """A device array with IREE's bf16 element type (numpy's asarray path maps it to a raw 16-bit type)."""
+    def _as_module_takes(self, v: np.ndarray, d: DType):
+        """A host array in the numpy type of the module's boundary (DType.abi_np), or, for a type
+        numpy's path into IREE lacks (DType.raw: bf16), a device array of its bits tagged with IREE's
+        element type."""
+        if d.raw is None:
+            return v if v.dtype == d.abi_np else v.view(d.abi_np)
         from iree import runtime as rt
         bv = self.device.allocator.allocate_buffer_copy(
             memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
-            buffer=v.view(np.uint16), element_type=rt.HalElementType.BFLOAT_16)
-        return rt.DeviceArray(self.device, bv, override_dtype=v.dtype)
+            buffer=v.view(d.raw), element_type=d.hal_element_type())
+        return rt.DeviceArray(self.device, bv, override_dtype=d.np)
 
     def __call__(self, *args, **kwargs):
         """Run the module's (first) function on inputs given by position or by name.
@@ -165,7 +167,7 @@ class Module:
                 # A view of the runtime's host buffer would change with the next call: copy. The
                 # runtime names the element type by its MLIR spelling (bool as i8, u8 as the signless
                 # i8, bf16 as raw bits): the same bytes are viewed as the signature's dtype.
-                want = _np_dtype(spec["dtype"])
+                want = DTYPES[spec["dtype"]].np
                 if a.dtype != want:
                     a = a.view(want).copy()
                 outs.append(a)

@@ -20,7 +20,6 @@ reported together in one ModelImportError.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 from ... import symbolic
 from ...errors import GraphError, ModelImportError, RocmcError
 from ..graph import Graph, Value
+from ..importing import identifier, slice_bound
 from ..ops.shape import gather_indices
 
 MAX_OPSET = 23   # highest default-domain opset whose op definitions rocmc implements
@@ -38,7 +38,6 @@ MAX_OPSET = 23   # highest default-domain opset whose op definitions rocmc imple
 # ONNX TensorProto element types rocmc has; anything else (float8, int4, string, ...) is reported.
 _DTYPES = {1: "f32", 10: "f16", 16: "bf16", 11: "f64", 3: "i8", 5: "i16", 6: "i32", 7: "i64",
            2: "u8", 4: "u16", 12: "u32", 13: "u64", 9: "bool"}
-_IDENT = re.compile(r"[^A-Za-z0-9_]")
 # Versions after opset 23 that changed only things rocmc checks elsewhere (new element types such as
 # int2/float8e8m0, Cast's round_mode for float8 targets, Range's stash_type for f16 accumulation):
 # op -> the newest such version accepted.
@@ -265,7 +264,7 @@ class Importer:
         self.model = model
         self.onnx_graph = model.graph
         self.dims = dict(dims or {})
-        self.graph = Graph(_identifier(name or model.graph.name or "main", "main"))
+        self.graph = Graph(identifier(name or model.graph.name or "main", "main"))
         self.env: dict[str, Tensor | None] = {}     # None: poisoned by an earlier unsupported node
         self.problems: list[tuple[str, str, str]] = []  # (op type, node name, reason)
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
@@ -322,7 +321,7 @@ class Importer:
         return t.value
 
     def _unique(self, name: str) -> str:
-        base = _identifier(name, "v")
+        base = identifier(name, "v")
         out, i = base, 1
         while out in self._used or out in self.graph._names:
             out, i = f"{base}_{i}", i + 1
@@ -389,7 +388,7 @@ class Importer:
                 if d.HasField("dim_value"):
                     shape.append(int(d.dim_value))
                 else:
-                    sym = _identifier(d.dim_param, "") if d.dim_param else f"{_identifier(vi.name, 'x')}_d{i}"
+                    sym = identifier(d.dim_param, "") if d.dim_param else f"{identifier(vi.name, 'x')}_d{i}"
                     shape.append(self.dims.get(d.dim_param or sym, sym))
             v = self.graph.input(self._unique(vi.name), shape, dt)
             self._define(vi.name, Tensor(value=v, name=vi.name), "a graph input")
@@ -554,12 +553,6 @@ def _check_declared(vi, v: Value) -> None:
         text = ",".join("?" if d is None else str(d) for d in declared)
         raise Unsupported(f"declared with shape [{text}], but the model computes {v.type}")
 
-
-def _identifier(name: str, fallback: str) -> str:
-    s = _IDENT.sub("_", name or "")
-    if not s:
-        return fallback
-    return s if not s[0].isdigit() else f"v{s}"
 
 
 def _fmt(arr) -> str:
@@ -1325,7 +1318,7 @@ def _symbolic_slice(n: Node, x: Tensor):
         if st != 1:
             raise Unsupported(f"Slice with symbolic bounds ({s}:{e}) and step {st}; only step 1 is supported")
         dim = x.shape[ax]
-        s, e = _bound(n, s, dim), _bound(n, e, dim)
+        s, e = slice_bound(n.imp.at_most, s, dim), slice_bound(n.imp.at_most, e, dim)
         if not n.imp.at_most(e, dim):
             e = dim
         if not n.imp.at_most(s, e):
@@ -1333,18 +1326,6 @@ def _symbolic_slice(n: Node, x: Tensor):
         v = R.narrow(v, ax, s, symbolic.dim_sub(e, s))
     return v
 
-
-def _bound(n: Node, b, dim):
-    """A Slice bound as a size: negative ints count from the end, INT_MAX-like ones mean the end."""
-    if isinstance(b, str):
-        return b
-    if b >= symbolic.BIG:
-        return dim
-    if b < 0:
-        b = symbolic.dim_add(dim, b)
-        if not n.imp.at_most(0, b):
-            return 0
-    return b
 
 
 def _np_slice(a, starts, ends, axes, steps):

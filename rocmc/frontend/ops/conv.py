@@ -13,8 +13,9 @@ import math
 import numpy as np
 
 from ...errors import GraphError
+from ...symbolic import call_dim
 from ..graph import TensorType
-from ..opdef import as_value, builder, conv_out_dim, defop, graph_of, reference
+from ..opdef import as_value, builder, defop, graph_of, reference
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d", "batch_norm", "local_response_norm", "lrn",
@@ -119,29 +120,6 @@ def _window_fits(node, size, pads, eff_kernel, axis):
                          f"padded input ({size + sum(pads)}) along spatial dim {axis} (input size {size})")
 
 
-def conv_out_size(size, k, s, pads, d):
-    if not isinstance(size, int):
-        return conv_out_dim(size, k, s, pads[0], pads[1], d)
-    return (size + pads[0] + pads[1] - d * (k - 1) - 1) // s + 1
-
-
-def pool_out_size(size, k, s, pads, d, ceil_mode):
-    """torch's rule: with ceil_mode the last window must start inside the input or the low padding."""
-    if not isinstance(size, int):
-        return f"pool({size},{k},{s},{pads[0]},{pads[1]},{d}{',ceil' if ceil_mode else ''})"
-    span = size + pads[0] + pads[1] - d * (k - 1) - 1
-    if not ceil_mode:
-        return span // s + 1
-    out = -(-span // s) + 1
-    return out - 1 if (out - 1) * s >= size + pads[0] else out
-
-
-def conv_transpose_out_size(size, k, s, pads, d, out_pad):
-    if not isinstance(size, int):
-        return f"conv_transpose({size},{k},{s},{pads[0]},{pads[1]},{d},{out_pad})"
-    return (size - 1) * s - pads[0] - pads[1] + d * (k - 1) + out_pad + 1
-
-
 def _conv_common(node, types, attrs, nsp, transposed):
     _check_input(node, types, nsp)
     for key in ("stride", "dilation"):
@@ -184,7 +162,7 @@ def _conv_infer(node, types, attrs):
     for i in range(nsp):
         size, k, pads, d = x.shape[2 + i], w.shape[2 + i], attrs["padding"][i], attrs["dilation"][i]
         _window_fits(node, size, pads, d * (k - 1) + 1, i)
-        out.append(conv_out_size(size, k, attrs["stride"][i], pads, d))
+        out.append(call_dim("conv", size, k, attrs["stride"][i], *pads, d))
     return TensorType((x.shape[0], c_out, *out), x.dtype)
 
 
@@ -201,7 +179,7 @@ def _conv_transpose_infer(node, types, attrs):
         if op >= max(s, d):
             raise GraphError(f"{node.describe()}: output_padding={attrs['output_padding']} must be smaller than "
                              f"stride or dilation along spatial dim {i} (stride {s}, dilation {d})")
-        size = conv_transpose_out_size(x.shape[2 + i], w.shape[2 + i], s, attrs["padding"][i], d, op)
+        size = call_dim("conv_transpose", x.shape[2 + i], w.shape[2 + i], s, *attrs["padding"][i], d, op)
         if isinstance(size, int) and size < 1:
             raise GraphError(f"{node.describe()}: padding={attrs['padding']} leaves no output along spatial dim {i}")
         out.append(size)
@@ -240,7 +218,7 @@ def _pool_infer(node, types, attrs):
                              + ("half the kernel" if node.op.startswith("max") else "the dilated kernel's reach"))
         size = x.shape[2 + i]
         _window_fits(node, size, pads, d * (k - 1) + 1, i)
-        out.append(pool_out_size(size, k, attrs["stride"][i], pads, d, attrs["ceil_mode"]))
+        out.append(call_dim("pool", size, k, attrs["stride"][i], *pads, d, ceil=attrs["ceil_mode"]))
     return TensorType((*x.shape[:2], *out), x.dtype)
 
 
@@ -299,7 +277,8 @@ def _conv_ref(node, ins, attrs):
     xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in attrs["padding"]])
     n, c = x.shape[:2]
     f, kernel = w.shape[0], w.shape[2:]
-    out = [conv_out_size(*a) for a in zip(x.shape[2:], kernel, stride, attrs["padding"], dil)]
+    out = [call_dim("conv", n, k, s, *p, d)
+           for n, k, s, p, d in zip(x.shape[2:], kernel, stride, attrs["padding"], dil)]
     xg = xp.reshape(n, g, c // g, *xp.shape[2:])
     wg = w.reshape(g, f // g, c // g, *kernel)
     y = np.zeros((n, g, f // g, *out))
@@ -327,7 +306,8 @@ def _conv_transpose_ref(node, ins, attrs):
     for offs in np.ndindex(*kernel):
         target = (slice(None),) * 3 + tuple(_window(k * d, s, m) for k, d, s, m in zip(offs, dil, stride, size))
         y[target] += np.einsum("ngc...,gcf->ngf...", xg, wg[(slice(None),) * 3 + offs])
-    out = [conv_transpose_out_size(*a) for a in zip(size, kernel, stride, pads, dil, attrs["output_padding"])]
+    out = [call_dim("conv_transpose", n, k, s, *p, d, op)
+           for n, k, s, p, d, op in zip(size, kernel, stride, pads, dil, attrs["output_padding"])]
     y = y[(slice(None),) * 3 + tuple(slice(p[0], p[0] + o) for p, o in zip(pads, out))]
     y = y.reshape(n, g * fg, *out)
     return [y if b is None else y + b.reshape(-1, *[1] * len(out))]
@@ -344,11 +324,12 @@ def pool_taps(size: int, k: int, s: int, pads, d: int, n_out: int):
 
 
 def _pool_windows(attrs, size):
-    return [pool_taps(size[i], attrs["kernel_size"][i], attrs["stride"][i], attrs["padding"][i],
-                      attrs["dilation"][i], pool_out_size(size[i], attrs["kernel_size"][i], attrs["stride"][i],
-                                                          attrs["padding"][i], attrs["dilation"][i],
-                                                          attrs["ceil_mode"]))
-            for i in range(len(size))]
+    windows = []
+    for i in range(len(size)):
+        k, s, pads, d = attrs["kernel_size"][i], attrs["stride"][i], attrs["padding"][i], attrs["dilation"][i]
+        windows.append(pool_taps(size[i], k, s, pads, d, call_dim("pool", size[i], k, s, *pads, d,
+                                                                  ceil=attrs["ceil_mode"])))
+    return windows
 
 
 @reference("max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d")
@@ -411,18 +392,22 @@ def _operands(op, x, weight, bias):
     return g, [xv, wv, bv]
 
 
-def _conv(op, nsp, x, weight, bias, stride, padding, dilation, groups):
-    g, operands = _operands(op, x, weight, bias)
+def conv_attrs(op, nsp, w, stride, padding, dilation, groups) -> dict:
+    """A convolution's attributes in their one normalized form, from the builder's keywords (`w`: the
+    weight Value, whose kernel padding='same' reads)."""
     stride, dilation = _ints(op, "stride", stride, nsp, 1), _ints(op, "dilation", dilation, nsp, 1)
-    w = operands[1]
     kernel = list(w.shape[2:]) if w.rank == nsp + 2 else None
     if padding == "same" and kernel is None:
         raise GraphError(f"{op}: 'weight' has rank {w.rank}, expected rank {nsp + 2}")
     pads = _padding(op, padding, nsp, kernel or [1] * nsp, dilation, stride)
     if not (_is_int(groups) and groups >= 1):
         raise GraphError(f"{op}: groups={groups!r}, expected an int >= 1")
-    attrs = {"stride": stride, "padding": pads, "dilation": dilation, "groups": int(groups)}
-    return g.apply(op, operands, attrs)[0]
+    return {"stride": stride, "padding": pads, "dilation": dilation, "groups": int(groups)}
+
+
+def _conv(op, nsp, x, weight, bias, stride, padding, dilation, groups):
+    g, operands = _operands(op, x, weight, bias)
+    return g.apply(op, operands, conv_attrs(op, nsp, operands[1], stride, padding, dilation, groups))[0]
 
 
 @builder

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import GraphError
 from .. import dtypes as dt
-from ..graph import TensorType, Value
+from ..graph import TensorType, Value, value_operator
 from ..opdef import (as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype)
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -75,40 +75,40 @@ COMPARE = {
     "greater": np.greater, "greater_equal": np.greater_equal,
 }
 LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
-# name -> (accepted kinds, attributes with defaults, reference(x, **attrs))
+# name -> (accepted kinds, attribute names, reference(x, **attrs)); defaults are the builders'
 UNARY = {
-    "neg": (("float", "int"), {}, lambda x: -x),
-    "abs": (("float", "int"), {}, np.abs),
-    "exp": (("float",), {}, np.exp),
-    "log": (("float",), {}, np.log),
-    "sqrt": (("float",), {}, np.sqrt),
-    "rsqrt": (("float",), {}, lambda x: 1.0 / np.sqrt(x)),
-    "tanh": (("float",), {}, np.tanh),
-    "sigmoid": (("float",), {}, _sigmoid),
-    "erf": (("float",), {}, _erf),
-    "relu": (("float", "int"), {}, lambda x: np.maximum(x, 0)),
-    "leaky_relu": (("float",), {"negative_slope": 0.01}, lambda x, negative_slope: np.where(x >= 0, x, x * negative_slope)),
-    "elu": (("float",), {"alpha": 1.0}, lambda x, alpha: np.where(x > 0, x, alpha * (np.exp(x) - 1.0))),
-    "clipped_relu": (("float",), {"ceiling": 6.0}, lambda x, ceiling: np.minimum(np.maximum(x, 0.0), ceiling)),
-    "gelu": (("float",), {"approximate": "none"}, _gelu),
-    "silu": (("float",), {}, lambda x: x * _sigmoid(x)),
-    "logical_not": (("bool",), {}, np.logical_not),
-    "cos": (("float",), {}, lambda x: _quiet(np.cos, x)),
-    "sin": (("float",), {}, lambda x: _quiet(np.sin, x)),
-    "sign": (("float", "int"), {}, np.sign),
-    "floor": (("float",), {}, np.floor),
-    "ceil": (("float",), {}, np.ceil),
-    "round": (("float",), {}, np.rint),   # half to even, as ONNX Round
-    "reciprocal": (("float",), {}, lambda x: _quiet(np.reciprocal, x)),
+    "neg": (("float", "int"), (), lambda x: -x),
+    "abs": (("float", "int"), (), np.abs),
+    "exp": (("float",), (), np.exp),
+    "log": (("float",), (), np.log),
+    "sqrt": (("float",), (), np.sqrt),
+    "rsqrt": (("float",), (), lambda x: 1.0 / np.sqrt(x)),
+    "tanh": (("float",), (), np.tanh),
+    "sigmoid": (("float",), (), _sigmoid),
+    "erf": (("float",), (), _erf),
+    "relu": (("float", "int"), (), lambda x: np.maximum(x, 0)),
+    "leaky_relu": (("float",), ("negative_slope",), lambda x, negative_slope: np.where(x >= 0, x, x * negative_slope)),
+    "elu": (("float",), ("alpha",), lambda x, alpha: np.where(x > 0, x, alpha * (np.exp(x) - 1.0))),
+    "clipped_relu": (("float",), ("ceiling",), lambda x, ceiling: np.minimum(np.maximum(x, 0.0), ceiling)),
+    "gelu": (("float",), ("approximate",), _gelu),
+    "silu": (("float",), (), lambda x: x * _sigmoid(x)),
+    "logical_not": (("bool",), (), np.logical_not),
+    "cos": (("float",), (), lambda x: _quiet(np.cos, x)),
+    "sin": (("float",), (), lambda x: _quiet(np.sin, x)),
+    "sign": (("float", "int"), (), np.sign),
+    "floor": (("float",), (), np.floor),
+    "ceil": (("float",), (), np.ceil),
+    "round": (("float",), (), np.rint),   # half to even, as ONNX Round
+    "reciprocal": (("float",), (), lambda x: _quiet(np.reciprocal, x)),
 }
 # Ops without an f64 lowering: IREE's CPU backend leaves f64 erf, sin and cos to libm, which its
 # executables do not link (gelu's exact form uses erf). They take f32, f16 and bf16.
 NO_F64 = {"erf": None, "sin": None, "cos": None, "gelu": "none"}   # name -> the attribute value concerned
 
-# Float tests with a bool result: name -> (attributes with defaults, reference(x, **attrs)).
+# Float tests with a bool result: name -> (attribute names, reference(x, **attrs)).
 PREDICATES = {
-    "isnan": ({}, np.isnan),
-    "isinf": ({"detect_positive": 1, "detect_negative": 1}, _isinf),
+    "isnan": ((), np.isnan),
+    "isinf": (("detect_positive", "detect_negative"), _isinf),
 }
 
 
@@ -144,7 +144,7 @@ def _check_f64(op, node, types, attrs):
                          f"take (no f64 {op} lowering); it takes f32, f16 or bf16")
 
 
-def _unary_infer(op, kinds, defaults):
+def _unary_infer(op, kinds):
     def infer(node, types, attrs):
         _check_kinds(op, node, types, kinds)
         _check_f64(op, node, types, attrs)
@@ -157,8 +157,8 @@ def _unary_infer(op, kinds, defaults):
     return infer
 
 
-for _name, (_kinds, _defaults, _ref) in UNARY.items():
-    defop(_name, attrs=tuple(_defaults))(_unary_infer(_name, _kinds, _defaults))
+for _name, (_kinds, _attrs, _ref) in UNARY.items():
+    defop(_name, attrs=_attrs)(_unary_infer(_name, _kinds))
     reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(ins[0], **attrs)])
 
 
@@ -172,8 +172,8 @@ def _predicate_infer(op):
     return infer
 
 
-for _name, (_defaults, _ref) in PREDICATES.items():
-    defop(_name, attrs=tuple(_defaults))(_predicate_infer(_name))
+for _name, (_attrs, _ref) in PREDICATES.items():
+    defop(_name, attrs=_attrs)(_predicate_infer(_name))
     reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(ins[0], **attrs)])
 
 
@@ -222,42 +222,272 @@ def _cast_ref(node, ins, attrs):
 
 # ---- builders -------------------------------------------------------------------------------
 
-def _binary_builder(name):
-    def fn(a, b):
-        g = graph_of(name, a, b)
-        like = a if isinstance(a, Value) else b
-        return g.apply(name, [as_value(name, "a", a, g, like), as_value(name, "b", b, g, like)])[0]
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"Elementwise {name} with numpy broadcasting."
-    return builder(fn)
+def _binary(name, a, b):
+    """Add `name` on two operands broadcast numpy-style; a Python scalar takes the tensor's dtype."""
+    g = graph_of(name, a, b)
+    like = a if isinstance(a, Value) else b
+    return g.apply(name, [as_value(name, "a", a, g, like), as_value(name, "b", b, g, like)])[0]
 
 
-def _unary_builder(name, defaults):
-    params = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
-    src = (f"def {name}(x{', ' + params if params else ''}):\n"
-           f"    return _apply({name!r}, x, {{{', '.join(f'{k!r}: {k}' for k in defaults)}}})\n")
-    ns = {"_apply": _apply_unary}
-    exec(src, ns)
-    fn = ns[name]
-    fn.__doc__ = f"Elementwise {name}."
-    return builder(fn)
-
-
-def _apply_unary(name, x, attrs):
+def _unary(name, x, **attrs):
+    """Add `name` on one operand with its attributes."""
     g = graph_of(name, x)
     return g.apply(name, [as_value(name, "x", x, g)], attrs)[0]
 
 
-__all__ = ["where", "cast", "mod"]
-for _name in list(BINARY) + list(COMPARE) + list(LOGICAL):
-    globals()[_name] = _binary_builder(_name)
-    __all__.append(_name)
-for _name, (_k, _defaults, _r) in UNARY.items():
-    globals()[_name] = _unary_builder(_name, _defaults)
-    __all__.append(_name)
-for _name, (_defaults, _r) in PREDICATES.items():
-    globals()[_name] = _unary_builder(_name, _defaults)
-    __all__.append(_name)
+@value_operator
+@builder
+def add(a, b):
+    """Elementwise a + b with numpy broadcasting."""
+    return _binary("add", a, b)
+
+
+@value_operator
+@builder
+def sub(a, b):
+    """Elementwise a - b with numpy broadcasting."""
+    return _binary("sub", a, b)
+
+
+@value_operator
+@builder
+def mul(a, b):
+    """Elementwise a * b with numpy broadcasting."""
+    return _binary("mul", a, b)
+
+
+@value_operator
+@builder
+def div(a, b):
+    """Elementwise a / b with numpy broadcasting; integers truncate toward zero."""
+    return _binary("div", a, b)
+
+
+@value_operator
+@builder
+def pow(a, b):
+    """Elementwise a ** b (floats) with numpy broadcasting."""
+    return _binary("pow", a, b)
+
+
+@builder
+def maximum(a, b):
+    """Elementwise maximum with numpy broadcasting."""
+    return _binary("maximum", a, b)
+
+
+@builder
+def minimum(a, b):
+    """Elementwise minimum with numpy broadcasting."""
+    return _binary("minimum", a, b)
+
+
+@builder
+def equal(a, b):
+    """Elementwise a == b (a bool tensor) with numpy broadcasting."""
+    return _binary("equal", a, b)
+
+
+@builder
+def not_equal(a, b):
+    """Elementwise a != b (a bool tensor) with numpy broadcasting."""
+    return _binary("not_equal", a, b)
+
+
+@builder
+def less(a, b):
+    """Elementwise a < b (a bool tensor) with numpy broadcasting."""
+    return _binary("less", a, b)
+
+
+@builder
+def less_equal(a, b):
+    """Elementwise a <= b (a bool tensor) with numpy broadcasting."""
+    return _binary("less_equal", a, b)
+
+
+@builder
+def greater(a, b):
+    """Elementwise a > b (a bool tensor) with numpy broadcasting."""
+    return _binary("greater", a, b)
+
+
+@builder
+def greater_equal(a, b):
+    """Elementwise a >= b (a bool tensor) with numpy broadcasting."""
+    return _binary("greater_equal", a, b)
+
+
+@builder
+def logical_and(a, b):
+    """Elementwise a and b of bool tensors with numpy broadcasting."""
+    return _binary("logical_and", a, b)
+
+
+@builder
+def logical_or(a, b):
+    """Elementwise a or b of bool tensors with numpy broadcasting."""
+    return _binary("logical_or", a, b)
+
+
+@builder
+def logical_xor(a, b):
+    """Elementwise a xor b of bool tensors with numpy broadcasting."""
+    return _binary("logical_xor", a, b)
+
+
+@value_operator
+@builder
+def neg(x):
+    """Elementwise -x."""
+    return _unary("neg", x)
+
+
+@builder
+def abs(x):
+    """Elementwise |x|."""
+    return _unary("abs", x)
+
+
+@builder
+def exp(x):
+    """Elementwise e ** x."""
+    return _unary("exp", x)
+
+
+@builder
+def log(x):
+    """Elementwise natural logarithm."""
+    return _unary("log", x)
+
+
+@builder
+def sqrt(x):
+    """Elementwise square root."""
+    return _unary("sqrt", x)
+
+
+@builder
+def rsqrt(x):
+    """Elementwise 1 / sqrt(x)."""
+    return _unary("rsqrt", x)
+
+
+@builder
+def tanh(x):
+    """Elementwise hyperbolic tangent."""
+    return _unary("tanh", x)
+
+
+@builder
+def sigmoid(x):
+    """Elementwise 1 / (1 + e ** -x)."""
+    return _unary("sigmoid", x)
+
+
+@builder
+def erf(x):
+    """Elementwise error function."""
+    return _unary("erf", x)
+
+
+@builder
+def relu(x):
+    """Elementwise max(x, 0)."""
+    return _unary("relu", x)
+
+
+@builder
+def leaky_relu(x, negative_slope=0.01):
+    """Elementwise x where x >= 0, else x * negative_slope."""
+    return _unary("leaky_relu", x, negative_slope=negative_slope)
+
+
+@builder
+def elu(x, alpha=1.0):
+    """Elementwise x where x > 0, else alpha * (e ** x - 1)."""
+    return _unary("elu", x, alpha=alpha)
+
+
+@builder
+def clipped_relu(x, ceiling=6.0):
+    """Elementwise min(max(x, 0), ceiling)."""
+    return _unary("clipped_relu", x, ceiling=ceiling)
+
+
+@builder
+def gelu(x, approximate="none"):
+    """Elementwise GELU: exact (erf) with approximate='none', the tanh form with 'tanh'."""
+    return _unary("gelu", x, approximate=approximate)
+
+
+@builder
+def silu(x):
+    """Elementwise x * sigmoid(x)."""
+    return _unary("silu", x)
+
+
+@builder
+def logical_not(x):
+    """Elementwise not of a bool tensor."""
+    return _unary("logical_not", x)
+
+
+@builder
+def cos(x):
+    """Elementwise cosine."""
+    return _unary("cos", x)
+
+
+@builder
+def sin(x):
+    """Elementwise sine."""
+    return _unary("sin", x)
+
+
+@builder
+def sign(x):
+    """Elementwise -1, 0 or 1 by the sign of x."""
+    return _unary("sign", x)
+
+
+@builder
+def floor(x):
+    """Elementwise round down."""
+    return _unary("floor", x)
+
+
+@builder
+def ceil(x):
+    """Elementwise round up."""
+    return _unary("ceil", x)
+
+
+@builder
+def round(x):
+    """Elementwise round half to even (ONNX Round)."""
+    return _unary("round", x)
+
+
+@builder
+def reciprocal(x):
+    """Elementwise 1 / x."""
+    return _unary("reciprocal", x)
+
+
+@builder
+def isnan(x):
+    """Elementwise x is NaN (a bool tensor)."""
+    return _unary("isnan", x)
+
+
+@builder
+def isinf(x, detect_positive=1, detect_negative=1):
+    """Elementwise x is +inf (with detect_positive=1) or -inf (with detect_negative=1) (a bool tensor)."""
+    return _unary("isinf", x, detect_positive=detect_positive, detect_negative=detect_negative)
+
+
+__all__ = ["where", "cast", "mod", *BINARY, *COMPARE, *LOGICAL, *UNARY, *PREDICATES]
 
 
 @builder

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import GraphError
-from ..graph import TensorType, Value
+from ..graph import TensorType, Value, value_operator
 from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype
 
 __all__ = ["matmul", "linear", "einsum"]
@@ -86,6 +86,7 @@ def _linear_ref(node, ins, attrs):
     return [y if bias is None else y + bias]
 
 
+@value_operator
 @builder
 def matmul(a, b, transpose_a=False, transpose_b=False):
     """numpy.matmul (1-D operands and batch broadcasting included); a transpose flag swaps the last

@@ -73,22 +73,67 @@ def _infer(op, kinds):
     return infer
 
 
-def _builder(name):
-    def fn(x, axis=None, keepdims=False):
-        g = graph_of(name, x)
-        x = as_value(name, "x", x, g)
-        if not isinstance(keepdims, (bool, np.bool_)):
-            raise GraphError(f"{name}: keepdims={keepdims!r}, expected a bool")
-        attrs = {"axes": normalize_axes(name, axis, x.rank), "keepdims": builtins.bool(keepdims)}
-        return g.apply(name, [x], attrs)[0]
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{name} over `axis` (an int, a tuple, or None for every axis)."
-    return builder(fn)
+def _reduce(name, x, axis, keepdims):
+    """Add reduction `name` over numpy-style `axis`, stored normalized."""
+    g = graph_of(name, x)
+    x = as_value(name, "x", x, g)
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise GraphError(f"{name}: keepdims={keepdims!r}, expected a bool")
+    attrs = {"axes": normalize_axes(name, axis, x.rank), "keepdims": builtins.bool(keepdims)}
+    return g.apply(name, [x], attrs)[0]
 
 
-__all__ = []
 for _name, (_kinds, _ref) in REDUCTIONS.items():
     defop(_name, attrs=("axes", "keepdims"))(_infer(_name, _kinds))
     reference(_name)(lambda node, ins, attrs, _f=_ref: [_f(ins[0], tuple(attrs["axes"]), attrs["keepdims"])])
-    globals()[_name] = _builder(_name)
-    __all__.append(_name)
+
+
+@builder
+def sum(x, axis=None, keepdims=False):
+    """Sum over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("sum", x, axis, keepdims)
+
+
+@builder
+def mean(x, axis=None, keepdims=False):
+    """Mean over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("mean", x, axis, keepdims)
+
+
+@builder
+def prod(x, axis=None, keepdims=False):
+    """Product over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("prod", x, axis, keepdims)
+
+
+@builder
+def max(x, axis=None, keepdims=False):
+    """Maximum over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("max", x, axis, keepdims)
+
+
+@builder
+def min(x, axis=None, keepdims=False):
+    """Minimum over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("min", x, axis, keepdims)
+
+
+@builder
+def amax(x, axis=None, keepdims=False):
+    """Maximum over `axis` (an int, a tuple, or None for every axis); the same reduction as `max`."""
+    return _reduce("amax", x, axis, keepdims)
+
+
+@builder
+def norm1(x, axis=None, keepdims=False):
+    """Sum of absolute values over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("norm1", x, axis, keepdims)
+
+
+@builder
+def norm2(x, axis=None, keepdims=False):
+    """Euclidean norm over `axis` (an int, a tuple, or None for every axis)."""
+    return _reduce("norm2", x, axis, keepdims)
+
+
+__all__ = list(REDUCTIONS)

@@ -6,3 +6,4 @@ from . import random  # noqa: F401
 from . import gathers  # noqa: F401
 from . import resize  # noqa: F401
 from . import depthwise  # noqa: F401  (after conv: the depthwise form of conv1d/conv2d)
+from . import fused  # noqa: F401  (after conv and depthwise: fused_conv2d lowers through them)

@@ -116,8 +116,7 @@ def _mask(E: Emitter, node, mask: T | None, dims: _Dims) -> tuple[str, str, list
         j = E.op(f"linalg.index {loops.index(K2)} : index")
         if causal:
             i = E.op(f"linalg.index {loops.index(M)} : index")
-            lhs = E.op(f"arith.addi {j}, {s_idx} : index")
-            rhs = E.op(f"arith.addi {i}, {skv_idx} : index")
+            lhs, rhs = E.addi(j, s_idx), E.addi(i, skv_idx)
             ok = E.op(f"arith.cmpi sle, {lhs}, {rhs} : index")
         elif guard:
             ok = E.op(f"arith.cmpi ult, {j}, {skv_idx} : index")
@@ -274,11 +273,8 @@ def _fused(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> T
     out_ty = tensor_type(_shape(out_sizes), elt)
     init = E.empty(out_sizes, elt)
     r = E.fresh("att")
-    E.lines.append(f"  {r} = iree_linalg_ext.attention <{{indexing_maps = [{', '.join(maps)}]}}> "
-                   f"ins({', '.join(n for n, _ in operands)} : {', '.join(t for _, t in operands)}) "
-                   f"outs({init} : {out_ty}) {{")
-    score = E.fresh("score")
-    E.lines.append(f"  ^bb0({score}: f32):")
-    E.emit(f"  iree_linalg_ext.yield {score} : f32")
-    E.lines.append(f"  }} -> {out_ty} {E.loc}")
+    with E.region(f"{r} = iree_linalg_ext.attention <{{indexing_maps = [{', '.join(maps)}]}}> "
+                  f"ins({', '.join(n for n, _ in operands)} : {', '.join(t for _, t in operands)}) "
+                  f"outs({init} : {out_ty})", f"-> {out_ty}", ["f32"], "score") as (score,):
+        E.emit(f"iree_linalg_ext.yield {score} : f32")
     return _heads_merged(E, node, r, out_ty, elt, q, dims)

@@ -25,6 +25,7 @@ import functools
 
 import numpy as np
 
+from ... import symbolic
 from ...frontend import dtypes
 from ...frontend.graph import TensorType
 from ...frontend.ops.conv import pool_taps
@@ -33,10 +34,6 @@ from ..registry import lowering
 
 NAMED_CONV = {1: "linalg.conv_1d_ncw_fcw", 2: "linalg.conv_2d_nchw_fchw", 3: "linalg.conv_3d_ncdhw_fcdhw"}
 NAMED_POOL = {2: "linalg.pooling_nchw"}
-
-
-def acc_elt(storage: str) -> str:
-    return "f32" if storage in ("f16", "bf16") else storage
 
 
 def _i64s(vals) -> str:
@@ -140,7 +137,7 @@ def _grouped_generic(E: Emitter, x: T, w: T, init: T, strides, dilations) -> str
 def _conv(E: Emitter, xp: T, w: T, bias: T | None, strides, dilations, groups) -> T:
     """Convolution of an already padded input: returns the accumulator (f32 for f16/bf16)."""
     nsp = xp.rank - 2
-    acc = acc_elt(xp.mlir_elt)
+    acc = dtypes.acc_mlir(xp.mlir_elt)
     dims = E.dims(xp)
     geometry = list(zip(w.shape[2:], strides, dilations))
     out = [_ix(E, "addi", _ix(E, "divsi", _ix(E, "subi", dims[2 + i], d * (k - 1) + 1), s), 1)
@@ -244,20 +241,6 @@ def _lower_conv_transpose(E: Emitter, node, ins, ctx):
     return _result(E, node, _conv(E, xs, wf, b, [1] * len(reach), a["dilation"], a["groups"]))
 
 
-def _pool_out(E: Emitter, size, k, s, pads, d, ceil_mode):
-    """Output size of a pool window along one dim (the frontend's rule, on index values)."""
-    span = _ix(E, "subi", size, d * (k - 1) + 1 - pads[0] - pads[1])
-    if not ceil_mode:
-        return _ix(E, "addi", _ix(E, "divsi", span, s), 1)
-    out = _ix(E, "addi", _ix(E, "ceildivsi", span, s), 1)
-    last = _ix(E, "muli", _ix(E, "subi", out, 1), s)
-    if isinstance(out, int) and isinstance(size, int):
-        return out - 1 if last >= size + pads[0] else out
-    # The last window must start inside the input or the low padding; else drop it.
-    starts_out = E.op(f"arith.cmpi sge, {E.as_index(last)}, {E.as_index(_ix(E, 'addi', size, pads[0]))} : index")
-    return E.op(f"arith.select {starts_out}, {E.as_index(_ix(E, 'subi', out, 1))}, {E.as_index(out)} : index")
-
-
 def _pool_input(E: Emitter, node, x: T, dilation, value):
     """The input as the windows read it: padded low by the attribute and high up to the extent the
     last window reaches (in ceil_mode it may overhang the attribute's padding), then cropped to that
@@ -267,7 +250,7 @@ def _pool_input(E: Emitter, node, x: T, dilation, value):
     highs, outs, reach = [], [], []
     for i in range(x.rank - 2):
         size, k, s, (lo, hi) = E.dim(x, 2 + i), a["kernel_size"][i], a["stride"][i], a["padding"][i]
-        out = _pool_out(E, size, k, s, (lo, hi), dilation[i], a["ceil_mode"])
+        out = symbolic.pool_size(E.ix, size, k, s, lo, hi, dilation[i], ceil=a["ceil_mode"])
         need = _ix(E, "addi", _ix(E, "muli", _ix(E, "subi", out, 1), s), dilation[i] * (k - 1) + 1)
         highs.append(_ix(E, "maxsi", _ix(E, "subi", need, _ix(E, "addi", size, lo)), 0))
         outs.append(out)
@@ -355,7 +338,7 @@ def _window_count(E: Emitter, o: str, size, k, s, pads, d, include_pad) -> str:
 
 def _lower_avg_pool(E: Emitter, node, ins, ctx):
     x, a = ins[0], node.attrs
-    acc, store = acc_elt(x.mlir_elt), x.mlir_elt
+    acc, store = dtypes.acc_mlir(x.mlir_elt), x.mlir_elt
     nsp = x.rank - 2
     xp, out = _pool_input(E, node, x, a["dilation"], 0.0)
     sizes = E.dims(x)[:2] + out

@@ -20,9 +20,10 @@ import math
 
 import numpy as np
 
+from ...frontend.dtypes import acc_mlir
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-from .conv import _csv, _ix, _pad, _result, _typed, acc_elt
+from .conv import _csv, _ix, _pad, _result, _typed
 
 # Every kernel tap is two operands of the generic: past this many taps a kernel is left to the
 # grouped convolution (compile time and operand count grow with the taps).
@@ -118,7 +119,7 @@ def _lower_depthwise(E: Emitter, node, ins, ctx):
     bias = [_reshape(E, b, [channels, mult], [[0, 1]], expand=True)] if b is not None else []
     rank = nsp + 3                                    # (n, c, j, *spatial), j the channel multiplier
     sizes = [E.dim(x, 0), channels, mult, *out]
-    store, acc = x.mlir_elt, acc_elt(x.mlir_elt)
+    store, acc = x.mlir_elt, acc_mlir(x.mlir_elt)
     init = E.empty(sizes, store)
     x_map = affine_map(rank, [0, 1, *range(3, rank)])
     c_map = affine_map(rank, [1, 2])

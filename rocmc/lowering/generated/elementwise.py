@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import math
 
+from ...frontend.dtypes import acc_mlir, is_float_mlir
 from ..emitter import Emitter
 from ..registry import lowering
-
-
-def compute_elt(storage: str) -> str:
-    return "f32" if storage in ("f16", "bf16") else storage
-
-
-def _is_float(elt):
-    return elt in ("f16", "bf16", "f32", "f64")
 
 
 def _sigmoid(E, x, t):
@@ -32,7 +25,7 @@ def _sigmoid(E, x, t):
 def _fi(fop, iop):
     """A binary scalar op with a float and an integer form."""
     def emit(E, a, b, t):
-        return E.op(f"{fop if _is_float(t) else iop} {a}, {b} : {t}")
+        return E.op(f"{fop if is_float_mlir(t) else iop} {a}, {b} : {t}")
     return emit
 
 
@@ -40,7 +33,7 @@ def _div(E, a, b, t):
     """Float division, or signed integer division truncating toward zero (C, ONNX). An integer
     divisor of 0 divides by 1 (x / 0 = x; the module never traps) and one of -1 negates with
     wraparound (INT_MIN / -1 = INT_MIN, which divsi leaves undefined)."""
-    if _is_float(t):
+    if is_float_mlir(t):
         return E.op(f"arith.divf {a}, {b} : {t}")
     one, minus_one = E.const(1, t), E.const(-1, t)
     by_minus_one = E.op(f"arith.cmpi eq, {b}, {minus_one} : {t}")
@@ -78,7 +71,7 @@ LOGICAL = {"logical_and": "arith.andi", "logical_or": "arith.ori", "logical_xor"
 
 def _relu(E, x, t, **a):
     z = E.const(0, t)
-    return E.op(f"{'arith.maximumf' if _is_float(t) else 'arith.maxsi'} {x}, {z} : {t}")
+    return E.op(f"{'arith.maximumf' if is_float_mlir(t) else 'arith.maxsi'} {x}, {z} : {t}")
 
 
 def _leaky(E, x, t, negative_slope):
@@ -140,7 +133,7 @@ def _math(name):
 def _sign(E, x, t, **a):
     """-1, 0 or 1; a float keeps its own value when it is neither above nor below zero (+-0, nan)."""
     z = E.const(0, t)
-    if not _is_float(t):
+    if not is_float_mlir(t):
         pos = E.op(f"arith.extui {E.op(f'arith.cmpi sgt, {x}, {z} : {t}')} : i1 to {t}")
         neg = E.op(f"arith.extui {E.op(f'arith.cmpi slt, {x}, {z} : {t}')} : i1 to {t}")
         return E.op(f"arith.subi {pos}, {neg} : {t}")
@@ -154,9 +147,9 @@ def _sign_unsigned(E, x, t, **a):
 
 
 UNARY = {
-    "neg": lambda E, x, t, **a: (E.op(f"arith.negf {x} : {t}") if _is_float(t)
+    "neg": lambda E, x, t, **a: (E.op(f"arith.negf {x} : {t}") if is_float_mlir(t)
                                  else E.op(f"arith.subi {E.const(0, t)}, {x} : {t}")),
-    "abs": lambda E, x, t, **a: E.op(f"math.{'absf' if _is_float(t) else 'absi'} {x} : {t}"),
+    "abs": lambda E, x, t, **a: E.op(f"math.{'absf' if is_float_mlir(t) else 'absi'} {x} : {t}"),
     "exp": _math("exp"), "log": _math("log"), "sqrt": _math("sqrt"), "rsqrt": _math("rsqrt"),
     "tanh": lambda E, x, t, **a: _tanh(E, x, t), "erf": _math("erf"),
     "sigmoid": lambda E, x, t, **a: _sigmoid(E, x, t),
@@ -193,7 +186,7 @@ def _mod(E, a, b, t, fmod, unsigned=False, libm=True):
     if unsigned:
         zero = E.op(f"arith.cmpi eq, {b}, {E.const(0, t)} : {t}")
         return E.op(f"arith.remui {a}, {E.op(f'arith.select {zero}, {E.const(1, t)}, {b} : {t}')} : {t}")
-    if _is_float(t):
+    if is_float_mlir(t):
         r = E.op(f"arith.remf {a}, {b} : {t}") if libm or t != "f64" else _remf64(E, a, b, t)
         return r if fmod else _toward_divisor(E, r, b, t, E.const(0.0, t), ("cmpf one,", "cmpf olt,", "addf"))
     z, one = E.const(0, t), E.const(1, t)
@@ -241,7 +234,7 @@ def _unsigned(node) -> bool:
 def _lower_binary(E: Emitter, node, ins, ctx):
     op = node.op
     storage = ins[0].mlir_elt
-    t = compute_elt(storage)
+    t = acc_mlir(storage)
     out = node.outputs[0].type
     unsigned = _unsigned(node)
     fn = UNSIGNED_BINARY.get(op, BINARY.get(op)) if unsigned else BINARY.get(op)
@@ -253,7 +246,7 @@ def _lower_binary(E: Emitter, node, ins, ctx):
         if op in LOGICAL:
             return E.op(f"{LOGICAL[op]} {x}, {y} : i1")
         fp, ip, up = _PRED[op]
-        if _is_float(t):
+        if is_float_mlir(t):
             return E.op(f"arith.cmpf {fp}, {x}, {y} : {t}")
         return E.op(f"arith.cmpi {up if unsigned else ip}, {x}, {y} : {t}")
     return [E.map(ins, out, body)]
@@ -261,7 +254,7 @@ def _lower_binary(E: Emitter, node, ins, ctx):
 
 def _lower_unary(E: Emitter, node, ins, ctx):
     storage = ins[0].mlir_elt
-    t = compute_elt(storage)
+    t = acc_mlir(storage)
     fn = UNSIGNED_UNARY.get(node.op, UNARY[node.op]) if _unsigned(node) else UNARY[node.op]
     return [E.map(ins, node.outputs[0].type,
                   lambda E, a: E.cast_scalar(fn(E, E.cast_scalar(a[0], storage, t), t, **node.attrs), t, storage))]
@@ -269,14 +262,14 @@ def _lower_unary(E: Emitter, node, ins, ctx):
 
 def _lower_predicate(E: Emitter, node, ins, ctx):
     storage = ins[0].mlir_elt
-    t = compute_elt(storage)
+    t = acc_mlir(storage)
     fn = PREDICATES[node.op]
     return [E.map(ins, node.outputs[0].type, lambda E, a: fn(E, E.cast_scalar(a[0], storage, t), t, **node.attrs))]
 
 
 def _lower_mod(E: Emitter, node, ins, ctx):
     storage = ins[0].mlir_elt
-    t = compute_elt(storage)
+    t = acc_mlir(storage)
 
     def body(E, a):
         x, y = (E.cast_scalar(v, storage, t) for v in a)

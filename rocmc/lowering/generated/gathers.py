@@ -17,7 +17,6 @@ from ...frontend import dtypes as dt
 from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-from .elementwise import compute_elt
 from .shape import _clamp, _gather_generic
 
 
@@ -29,8 +28,8 @@ def _index(E: Emitter, scalar: str, elt: str, n, unsigned: bool = False) -> str:
     else:
         i = E.op(f"arith.index_cast {scalar} : {elt} to index")
         neg = E.op(f"arith.cmpi slt, {i}, {E.index(0)} : index")
-        i = E.op(f"arith.select {neg}, {E.op(f'arith.addi {i}, {n} : index')}, {i} : index")
-    return _clamp(E, i, E.op(f"arith.subi {n}, {E.index(1)} : index"))
+        i = E.op(f"arith.select {neg}, {E.addi(i, n)}, {i} : index")
+    return _clamp(E, i, E.subi(n, 1))
 
 
 @lowering("take_along_axis")
@@ -73,9 +72,9 @@ def _combine(E: Emitter, reduction: str, new: str, old: str, elt: str, unsigned:
     """The scatter region's result: the update `new` combined with the value `old` in place."""
     if reduction == "none":
         return new
-    acc = compute_elt(elt)
+    acc = dt.acc_mlir(elt)
     a, b = E.cast_scalar(new, elt, acc), E.cast_scalar(old, elt, acc)
-    if acc in ("f32", "f64"):
+    if dt.is_float_mlir(acc):
         op = {"add": "addf", "mul": "mulf", "max": "maximumf", "min": "minimumf"}[reduction]
     else:
         op = {"add": "addi", "mul": "muli", "max": "maxui" if unsigned else "maxsi",
@@ -89,12 +88,10 @@ def _scatter(E: Emitter, node, data: T, tuples: T, upd: T) -> T:
     k, elt = tuples.shape[-1], data.mlir_elt
     unsigned = node.inputs[0].dtype.unsigned
     r = E.fresh("sc")
-    E.lines.append(f"  {r} = iree_linalg_ext.scatter dimension_map = {list(range(k))} unique_indices(false) "
-                   f"ins({upd.name}, {tuples.name} : {upd.mlir}, {tuples.mlir}) outs({data.name} : {data.mlir}) {{")
-    a, b = E.fresh("a"), E.fresh("a")
-    E.lines.append(f"  ^bb0({a}: {elt}, {b}: {elt}):")
-    E.emit(f"  iree_linalg_ext.yield {_combine(E, node.attrs['reduction'], a, b, elt, unsigned)} : {elt}")
-    E.lines.append(f"  }} -> {data.mlir}" + (f" {E.loc}" if E.loc else ""))
+    with E.region(f"{r} = iree_linalg_ext.scatter dimension_map = {list(range(k))} unique_indices(false) "
+                  f"ins({upd.name}, {tuples.name} : {upd.mlir}, {tuples.mlir}) outs({data.name} : {data.mlir})",
+                  f"-> {data.mlir}", [elt, elt]) as (a, b):
+        E.emit(f"iree_linalg_ext.yield {_combine(E, node.attrs['reduction'], a, b, elt, unsigned)} : {elt}")
     return T(r, data.type, data.elt)
 
 
@@ -125,11 +122,10 @@ def _tuples(E: Emitter, batch: list, batch_dims: tuple, k: int, ins, body) -> T:
     # tiled along the tuples: with a symbolic tuple count IREE 3.13 asked for 2**57 bytes of it
     # (gfx942 and sm_80), and a static count fails once the tuples exceed 64 KB.
     r = E.fresh("tuples")
-    E.lines.append(f"  {r} = flow.dispatch.region -> ({mlir}{dims}) {{")
-    inner = E.generic([(n, t) for n, t, _ in ins], [(E.empty(batch + [k], "i64"), mlir)], maps,
-                      ["parallel"] * rank, cast)[0]
-    E.emit(f"flow.return {inner} : {mlir}")
-    E.lines.append("  }" + (f" {E.loc}" if E.loc else ""))
+    with E.region(f"{r} = flow.dispatch.region -> ({mlir}{dims})"):
+        inner = E.generic([(n, t) for n, t, _ in ins], [(E.empty(batch + [k], "i64"), mlir)], maps,
+                          ["parallel"] * rank, cast)[0]
+        E.emit(f"flow.return {inner} : {mlir}")
     return T(r, ty, "i64")
 
 

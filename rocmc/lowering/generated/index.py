@@ -10,23 +10,14 @@ of the update's rows when x is a mutable global (a KV cache), where a generic wo
 from __future__ import annotations
 
 from ... import symbolic
+from ...frontend.dtypes import acc_mlir
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-from .elementwise import compute_elt
-from .shape import Ix, _gather_generic, _insert
+from .shape import _gather_generic, _insert
 
 
 def _ints(values) -> str:
     return ", ".join(map(str, values))
-
-
-def _generic2(E: Emitter, ins, outs, maps, iterators, body) -> list[str]:
-    """E.generic with two results, whose trailing type list MLIR wants in parentheses."""
-    res = E.generic(ins, outs, maps, iterators, body)
-    head, _, tys = E.lines[-1].rpartition("} -> ")
-    tys, _, loc = tys.partition(" loc(")
-    E.lines[-1] = f"{head}}} -> ({tys})" + (f" loc({loc}" if loc else "")
-    return res
 
 
 def _start(E: Emitter, node, ins, at: int, ctx):
@@ -35,7 +26,7 @@ def _start(E: Emitter, node, ins, at: int, ctx):
     if len(ins) <= at:
         start = node.attrs["start"]
         if isinstance(start, str):
-            return symbolic.parse(start).compute(Ix(E), ctx.symbols)
+            return symbolic.parse(start).compute(E.ix, ctx.symbols)
         return start
     s = ins[at]
     where = ", ".join(E.index(0) for _ in range(s.rank))
@@ -46,13 +37,12 @@ def _start(E: Emitter, node, ins, at: int, ctx):
 
 def _size(E: Emitter, size, ctx):
     """A size attribute (an int or an expression over the graph's symbols) as an int or index value."""
-    return symbolic.parse(size).compute(Ix(E), ctx.symbols) if isinstance(size, str) else size
+    return symbolic.parse(size).compute(E.ix, ctx.symbols) if isinstance(size, str) else size
 
 
 def _clamped(E: Emitter, start, dim, length):
     """XLA's clamp of a window start into [0, dim - length] (folded when everything is static)."""
-    ix = Ix(E)
-    return ix.max(ix.min(start, ix.sub(dim, length)), 0)
+    return E.maxsi(E.minsi(start, E.subi(dim, length)), 0)
 
 
 def _check_fits(E: Emitter, node, length, dim, what: str) -> None:
@@ -109,7 +99,7 @@ def _lower_arg_extreme(E: Emitter, node, ins, ctx):
     out = node.outputs[0].type
     _check_nonempty(E, node, x, axis)
     storage = x.mlir_elt
-    acc = compute_elt(storage)
+    acc = acc_mlir(storage)
     is_float, signed = acc in ("f16", "bf16", "f32", "f64"), node.inputs[0].dtype.signed
     dims = E.dims(x)
     sizes = [1 if i == axis else d for i, d in enumerate(dims)] if keep else dims[:axis] + dims[axis + 1:]
@@ -213,7 +203,7 @@ def _topk_keys(E: Emitter, x: T, axis: int, largest: bool) -> T:
             o = E.op(f"arith.xori {o}, {E.const(-1, 'i32')} : i32")
         high = E.op(f"arith.shli {E.op(f'arith.extsi {o} : i32 to i64')}, {E.const(32, 'i64')} : i64")
         j = E.op(f"arith.index_cast {E.op(f'linalg.index {axis} : index')} : index to i64")
-        rest = E.op(f"arith.subi {E.const(_POS_MAX, 'i64')}, {j} : i64")
+        rest = E.sub(E.const(_POS_MAX, 'i64'), j, "i64")
         low = E.op(f"arith.shli {rest}, {E.const(1, 'i64')} : i64")
         if neg_zero is not None:
             low = E.op(f"arith.ori {low}, {E.op(f'arith.extui {neg_zero} : i1 to i64')} : i64")
@@ -253,13 +243,10 @@ def _topk_select(E: Emitter, keys: T, sizes, shape, axis: int) -> tuple[str, str
     slots = E.filled(sizes, "i32", 0)
     ty_k, ty_i = tensor_type(shape, "i64"), tensor_type(shape, "i32")
     r = E.fresh("topk")
-    E.lines.append(f"  {r}:2 = iree_linalg_ext.topk dimension({axis}) ins({keys.name} : {keys.mlir}) "
-                   f"outs({best}, {slots} : {ty_k}, {ty_i}) {{")
-    a, b = E.fresh("a"), E.fresh("a")
-    E.lines.append(f"  ^bb0({a}: i64, {b}: i64):")
-    gt = E.op(f"arith.cmpi sgt, {a}, {b} : i64")
-    E.emit(f"  iree_linalg_ext.yield {gt} : i1")
-    E.lines.append(f"  }} -> {ty_k}, {ty_i}" + (f" {E.loc}" if E.loc else ""))
+    with E.region(f"{r}:2 = iree_linalg_ext.topk dimension({axis}) ins({keys.name} : {keys.mlir}) "
+                  f"outs({best}, {slots} : {ty_k}, {ty_i})", f"-> {ty_k}, {ty_i}", ["i64", "i64"]) as (a, b):
+        gt = E.op(f"arith.cmpi sgt, {a}, {b} : i64")
+        E.emit(f"iree_linalg_ext.yield {gt} : i1")
     return f"{r}#0", f"{r}#1"
 
 
@@ -301,7 +288,7 @@ def _topk_wide(E: Emitter, x: T, axis: int, sizes, largest: bool, shape) -> tupl
         i, j = (E.op(f"linalg.index {d} : index") for d in (rank, axis))
         tie = E.op(f"arith.andi {_sorts_equal(E, a[1], a[0], dtype)}, {E.op(f'arith.cmpi ult, {i}, {j} : index')} : i1")
         first = E.op(f"arith.ori {_sorts_before(E, a[1], a[0], dtype, largest)}, {tie} : i1")
-        return [E.op(f"arith.addi {a[2]}, {E.op(f'arith.extui {first} : i1 to i64')} : i64")]
+        return [E.add(a[2], E.op(f"arith.extui {first} : i1 to i64"), "i64")]
     ranks = E.generic([(x.name, x.mlir), (x.name, x.mlir)], [(E.filled(dims, "i64", 0), tensor_type(x.shape, "i64"))],
                       [own, other, own], iters, count)[0]
 
@@ -325,7 +312,7 @@ def _position(E: Emitter, key: str) -> str:
     """The position (i64) a key was made at."""
     part = E.op(f"arith.shrui {key}, {E.const(1, 'i64')} : i64")
     part = E.op(f"arith.andi {part}, {E.const(_POS_MAX, 'i64')} : i64")
-    return E.op(f"arith.subi {E.const(_POS_MAX, 'i64')}, {part} : i64")
+    return E.sub(E.const(_POS_MAX, "i64"), part, "i64")
 
 
 def _topk_by_rank(E: Emitter, keys: T, axis: int, sizes, shape) -> str:
@@ -342,7 +329,7 @@ def _topk_by_rank(E: Emitter, keys: T, axis: int, sizes, shape) -> str:
 
     def count(E, a):
         gt = E.op(f"arith.cmpi sgt, {a[1]}, {a[0]} : i64")
-        return [E.op(f"arith.addi {a[2]}, {E.op(f'arith.extui {gt} : i1 to i64')} : i64")]
+        return [E.add(a[2], E.op(f"arith.extui {gt} : i1 to i64"), "i64")]
     r = E.generic([(keys.name, keys.mlir), (keys.name, keys.mlir)], [(ranks, tensor_type(keys.shape, "i64"))],
                   [own, other, own], iters, count)[0]
 
@@ -387,14 +374,14 @@ def _lower_topk(E: Emitter, node, ins, ctx):
 
         def decode(E, args):
             return [_decode_value(E, args[0], dtype, a["largest"]), _position(E, args[0])]
-        v, i = _generic2(E, ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 3, ["parallel"] * x.rank, decode)
+        v, i = E.generic(ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 3, ["parallel"] * x.rank, decode)
         return [T(v, values_t, x.elt), T(i, indices_t)]
     top, slots = _topk_select(E, keys, sizes, values_t.shape, axis)
 
     def decode(E, args):
         return [_decode_value(E, args[0], dtype, a["largest"]), E.op(f"arith.extui {args[1]} : i32 to i64")]
     ins_ = [(top, tensor_type(values_t.shape, "i64")), (slots, tensor_type(values_t.shape, "i32"))]
-    v, i = _generic2(E, ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 4, ["parallel"] * x.rank, decode)
+    v, i = E.generic(ins_, _topk_outs(E, sizes, elt, values_t.shape), [ident] * 4, ["parallel"] * x.rank, decode)
     return [T(v, values_t, x.elt), T(i, indices_t)]
 
 
@@ -402,10 +389,10 @@ def _lower_topk(E: Emitter, node, ins, ctx):
 
 def _flip(E: Emitter, t: T, axis: int) -> T:
     """t reversed along `axis`."""
-    top = E.as_index(Ix(E).sub(E.dim(t, axis), 1))
+    top = E.as_index(E.subi(E.dim(t, axis), 1))
 
     def coords(E, at, _):
-        return at[:axis] + [E.op(f"arith.subi {top}, {at[axis]} : index")] + at[axis + 1:]
+        return at[:axis] + [E.subi(top, at[axis])] + at[axis + 1:]
     return T(_gather_generic(E, E.dims(t), t.mlir_elt, t, coords), t.type, t.elt)
 
 
@@ -417,14 +404,10 @@ def _scan(E: Emitter, t: T, axis: int, inclusive: bool) -> T:
     total = E.filled(rest, elt, 0)
     ty, ty_total = tensor_type(t.shape, elt), tensor_type(t.shape[:axis] + t.shape[axis + 1:], elt)
     r = E.fresh("scan")
-    E.lines.append(f"  {r}:2 = iree_linalg_ext.scan dimension({axis}) inclusive({'true' if inclusive else 'false'}) "
-                   f"ins({t.name} : {ty}) outs({E.empty(sizes, elt)}, {total} : {ty}, {ty_total}) {{")
-    a, b = E.fresh("a"), E.fresh("a")
-    E.lines.append(f"  ^bb0({a}: {elt}, {b}: {elt}):")
-    add = "arith.addf" if elt in ("f16", "bf16", "f32", "f64") else "arith.addi"
-    s = E.op(f"{add} {a}, {b} : {elt}")
-    E.emit(f"  iree_linalg_ext.yield {s} : {elt}")
-    E.lines.append(f"  }} -> {ty}, {ty_total}" + (f" {E.loc}" if E.loc else ""))
+    head = (f"{r}:2 = iree_linalg_ext.scan dimension({axis}) inclusive({'true' if inclusive else 'false'}) "
+            f"ins({t.name} : {ty}) outs({E.empty(sizes, elt)}, {total} : {ty}, {ty_total})")
+    with E.region(head, f"-> {ty}, {ty_total}", [elt, elt]) as (a, b):
+        E.emit(f"iree_linalg_ext.yield {E.add(a, b, elt)} : {elt}")
     return T(f"{r}#0", t.type, elt)
 
 
@@ -434,7 +417,7 @@ def _lower_cumsum(E: Emitter, node, ins, ctx):
     axis, storage = a["axis"], ins[0].mlir_elt
     if 0 in x.shape:
         return [x]
-    t = E.convert(x, compute_elt(storage))
+    t = E.convert(x, acc_mlir(storage))
     if a["reverse"]:
         t = _flip(E, t, axis)
     t = _scan(E, t, axis, not a["exclusive"])
@@ -449,18 +432,17 @@ def _lower_cumsum(E: Emitter, node, ins, ctx):
 def _lower_arange(E: Emitter, node, ins, ctx):
     a, out = node.attrs, node.outputs[0].type
     start, limit, delta = a["start"], a["limit"], a["delta"]
-    size = Ix(E).sub(_size(E, limit, ctx), start) if isinstance(limit, str) else out.shape[0]
+    size = E.subi(_size(E, limit, ctx), start) if isinstance(limit, str) else out.shape[0]
     elt = out.dtype.mlir
     calc = "i64" if out.dtype.kind == "int" else "f64" if elt == "f64" else "f32"
 
     def body(E, _):
         i = E.op(f"arith.index_cast {E.op('linalg.index 0 : index')} : index to i64")
         if calc == "i64":
-            step = E.op(f"arith.muli {i}, {E.const(delta, calc)} : i64")
-            v = E.op(f"arith.addi {E.const(start, 'i64')}, {step} : i64")
+            step = E.mul(i, E.const(delta, calc), calc)
         else:
-            step = E.op(f"arith.mulf {E.op(f'arith.sitofp {i} : i64 to {calc}')}, {E.const(delta, calc)} : {calc}")
-            v = E.op(f"arith.addf {E.const(start, calc)}, {step} : {calc}")
+            step = E.mul(E.op(f"arith.sitofp {i} : i64 to {calc}"), E.const(delta, calc), calc)
+        v = E.add(E.const(start, calc), step, calc)
         return [E.cast_scalar(v, calc, elt)]
     r = E.generic([], [(E.empty([size], elt), tensor_type(out.shape, elt))], [affine_map(1, [0])], ["parallel"], body)
     return [T(r[0], out)]
@@ -475,7 +457,7 @@ def _lower_triangle(E: Emitter, node, ins, ctx):
 
     def body(E, a):
         row, col = (E.op(f"linalg.index {i} : index") for i in (rank - 2, rank - 1))
-        diff = E.op(f"arith.subi {col}, {row} : index")
+        diff = E.subi(col, row)
         keep = E.op(f"arith.cmpi {keep_if}, {diff}, {E.index(k)} : index")
         return E.op(f"arith.select {keep}, {a[0]}, {E.const(0, x.mlir_elt)} : {x.mlir_elt}")
     return [E.map([x], x.type, body, out_elt=x.elt)]

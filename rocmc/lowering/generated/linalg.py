@@ -8,20 +8,16 @@ are rounded once at the end: with f16 `outs`, a K=4096 matmul loses ~1e-2 relati
 """
 from __future__ import annotations
 
+from ...frontend.dtypes import acc_mlir, is_float_mlir
 from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-from .elementwise import compute_elt
 from .padding import multiple_for, pad_axes, slice_to
-
-
-def _is_float(elt: str) -> bool:
-    return elt in ("f16", "bf16", "f32", "f64")
 
 
 def _mac(storage: str, acc: str):
     """Body of a multiply-accumulate generic: acc + a * b in the accumulator type."""
-    f = _is_float(acc)
+    f = is_float_mlir(acc)
 
     def body(E: Emitter, args):
         a, b = (E.cast_scalar(v, storage, acc) for v in args[:2])
@@ -57,7 +53,7 @@ def _batch_sizes(E: Emitter, out_shape, batch: int, operands) -> list:
 
 def _contract(E: Emitter, a: T, b: T, maps, nloops: int, init: tuple, out_type, finish=lambda r: r) -> T:
     storage = a.mlir_elt
-    acc = compute_elt(storage)
+    acc = acc_mlir(storage)
     name, ty = init
     iters = ["parallel"] * (nloops - 1) + ["reduction"]
     r = E.generic([(a.name, a.mlir), (b.name, b.mlir)], [(name, ty)], maps + [affine_map(nloops, range(nloops - 1))],
@@ -118,7 +114,7 @@ def lower_matmul(E: Emitter, node, ins, ctx):
         sizes.append(E.dim(a, a_rows))
     if has_n:
         sizes.append(E.dim(b, b_cols))
-    acc = compute_elt(a.mlir_elt)
+    acc = acc_mlir(a.mlir_elt)
     init = (E.filled(sizes, acc, 0), tensor_type(out_c.shape, acc))
     return [_contract(E, a, b, maps, nloops, init, out_c, finish)]
 
@@ -134,7 +130,7 @@ def lower_linear(E: Emitter, node, ins, ctx):
     nloops = k + 1
     maps = [affine_map(nloops, list(range(lead)) + [k]), affine_map(nloops, [n, k])]
     sizes = [E.dim(x, i) for i in range(lead)] + [E.dim(w, 0)]
-    acc = compute_elt(x.mlir_elt)
+    acc = acc_mlir(x.mlir_elt)
     ty = tensor_type(out_c.shape, acc)
     if bias is not None and not isinstance(w.shape[0], int) and w.shape[0] != out.shape[-1]:
         bias = pad_axes(E, bias, [0], multiple_for(ctx.target))

@@ -70,18 +70,6 @@ class _Rows:
         return pointwise(E, self.space, ins, storage, lambda E, a: E.cast_scalar(fn(E, a), self.acc, storage))
 
 
-def _add(E, a, b, t):
-    return E.op(f"arith.addf {a}, {b} : {t}")
-
-
-def _sub(E, a, b, t):
-    return E.op(f"arith.subf {a}, {b} : {t}")
-
-
-def _mul(E, a, b, t):
-    return E.op(f"arith.mulf {a}, {b} : {t}")
-
-
 def _row_max_and_sum(E: Emitter, rows: _Rows):
     """The row max m and sum(exp(x - m)), each a reduction IREE recognizes (maximumf, addf)."""
     t = rows.acc
@@ -89,8 +77,8 @@ def _row_max_and_sum(E: Emitter, rows: _Rows):
                     lambda E, a, r: E.op(f"arith.maximumf {rows.load(E, a[0])}, {r} : {t}"))
 
     def exp_sum(E, a, r):
-        e = E.op(f"math.exp {_sub(E, rows.load(E, a[0]), a[1], t)} : {t}")
-        return _add(E, e, r, t)
+        e = E.op(f"math.exp {E.sub(rows.load(E, a[0]), a[1], t)} : {t}")
+        return E.add(e, r, t)
     s = rows.reduce(E, [rows.full, rows.per_row(m)], 0.0, exp_sum)
     return m, s
 
@@ -113,7 +101,7 @@ def _log_softmax(E: Emitter, node, ins, ctx):
     t = rows.acc
     log_s = rows.on_stats(E, [s], lambda E, a: E.op(f"math.log {a[0]} : {t}"))
     return [rows.finish(E, [rows.full, rows.per_row(m), rows.per_row(log_s)],
-                        lambda E, a: _sub(E, _sub(E, rows.load(E, a[0]), a[1], t), a[2], t))]
+                        lambda E, a: E.sub(E.sub(rows.load(E, a[0]), a[1], t), a[2], t))]
 
 
 def _inv_std(E: Emitter, rows: _Rows, sum_sq: T, eps: float) -> T:
@@ -123,7 +111,7 @@ def _inv_std(E: Emitter, rows: _Rows, sum_sq: T, eps: float) -> T:
 
     def fn(E, a):
         ms = E.op(f"arith.divf {a[0]}, {n} : {t}")
-        return E.op(f"math.rsqrt {_add(E, ms, E.const(eps, t), t)} : {t}")
+        return E.op(f"math.rsqrt {E.add(ms, E.const(eps, t), t)} : {t}")
     return rows.on_stats(E, [sum_sq], fn)
 
 
@@ -153,19 +141,19 @@ def _layer_norm(E: Emitter, node, ins, ctx):
     k = rows.first(E)
 
     def shifted(E, a):
-        return _sub(E, rows.load(E, a[0]), a[1], t)
-    total = rows.reduce(E, [rows.full, rows.per_row(k)], 0.0, lambda E, a, r: _add(E, shifted(E, a), r, t))
+        return E.sub(rows.load(E, a[0]), a[1], t)
+    total = rows.reduce(E, [rows.full, rows.per_row(k)], 0.0, lambda E, a, r: E.add(shifted(E, a), r, t))
     c = rows.on_stats(E, [total], lambda E, a: E.op(f"arith.divf {a[0]}, {n} : {t}"))
 
     def sq_dev(E, a, r):
-        d = _sub(E, shifted(E, a), a[2], t)
-        return _add(E, _mul(E, d, d, t), r, t)
+        d = E.sub(shifted(E, a), a[2], t)
+        return E.add(E.mul(d, d, t), r, t)
     var_sum = rows.reduce(E, [rows.full, rows.per_row(k), rows.per_row(c)], 0.0, sq_dev)
     inv = _inv_std(E, rows, var_sum, node.attrs["eps"])
-    params, present = _affine(rows, [(weight, _mul), (bias, _add)])
+    params, present = _affine(rows, [(weight, Emitter.mul), (bias, Emitter.add)])
 
     def y(E, a):
-        v = _mul(E, _sub(E, shifted(E, a), a[2], t), a[3], t)
+        v = E.mul(E.sub(shifted(E, a), a[2], t), a[3], t)
         return _apply_affine(E, v, a[4:], present, t)
     return [rows.finish(E, [rows.full, rows.per_row(k), rows.per_row(c), rows.per_row(inv), *params], y)]
 
@@ -177,12 +165,12 @@ def _rms_norm(E: Emitter, node, ins, ctx):
 
     def sq(E, a, r):
         v = rows.load(E, a[0])
-        return _add(E, _mul(E, v, v, t), r, t)
+        return E.add(E.mul(v, v, t), r, t)
     sum_sq = rows.reduce(E, [rows.full], 0.0, sq)
     inv = _inv_std(E, rows, sum_sq, node.attrs["eps"])
-    params, present = _affine(rows, [(weight, _mul)])
+    params, present = _affine(rows, [(weight, Emitter.mul)])
     return [rows.finish(E, [rows.full, rows.per_row(inv), *params],
-                        lambda E, a: _apply_affine(E, _mul(E, rows.load(E, a[0]), a[1], t), a[2:], present, t))]
+                        lambda E, a: _apply_affine(E, E.mul(rows.load(E, a[0]), a[1], t), a[2:], present, t))]
 
 
 lowering("softmax")(_softmax)

@@ -32,9 +32,8 @@ _UMAX = 1 << 62
 
 def padded_size(E: Emitter, d: str, multiple: int) -> str:
     """ceil(d / multiple) * multiple, with IREE told that it divides by `multiple`."""
-    up = E.op(f"arith.addi {d}, {E.index(multiple - 1)} : index")
-    q = E.op(f"arith.divui {up}, {E.index(multiple)} : index")
-    p = E.op(f"arith.muli {q}, {E.index(multiple)} : index")
+    q = E.op(f"arith.divui {E.addi(d, multiple - 1)}, {E.index(multiple)} : index")
+    p = E.muli(q, multiple)
     return E.op(f"util.assume.int {p}<umin = 0, umax = {_UMAX}, udiv = {multiple}> : index", "d")
 
 
@@ -45,30 +44,28 @@ def pad_axes(E: Emitter, t: T, axes, multiple: int, value=0) -> T:
     axes = [a for a in axes if not isinstance(t.shape[a], int)]
     if not axes:
         return t
-    key = (t.name, tuple(axes), multiple, value)
-    if key in E._pad_cache:
-        return E._pad_cache[key]
+    return E.memo(("pad", t.name, tuple(axes), multiple, value), lambda: _pad(E, t, axes, multiple, value))
+
+
+def _pad(E: Emitter, t: T, axes, multiple: int, value) -> T:
     sizes = E.dims(t)
     new = list(sizes)
     high = ["0"] * t.rank
     for a in axes:
         new[a] = padded_size(E, sizes[a], multiple)
-        high[a] = E.op(f"arith.subi {new[a]}, {sizes[a]} : index")
+        high[a] = E.subi(new[a], sizes[a])
     shape = tuple(f"{d}__pad{multiple}" if i in axes else d for i, d in enumerate(t.shape))
     out = T("", TensorType(shape, t.type.dtype), t.elt)
     zero = E.const(value, t.mlir_elt)
     name = E.fresh("pad")
-    E.lines.append(f"  {name} = tensor.pad {t.name} low[{', '.join('0' * t.rank)}] high[{', '.join(high)}] {{")
-    args = ", ".join(f"{E.fresh('ix')}: index" for _ in range(t.rank))
-    E.lines.append(f"  ^bb0({args}):")
-    E.emit(f"  tensor.yield {zero} : {t.mlir_elt}")
-    E.lines.append(f"  }} : {t.mlir} to {out.mlir} {E.loc}")
+    with E.region(f"{name} = tensor.pad {t.name} low[{', '.join('0' * t.rank)}] high[{', '.join(map(str, high))}]",
+                  f": {t.mlir} to {out.mlir}", ["index"] * t.rank, "ix"):
+        E.emit(f"tensor.yield {zero} : {t.mlir_elt}")
     dyn = [str(new[i]) for i in range(t.rank) if not isinstance(t.shape[i], int)]
     out.name = E.op(f"flow.tensor.tie_shape {name} : {out.mlir}{{{', '.join(dyn)}}}", "pad")
     for i in range(t.rank):
         if not isinstance(t.shape[i], int):
-            E._dim_cache[(out.name, i)] = new[i]
-    E._pad_cache[key] = out
+            E.set_dim(out, i, new[i])
     return out
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...frontend.dtypes import acc_mlir
 from ...frontend.graph import TensorType
 from ..emitter import FLOAT_TYPES, Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-from .elementwise import compute_elt
 
 
 @dataclass
@@ -65,18 +65,9 @@ def _dtype_of(ins):
 
 def count(E: Emitter, space: Space, axes, elt: str = "f32") -> str:
     """Number of elements in the reduced dims as an `elt` scalar (a runtime product if symbolic)."""
-    static, dynamic = 1, []
-    for i in axes:
-        s = space.sizes[i]
-        if isinstance(s, int):
-            static *= s
-        else:
-            dynamic.append(s)
-    if not dynamic:
-        return E.const(float(static), elt)
-    n = dynamic[0] if static == 1 else E.op(f"arith.muli {E.index(static)}, {dynamic[0]} : index")
-    for d in dynamic[1:]:
-        n = E.op(f"arith.muli {n}, {d} : index")
+    n = E.product(space.sizes[i] for i in axes)
+    if isinstance(n, int):
+        return E.const(float(n), elt)
     n = E.op(f"arith.index_cast {n} : index to i64")
     return E.op(f"arith.sitofp {n} : i64 to {elt}")
 
@@ -100,19 +91,16 @@ def _square(E, x, t):
     return E.op(f"arith.mulf {x}, {x} : {t}")
 
 
-_add = binop("arith.addf", "arith.addi")
-_mul = binop("arith.mulf", "arith.muli")
-
 # name -> (identity(acc elt, graph dtype), pre(E, x, t) or None, combine(E, acc, x, t), post(E, r, n, t) or None)
 REDUCTIONS = {
-    "sum": (lambda t, d: 0, None, _add, None),
-    "mean": (lambda t, d: 0, None, _add, lambda E, r, n, t: E.op(f"arith.divf {r}, {n} : {t}")),
-    "prod": (lambda t, d: 1, None, _mul, None),
+    "sum": (lambda t, d: 0, None, Emitter.add, None),
+    "mean": (lambda t, d: 0, None, Emitter.add, lambda E, r, n, t: E.op(f"arith.divf {r}, {n} : {t}")),
+    "prod": (lambda t, d: 1, None, Emitter.mul, None),
     "max": (_lowest, None, binop("arith.maximumf", "arith.maxsi"), None),
     "amax": (_lowest, None, binop("arith.maximumf", "arith.maxsi"), None),
     "min": (_highest, None, binop("arith.minimumf", "arith.minsi"), None),
-    "norm1": (lambda t, d: 0, lambda E, x, t: E.op(f"math.absf {x} : {t}"), _add, None),
-    "norm2": (lambda t, d: 0, _square, _add, lambda E, r, n, t: E.op(f"math.sqrt {r} : {t}")),
+    "norm1": (lambda t, d: 0, lambda E, x, t: E.op(f"math.absf {x} : {t}"), Emitter.add, None),
+    "norm2": (lambda t, d: 0, _square, Emitter.add, lambda E, r, n, t: E.op(f"math.sqrt {r} : {t}")),
 }
 # The combiners of unsigned integers, where they differ.
 def _unsigned(op: str):
@@ -129,7 +117,7 @@ def _lower_reduction(E: Emitter, node, ins, ctx):
         combine = UNSIGNED_COMBINE.get(node.op, combine)
     axes, keepdims = node.attrs["axes"], node.attrs["keepdims"]
     storage = x.mlir_elt
-    acc = compute_elt(storage)
+    acc = acc_mlir(storage)
     space = Space.of(E, x)
     n = count(E, space, axes, acc) if node.op == "mean" else None
 

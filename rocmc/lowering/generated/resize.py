@@ -20,7 +20,6 @@ from ...frontend.graph import TensorType
 from ...frontend.ops.resize import dim_taps, resized_dims
 from ..emitter import Emitter, T, affine_map
 from ..registry import lowering
-from .conv import acc_elt
 
 
 def _tables(E: Emitter, ctx, node, x: T):
@@ -50,7 +49,7 @@ def _lower_resize(E: Emitter, node, ins, ctx):
     if not resized_dims(a):
         return [x]
     rank, store = x.rank, x.mlir_elt
-    acc = acc_elt(store)
+    acc = dtypes.acc_mlir(store)
     tables = _tables(E, ctx, node, x)
     operands = []                       # (T, dim it is indexed by)
     for dim, vecs, outside in tables:

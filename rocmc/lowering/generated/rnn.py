@@ -75,29 +75,21 @@ def _tanh(E: Emitter, v: str) -> str:
     return E.op(f"math.tanh {v} : {ACC}")
 
 
-def _add(E, a, b):
-    return E.op(f"arith.addf {a}, {b} : {ACC}")
-
-
-def _mul(E, a, b):
-    return E.op(f"arith.mulf {a}, {b} : {ACC}")
-
-
 def _lstm_cell(E: Emitter, gx, gh, h, c):
     """Gates i, f, g, o (torch's order); gx already holds both biases."""
-    i, f, g, o = (_add(E, a, b) for a, b in zip(gx, gh))
-    c2 = _add(E, _mul(E, _sigmoid(E, f), c), _mul(E, _sigmoid(E, i), _tanh(E, g)))
-    return _mul(E, _sigmoid(E, o), _tanh(E, c2)), c2
+    i, f, g, o = (E.add(a, b, ACC) for a, b in zip(gx, gh))
+    c2 = E.add(E.mul(_sigmoid(E, f), c, ACC), E.mul(_sigmoid(E, i), _tanh(E, g), ACC), ACC)
+    return E.mul(_sigmoid(E, o), _tanh(E, c2), ACC), c2
 
 
 def _gru_cell(E: Emitter, gx, gh, h, c):
     """Gates r, z, n; the n gate sees r * (W_hn h + b_hn), so gh keeps b_hh apart from gx."""
-    r = _sigmoid(E, _add(E, gx[0], gh[0]))
-    z = _sigmoid(E, _add(E, gx[1], gh[1]))
-    n = _tanh(E, _add(E, gx[2], _mul(E, r, gh[2])))
+    r = _sigmoid(E, E.add(gx[0], gh[0], ACC))
+    z = _sigmoid(E, E.add(gx[1], gh[1], ACC))
+    n = _tanh(E, E.add(gx[2], E.mul(r, gh[2], ACC), ACC))
     one = E.const(1.0, ACC)
     keep = E.op(f"arith.subf {one}, {z} : {ACC}")
-    return _add(E, _mul(E, keep, n), _mul(E, z, h)), None
+    return E.add(E.mul(keep, n, ACC), E.mul(z, h, ACC), ACC), None
 
 
 CELLS = {"lstm": (4, _lstm_cell), "gru": (3, _gru_cell)}
@@ -136,39 +128,21 @@ def _gate_step(E: Emitter, op: str, gx: str, gh: str, h: str, c: str | None, bat
         hn, cn = cell(E, a[k:k + g], a[k + g:k + 2 * g], a[0], a[1] if c is not None else None)
         return [hn] + ([cn] if c is not None else [])
     res = E.generic(ins, outs, maps, ["parallel", "parallel"], body)
-    if len(outs) > 1:   # several results: the trailing type list needs parentheses
-        head, _, tys = E.lines[-1].rpartition("} -> ")
-        tys, _, loc = tys.partition(" loc(")
-        E.lines[-1] = f"{head}}} -> ({tys})" + (f" loc({loc}" if loc else "")
     return res[0], (res[1] if c is not None else None)
-
-
-def _iadd(E: Emitter, a, b: int):
-    """a + b on a size (an int when static)."""
-    if isinstance(a, int):
-        return a + b
-    return a if b == 0 else E.op(f"arith.addi {a}, {E.index(b)} : index")
-
-
-def _imul(E: Emitter, a, b):
-    """a * b on sizes (an int when both are static)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
-    return E.op(f"arith.muli {E.as_index(a)}, {E.as_index(b)} : index")
 
 
 def _put_row(E: Emitter, rows: str, rows_ty: str, row, v: str, batch, hidden: int, dtype) -> str:
     """Row block `row` (batch rows) of a (n*batch, hidden) tensor of `dtype` = v, a (batch, hidden)
     f32 tensor rounded to `dtype`."""
     v = _to_storage(E, v, [batch, hidden], dtype)
-    return E.op(f"tensor.insert_slice {v} into {rows}[{_imul(E, row, batch)}, 0] [{_dyn([batch, hidden])}] [1, 1] : "
+    return E.op(f"tensor.insert_slice {v} into {rows}[{E.muli(row, batch)}, 0] [{_dyn([batch, hidden])}] [1, 1] : "
                 f"{_sizes_type([batch, hidden], dtype.mlir)} into {rows_ty}")
 
 
 def _get_row(E: Emitter, rows: str, rows_ty: str, row, batch, width: int, dtype=None) -> str:
     """Row block `row` of a (n*batch, width) tensor, as f32."""
     elt = dtype.mlir if dtype is not None else ACC
-    v = E.op(f"tensor.extract_slice {rows}[{_imul(E, row, batch)}, 0] [{_dyn([batch, width])}] [1, 1] : "
+    v = E.op(f"tensor.extract_slice {rows}[{E.muli(row, batch)}, 0] [{_dyn([batch, width])}] [1, 1] : "
              f"{rows_ty} to {_sizes_type([batch, width], elt)}")
     if elt == ACC:
         return v
@@ -192,7 +166,7 @@ def _unpack(E: Emitter, node, packed: str, packed_ty: str, seq, batch, hidden: i
     elt = node.inputs[0].dtype.mlir
     outs = []
     for i, out in enumerate(node.outputs):
-        first, rows = (0, seq) if i == 0 else (_iadd(E, seq, i - 1), 1)
+        first, rows = (0, seq) if i == 0 else (E.addi(seq, i - 1), 1)
         ty = tensor_type(out.shape, elt)
         outs.append(T(E.op(f"tensor.extract_slice {packed}[{first}, 0, 0] [{_dyn([rows, batch, hidden])}] "
                            f"[1, 1, 1] : {packed_ty} to {ty}"), out.type))
@@ -227,36 +201,35 @@ def lower_rnn(E: Emitter, node, ins: list, ctx) -> list:
     hidden = w_hh.shape[1]
     gates = g * hidden
     proj3, proj3_ty = _projection(E, op, x, w_ih, b_ih, b_hh, [seq, batch, gates])
-    proj_ty = _sizes_type([_imul(E, seq, batch), gates], ACC)
+    proj_ty = _sizes_type([E.muli(seq, batch), gates], ACC)
     proj = E.op(f"tensor.collapse_shape {proj3} [[0, 1], [2]] : {proj3_ty} into {proj_ty}")
     w_hh32 = E.convert(w_hh, ACC)
     state_ty, gate_ty = _sizes_type([batch, hidden], ACC), _sizes_type([batch, gates], ACC)
     states = [_initial(E, h0, batch, hidden)] + ([_initial(E, c0, batch, hidden)] if op == "lstm" else [])
-    blocks = _iadd(E, seq, len(states))
-    rows_sizes = [_imul(E, blocks, batch), hidden]
+    blocks = E.addi(seq, len(states))
+    rows_sizes = [E.muli(blocks, batch), hidden]
     rows_ty = _sizes_type(rows_sizes, dtype.mlir)
     rows = E.empty(rows_sizes, dtype.mlir)
     for k, v in enumerate(states):
-        rows = _put_row(E, rows, rows_ty, _iadd(E, seq, k), v, batch, hidden, dtype)
+        rows = _put_row(E, rows, rows_ty, E.addi(seq, k), v, batch, hidden, dtype)
     lo, step, hi = E.index(0), E.index(1), E.as_index(seq)
     t, arg, result = E.fresh("t"), E.fresh("it"), E.fresh("rnn")
-    E.lines.append(f"  {result} = scf.for {t} = {lo} to {hi} step {step} iter_args({arg} = {rows}) -> ({rows_ty}) {{")
-    h, c = [_get_row(E, arg, rows_ty, _iadd(E, seq, k), batch, hidden, dtype) for k in range(len(states))] + \
-        [None] * (2 - len(states))
-    gx = _get_row(E, proj, proj_ty, t, batch, gates)
-    # The accumulator is made inside the body, so no step's `outs` is a buffer another step wrote.
-    rec_init = _bias_init(E, [b_hh] if op == "gru" else [], [batch, gates])
-    gh = _matmul_t(E, h, state_ty, ACC, w_hh32, rec_init, gate_ty, 2)
-    new = [v for v in _gate_step(E, op, gx, gh, h, c, batch, hidden) if v is not None]
-    out = _put_row(E, arg, rows_ty, t, new[0], batch, hidden, dtype)
-    for k, v in enumerate(new):
-        out = _put_row(E, out, rows_ty, _iadd(E, seq, k), v, batch, hidden, dtype)
-    E.emit(f"scf.yield {out} : {rows_ty}", 4)
-    E.lines.append("  }" + (f" {E.loc}" if E.loc else ""))
+    with E.region(f"{result} = scf.for {t} = {lo} to {hi} step {step} iter_args({arg} = {rows}) -> ({rows_ty})"):
+        h, c = [_get_row(E, arg, rows_ty, E.addi(seq, k), batch, hidden, dtype) for k in range(len(states))] + \
+            [None] * (2 - len(states))
+        gx = _get_row(E, proj, proj_ty, t, batch, gates)
+        # The accumulator is made inside the body, so no step's `outs` is a buffer another step wrote.
+        rec_init = _bias_init(E, [b_hh] if op == "gru" else [], [batch, gates])
+        gh = _matmul_t(E, h, state_ty, ACC, w_hh32, rec_init, gate_ty, 2)
+        new = [v for v in _gate_step(E, op, gx, gh, h, c, batch, hidden) if v is not None]
+        out = _put_row(E, arg, rows_ty, t, new[0], batch, hidden, dtype)
+        for k, v in enumerate(new):
+            out = _put_row(E, out, rows_ty, E.addi(seq, k), v, batch, hidden, dtype)
+        E.emit(f"scf.yield {out} : {rows_ty}")
     packed_ty = _sizes_type([blocks, batch, hidden], dtype.mlir)
     packed = E.op(f"tensor.expand_shape {result} [[0, 1], [2]] output_shape [{_dyn([blocks, batch, hidden])}] : "
                   f"{rows_ty} into {packed_ty}")
     return _unpack(E, node, packed, packed_ty, seq, batch, hidden)
 
 
-lowering("lstm", "gru", impl="generated")(lower_rnn)
+lowering("lstm", "gru")(lower_rnn)

@@ -2,12 +2,10 @@
 (expand/collapse_shape, extract/insert_slice, pad), linalg.transpose, and linalg.generic with
 tensor.extract for the gathers (gather, reflect/edge pad, negative-step slices).
 
-Sizes are ints when static and `index` SSA values otherwise; `Ix` folds the former and emits arith
-for the latter, so one code path serves static and symbolic shapes.
+Sizes are ints when static and `index` SSA values otherwise; the Emitter's index arithmetic folds the
+former and emits arith for the latter, so one code path serves static and symbolic shapes.
 """
 from __future__ import annotations
-
-import operator
 
 from ... import symbolic
 from ...errors import LoweringError
@@ -15,53 +13,6 @@ from ...frontend.graph import TensorType
 from ...frontend.ops.shape import product, size_of, slice_bounds
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-
-
-class Ix:
-    """Index arithmetic on ints (folded) and SSA index values (emitted); the method names are those
-    `slice_bounds` expects."""
-
-    def __init__(self, E: Emitter):
-        self.E = E
-
-    def _op(self, name, a, b, fold):
-        if isinstance(a, int) and isinstance(b, int):
-            return fold(a, b)
-        return self.E.op(f"arith.{name} {self.E.as_index(a)}, {self.E.as_index(b)} : index", "i")
-
-    def add(self, a, b):
-        return a if b == 0 else b if a == 0 else self._op("addi", a, b, operator.add)
-
-    def sub(self, a, b):
-        return a if b == 0 else self._op("subi", a, b, operator.sub)
-
-    def mul(self, a, b):
-        return a if b == 1 else b if a == 1 else self._op("muli", a, b, operator.mul)
-
-    def div(self, a, b):
-        return a if b == 1 else self._op("divsi", a, b, operator.floordiv)
-
-    def floordiv(self, a, b):
-        return self._op("floordivsi", a, b, operator.floordiv)
-
-    def ceildiv(self, a, b):
-        """Ceiling division by a positive int, exact for a > 0 and <= 0 otherwise, which is all
-        `slice_bounds` needs (it clamps at 0). arith.ceildivsi on index fails IREE's CPU backend."""
-        if b == 1 or isinstance(a, int):
-            return a if b == 1 else -(-a // b)
-        return self.div(self.add(a, b - 1), b)
-
-    def min(self, a, b):
-        return self._op("minsi", a, b, min)
-
-    def max(self, a, b):
-        return self._op("maxsi", a, b, max)
-
-    def prod(self, values):
-        out = 1
-        for v in values:
-            out = self.mul(out, v)
-        return out
 
 
 def dim_value(E: Emitter, ctx, d, *sources: T):
@@ -78,10 +29,9 @@ def dim_value(E: Emitter, ctx, d, *sources: T):
             if d in v.shape:
                 return E.dim(T(f"%arg{k}", v.type, v.dtype.abi_mlir), v.shape.index(d))
         if d not in ctx.symbols:   # a sum, a floor division, ...: computed from the symbols' sizes
-            return symbolic.parse(d, LoweringError).compute(Ix(E), ctx.symbols)
+            return symbolic.parse(d, LoweringError).compute(E.ix, ctx.symbols)
         raise LoweringError(f"size {d!r} is neither in an operand nor a graph input's symbol")
-    ix = Ix(E)
-    return ix.mul(ix.prod(dim_value(E, ctx, a, *sources) for a in s.atoms), s.coef)
+    return E.muli(E.product(dim_value(E, ctx, a, *sources) for a in s.atoms), s.coef)
 
 
 @lowering("sizes")
@@ -98,8 +48,7 @@ def _out_sizes(E: Emitter, ctx, x: T, dims, total) -> list:
     vals = [d if isinstance(d, int) else E.dim(x, x.shape.index(d)) if d in x.shape else None for d in dims]
     unknown = [i for i, v in enumerate(vals) if v is None]
     if len(unknown) == 1:
-        ix = Ix(E)
-        vals[unknown[0]] = ix.div(total(), ix.prod(v for v in vals if v is not None))
+        vals[unknown[0]] = E.divsi(total(), E.product(v for v in vals if v is not None))
     else:
         vals = [dim_value(E, ctx, d, x) if v is None else v for d, v in zip(dims, vals)]
     return vals
@@ -147,10 +96,10 @@ def _reshape_by_groups(E: Emitter, ctx, x: T, out: TensorType, groups) -> T:
         r = E.op(f"tensor.collapse_shape {x.name} {src_groups} : {x.mlir} into {tensor_type(mid, elt)}")
         cur = T(r, TensorType(tuple(mid), x.type.dtype), x.elt)
     if len(dst_groups) != out.rank or any(len(g) != 1 for g in dst_groups):
-        ix, sizes = Ix(E), []
+        sizes = []
         for gi, gj in groups:
             sizes += _out_sizes(E, ctx, x, [out.shape[k] for k in gj],
-                                lambda gi=gi: ix.prod(E.dim(x, k) for k in gi))
+                                lambda gi=gi: E.product(E.dim(x, k) for k in gi))
         r = E.op(f"tensor.expand_shape {cur.name} {dst_groups} output_shape [{', '.join(map(str, sizes))}] : "
                  f"{cur.mlir} into {tensor_type(out.shape, elt)}")
         cur = T(r, out, x.elt)
@@ -158,8 +107,7 @@ def _reshape_by_groups(E: Emitter, ctx, x: T, out: TensorType, groups) -> T:
 
 
 def _reshape_any(E: Emitter, ctx, x: T, out: TensorType) -> T:
-    ix = Ix(E)
-    sizes = _out_sizes(E, ctx, x, out.shape, lambda: ix.prod(E.dims(x)))
+    sizes = _out_sizes(E, ctx, x, out.shape, lambda: E.product(E.dims(x)))
     shape = E.op(f"tensor.from_elements {', '.join(E.as_index(s) for s in sizes)} : tensor<{out.rank}xindex>")
     r = E.op(f"tensor.reshape {x.name}({shape}) : ({x.mlir}, tensor<{out.rank}xindex>) -> "
              f"{tensor_type(out.shape, x.mlir_elt)}")
@@ -238,11 +186,11 @@ def _insert(E: Emitter, src: T, dest: str, dest_ty: str, offsets) -> str:
 @lowering("concat")
 def _lower_concat(E: Emitter, node, ins, ctx):
     axis, out = node.attrs["axis"], node.outputs[0].type
-    ix, elt = Ix(E), ins[0].mlir_elt
+    elt = ins[0].mlir_elt
     sizes = E.dims(ins[0])
     sizes[axis] = 0
     for t in ins:
-        sizes[axis] = ix.add(sizes[axis], E.dim(t, axis))
+        sizes[axis] = E.addi(sizes[axis], E.dim(t, axis))
     ty = tensor_type(out.shape, elt)
     dest, offset = E.empty(sizes, elt), 0
     for t in ins:
@@ -251,7 +199,7 @@ def _lower_concat(E: Emitter, node, ins, ctx):
         offsets = [0] * out.rank
         offsets[axis] = offset
         dest = _insert(E, t, dest, ty, offsets)
-        offset = ix.add(offset, E.dim(t, axis))
+        offset = E.addi(offset, E.dim(t, axis))
     return [T(dest, out, ins[0].elt)]
 
 
@@ -273,9 +221,7 @@ def _gather_generic(E: Emitter, sizes, elt: str, src: T, coords, ins=()) -> str:
 
 def _clamp(E: Emitter, i: str, hi: str) -> str:
     """Clamp an index to [0, hi] inside a body (guards reads against out-of-range indices)."""
-    z = E.index(0)
-    i = E.op(f"arith.maxsi {i}, {z} : index")
-    return E.op(f"arith.minsi {i}, {hi} : index")
+    return E.minsi(E.maxsi(i, 0), hi)
 
 
 def _assert_not_empty(E: Emitter, node, x: T, axis: int, idx: T) -> None:
@@ -304,9 +250,9 @@ def _lower_gather(E: Emitter, node, ins, ctx):
     def coords(E, at, scalars):
         i = E.op(f"{cast} {scalars[0]} : {ielt} to index")
         neg = E.op(f"arith.cmpi slt, {i}, {E.index(0)} : index")
-        wrapped = E.op(f"arith.addi {i}, {n} : index")
+        wrapped = E.addi(i, n)
         i = E.op(f"arith.select {neg}, {wrapped}, {i} : index")
-        i = _clamp(E, i, E.op(f"arith.subi {n}, {E.index(1)} : index"))
+        i = _clamp(E, i, E.subi(n, 1))
         return at[:axis] + [i] + at[axis + idx.rank:]
     idx_map = affine_map(out.rank, range(axis, axis + idx.rank))
     r = _gather_generic(E, sizes, x.mlir_elt, x, coords, [(idx.name, idx.mlir, idx_map)])
@@ -318,10 +264,9 @@ def _lower_gather(E: Emitter, node, ins, ctx):
 @lowering("slice")
 def _lower_slice(E: Emitter, node, ins, ctx):
     x, out, a = ins[0], node.outputs[0].type, node.attrs
-    ix = Ix(E)
     offsets, sizes, strides = [0] * x.rank, E.dims(x), [1] * x.rank
     for axis, s, e, st in zip(a["axes"], a["starts"], a["ends"], a["steps"]):
-        offsets[axis], sizes[axis] = slice_bounds(E.dim(x, axis), s, e, st, ix)
+        offsets[axis], sizes[axis] = slice_bounds(E.dim(x, axis), s, e, st, E.ix)
         strides[axis] = st
     if 0 in out.shape:
         # Nothing to read; an extract_slice here would carry an offset at the edge (start clamped
@@ -339,8 +284,8 @@ def _lower_slice(E: Emitter, node, ins, ctx):
     def coords(E, at, _):
         out_ = []
         for i, f, st in zip(at, firsts, steps):
-            j = E.op(f"arith.muli {i}, {st} : index") if st else i
-            out_.append(E.op(f"arith.addi {f}, {j} : index") if f else j)
+            j = E.muli(i, st) if st else i
+            out_.append(E.addi(f, j) if f else j)
         return out_
     return [T(_gather_generic(E, sizes, x.mlir_elt, x, coords), out, x.elt)]
 
@@ -371,11 +316,9 @@ def _pad_constant(E: Emitter, x: T, out: TensorType, pairs, value) -> str:
     lo = ", ".join(str(p[0]) for p in pairs)
     hi = ", ".join(str(p[1]) for p in pairs)
     r = E.fresh("p")
-    args = ", ".join(f"%pi{k}: index" for k in range(x.rank))
-    E.lines.append(f"  {r} = tensor.pad {x.name} low[{lo}] high[{hi}] {{")
-    E.lines.append(f"  ^bb0({args}):")
-    E.emit(f"  tensor.yield {c} : {elt}")
-    E.lines.append(f"  }} : {x.mlir} to {tensor_type(out.shape, elt)}" + (f" {E.loc}" if E.loc else ""))
+    with E.region(f"{r} = tensor.pad {x.name} low[{lo}] high[{hi}]", f": {x.mlir} to {tensor_type(out.shape, elt)}",
+                  ["index"] * x.rank, "pi"):
+        E.emit(f"tensor.yield {c} : {elt}")
     return r
 
 
@@ -385,11 +328,8 @@ def _edge(E, j, top):
 
 def _reflect(E, j, top):
     """numpy 'reflect' (the edge is not repeated): -j below 0, 2*top - j past the end."""
-    neg = E.op(f"arith.subi {E.index(0)}, {j} : index")
-    j = E.op(f"arith.maxsi {j}, {neg} : index")
-    twice = E.op(f"arith.addi {top}, {top} : index")
-    mirrored = E.op(f"arith.subi {twice}, {j} : index")
-    j = E.op(f"arith.minsi {j}, {mirrored} : index")
+    j = E.maxsi(j, E.subi(0, j))
+    j = E.minsi(j, E.subi(E.addi(top, top), j))
     return _clamp(E, j, top)
 
 
@@ -402,10 +342,9 @@ def _lower_pad(E: Emitter, node, ins, ctx):
     pairs = a["pad_width"]
     if a["mode"] == "constant":
         return [T(_pad_constant(E, x, out, pairs, a["value"]), out, x.elt)]
-    ix = Ix(E)
     dims = E.dims(x)
-    sizes = [ix.add(d, lo + hi) for d, (lo, hi) in zip(dims, pairs)]
-    tops = [E.as_index(ix.sub(d, 1)) if lo or hi else None for d, (lo, hi) in zip(dims, pairs)]
+    sizes = [E.addi(d, lo + hi) for d, (lo, hi) in zip(dims, pairs)]
+    tops = [E.as_index(E.subi(d, 1)) if lo or hi else None for d, (lo, hi) in zip(dims, pairs)]
     los = [E.index(lo) if lo else None for lo, _ in pairs]
     fold = PAD_INDEX[a["mode"]]
 
@@ -415,7 +354,7 @@ def _lower_pad(E: Emitter, node, ins, ctx):
             if top is None:
                 out_.append(i)
                 continue
-            j = E.op(f"arith.subi {i}, {lo} : index") if lo else i
+            j = E.subi(i, lo) if lo else i
             out_.append(fold(E, j, top))
         return out_
     return [T(_gather_generic(E, sizes, x.mlir_elt, x, coords), out, x.elt)]

@@ -27,24 +27,21 @@ def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObjec
     name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
     if name in ctx.decl_keys:
         return name, obj
-    exports = []
-    for ordinal, spec in enumerate(s for s in kernels.KERNELS.values() if s.source == source):
-        bindings = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * spec.inputs
-                    + ["#hal.pipeline.binding<storage_buffer>"] * spec.outputs)
-        wg = ", ".join(f"{n} : index" for n in spec.workgroup)
-        exports.append(
-            f"    hal.executable.export public @{spec.symbol} ordinal({ordinal}) layout(#hal.pipeline.layout<"
-            f"constants = {spec.constants}, bindings = [{', '.join(bindings)}]>) "
-            f"count(%device: !hal.device, %groups: index) -> (index, index, index) {{\n"
-            f"      %c1 = arith.constant 1 : index\n"
-            f"      hal.return %groups, %c1, %c1 : index, index, index\n"
-            f"    }} <workgroup_size = [{wg}]>")
     blob = f'dense<"0x{obj.data.hex().upper()}"> : vector<{len(obj.data)}xi8>'
-    ctx.declare(name, "\n".join([
-        f"  hal.executable.source private @{name} <objects = #hal.executable.objects<{{"
-        f"{_OBJECT_TARGET[obj.kind]} = [#hal.executable.object<{{path = \"{source}\", data = {blob}}}>]}}>> {{",
-        *exports,
-        "  }"]))
+    X = Emitter()     # module-level text: no node's location
+    with X.region(f"hal.executable.source private @{name} <objects = #hal.executable.objects<{{"
+                  f"{_OBJECT_TARGET[obj.kind]} = [#hal.executable.object<{{path = \"{source}\", data = {blob}}}>]}}>>"):
+        for ordinal, spec in enumerate(s for s in kernels.KERNELS.values() if s.source == source):
+            bindings = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * spec.inputs
+                        + ["#hal.pipeline.binding<storage_buffer>"] * spec.outputs)
+            wg = ", ".join(f"{n} : index" for n in spec.workgroup)
+            with X.region(f"hal.executable.export public @{spec.symbol} ordinal({ordinal}) layout(#hal.pipeline.layout<"
+                          f"constants = {spec.constants}, bindings = [{', '.join(bindings)}]>) "
+                          f"count(%device: !hal.device, %groups: index) -> (index, index, index)",
+                          f"<workgroup_size = [{wg}]>"):
+                one = X.index(1)
+                X.emit(f"hal.return %groups, {one}, {one} : index, index, index")
+    ctx.declare(name, "\n".join(X.lines))
     return name, obj
 
 
@@ -69,7 +66,7 @@ def dispatch(E: Emitter, ctx: LowerContext, node: Node, symbol: str, constants: 
             types.append(t.mlir + dyn_dims(E, t))
     out = T("", result)
     res_ty = out.mlir + _dims_suffix([d for s, d in zip(result.shape, result_dims) if not isinstance(s, int)])
-    name = E.op(f"flow.dispatch @{exe}::@{symbol}[{index(E, groups)}]({', '.join(args)}) : "
+    name = E.op(f"flow.dispatch @{exe}::@{symbol}[{E.as_index(groups)}]({', '.join(args)}) : "
                 f"({', '.join(types)}) -> {res_ty}", "k")
     ctx.kernels.append({"node": f"%{node.outputs[0].id}", "op": node.op, "symbol": symbol, "arch": obj.arch,
                         "source": spec.source, "sha256": obj.sha256[:16], "bytes": len(obj.data)})
@@ -86,10 +83,6 @@ def _dims_suffix(dims) -> str:
     return "{" + ", ".join(dims) + "}" if dims else ""
 
 
-def index(E: Emitter, v) -> str:
-    return E.index(v) if isinstance(v, int) else v
-
-
 def i32(E: Emitter, v) -> str:
     """An i32 push constant from a Python int or an index SSA value."""
     if isinstance(v, int):
@@ -101,23 +94,3 @@ def f32_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
-def product(E: Emitter, dims) -> int | str:
-    """Product of sizes (ints fold; index SSA values multiply at run time)."""
-    const, dyn = 1, []
-    for d in dims:
-        if isinstance(d, int):
-            const *= d
-        else:
-            dyn.append(d)
-    if not dyn:
-        return const
-    acc = dyn[0]
-    for d in dyn[1:] + ([E.index(const)] if const != 1 else []):
-        acc = E.op(f"arith.muli {acc}, {d} : index")
-    return acc
-
-
-def ceildiv(E: Emitter, a, b: int):
-    if isinstance(a, int):
-        return -(-a // b)
-    return E.op(f"arith.ceildivui {a}, {E.index(b)} : index")

@@ -18,7 +18,7 @@ from ..emitter import Emitter, T
 from ..module import LowerContext
 from ..registry import lowering
 from ..target import Target
-from .dispatch import ceildiv, dispatch, f32_bits, product
+from .dispatch import dispatch, f32_bits
 
 BLOCK = 256
 CACHE = 8          # vectors each thread keeps in registers (C in custom_kernels/rows.h)
@@ -55,7 +55,7 @@ def _group(E: Emitter, cols, dtype: str, cache: int = CACHE):
     rem = E.op(f"arith.remui {cols}, {E.index(wide)} : index")
     aligned = E.op(f"arith.cmpi eq, {rem}, {c0} : index")
     vec = E.op(f"arith.select {aligned}, {E.index(wide * cache)}, {E.index(cache)} : index")
-    need = E.op(f"arith.ceildivui {cols}, {vec} : index")
+    need = E.ceildivui(cols, vec)
     g = c1
     size = 2
     while size <= BLOCK:
@@ -68,8 +68,7 @@ def _group(E: Emitter, cols, dtype: str, cache: int = CACHE):
 def _grid(E: Emitter, rows, group):
     if isinstance(rows, int) and isinstance(group, int):
         return -(-rows * group // BLOCK)
-    rows_g = product(E, [rows, group])
-    return ceildiv(E, rows_g, BLOCK)
+    return E.ceildivui(E.product([rows, group]), BLOCK)
 
 
 def _supports(names):
@@ -90,7 +89,7 @@ def _supports(names):
 
 def _rows_cols(E: Emitter, x: T, axis: int):
     dims = E.dims(x)
-    return product(E, dims[:axis]), product(E, dims[axis:])
+    return E.product(dims[:axis]), E.product(dims[axis:])
 
 
 def _lower(op: str):

@@ -14,7 +14,7 @@ from ..emitter import Emitter
 from ..module import LowerContext
 from ..registry import lowering
 from ..target import Target
-from .dispatch import ceildiv, dispatch, product
+from .dispatch import dispatch
 
 BLOCK = 256
 WIDE = {"f32": 4, "f16": 8, "bf16": 8}
@@ -54,8 +54,8 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
     table_stride = 0 if cos.rank == 2 or cos.shape[0] == 1 else E.dim(cos, 1)
     pos_stride = 0 if pos is None or pos.shape[0] == 1 else t
     flags = (a["layout"] == "bshd") | (pos is not None) << 1 | (pos is not None and pos.type.dtype.bits == 64) << 2
-    rows = product(E, [b, h, t])
-    groups = ceildiv(E, product(E, [rows, items_per_row(d, r, a["interleaved"], dtype)]), BLOCK)
+    rows = E.product([b, h, t])
+    groups = E.ceildivui(E.product([rows, items_per_row(d, r, a["interleaved"], dtype)]), BLOCK)
     symbol = f"rope_{'interleaved' if a['interleaved'] else 'half'}_{dtype}"
     constants = [b, h, t, d, r, table_stride, pos_stride, groups, flags]
     return [dispatch(E, ctx, node, symbol, constants, [x, cos, sin, pos], x.type, dims, groups)]

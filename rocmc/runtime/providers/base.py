@@ -1,15 +1,17 @@
 """What every provider shares: decoding the ABI's arguments and building the VM module."""
 from __future__ import annotations
 
-from .abi import NAMESPACE, SIGNATURES
+from ...externs import Library
 
 
 class Provider:
-    """Serves `miopen.<op>` imports. Subclasses implement `run(op, tensors, attrs, out_dtype)`:
-    tensors are iree HalBufferViews in ABI order (an empty one for an absent optional operand),
-    attrs the decoded scalars; it returns the result as a HalBufferView."""
+    """Serves one library's imports (`<library>.<op>`, rocmc.externs) on one device. Subclasses
+    implement `run(op, tensors, attrs)`: tensors are iree HalBufferViews in ABI order (an empty one
+    for an absent optional operand), attrs the decoded scalars; it returns the result as a
+    HalBufferView."""
 
     library = "?"
+    abi: Library       # the library whose calls it serves (set by provider_for)
 
     def __init__(self, hal_device, device_name: str):
         self.device = hal_device
@@ -23,7 +25,8 @@ class Provider:
         raise NotImplementedError
 
     def vm_module(self, imports):
-        """A PyModuleInterface module exporting each import name (`miopen.conv2d`, `miopen.conv2d.f16`)."""
+        """A PyModuleInterface module named after the library, exporting each import's function
+        (`conv2d`, `conv2d.f16` for `miopen.conv2d`, `miopen.conv2d.f16`)."""
         from iree import runtime as rt
         provider = self
 
@@ -31,11 +34,11 @@ class Provider:
             def __init__(self, iface):
                 pass
 
-        iface = rt.PyModuleInterface(NAMESPACE, Instance)
+        iface = rt.PyModuleInterface(self.abi.name, Instance)
         for full in imports:
             name = full.split(".", 1)[1]
             op = name.split(".")[0]
-            sig = SIGNATURES[op]
+            sig = self.abi.signatures[op]
             iface.export(name, sig.cconv, _entry(provider, op, sig, rt.HalBufferView))
         return iface.create()
 

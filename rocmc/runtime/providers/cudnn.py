@@ -13,6 +13,14 @@ the heuristics for engine configs, drops those whose numerics break f32 parity (
 or accumulate halves below f32, finalizes execution plans for the first few and keeps the fastest
 on the real inputs. A call is then one `cudnnBackendExecute` with a variant pack, kept per set of
 device pointers (IREE's caching allocator hands the same buffers back call after call).
+
+fused_conv2d (activation(conv + bias + residual)) is one graph as well: the convolution, then a chain
+of pointwise ops on virtual f32 intermediates (+ residual, + bias, relu) ending in y: the order of
+cudnnConvolutionBiasActivationForward's act(conv + z + bias). Measured with cuDNN 9 on an H100, that
+chain gets engines (f32 without TF32 too, grouped or not) where + bias, then + residual, gets none;
+conv -> relu without a bias gets none either. Where no engine takes the chain, the convolution (and
+bias) graph runs and the epilogue follows as legacy calls (dnn._epilogue); plan.info["epilogue"] says
+which form ran.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ import math
 from time import perf_counter
 
 from ...errors import DeviceError
-from .abi import NO_CUDNN_CALL
+from ...externs import MIOPEN as _MIOPEN_ABI
 from .dnn import PLANNERS, DnnProvider, P, Perf, RuntimeTable, TensorOp, VendorTable, packed_strides
 from .recurrent import PLANNERS as RNN_PLANNERS
 
@@ -29,20 +37,20 @@ CUDART = RuntimeTable(
     name="CUDA", libraries=("libcudart.so", "libcudart.so.13", "libcudart.so.12"),
     install="install the CUDA toolkit or `pip install nvidia-cuda-runtime-cu12`",
     functions={
-        "set_device": ("cudaSetDevice", "device"),
+        "set_device": ("cudaSetDevice", "device:int"),
         "stream_create": ("cudaStreamCreate", "out"),
         "stream_sync": ("cudaStreamSynchronize", "stream"),
         "stream_destroy": ("cudaStreamDestroy", "stream"),
-        "malloc": ("cudaMalloc", "out size"),
+        "malloc": ("cudaMalloc", "out size:size_t"),
         "free": ("cudaFree", "ptr"),
-        "memcpy": ("cudaMemcpy", "dst src count kind"),
-        "memcpy_async": ("cudaMemcpyAsync", "dst src count kind stream"),
-        "memset_async": ("cudaMemsetAsync", "ptr value count stream"),
-        "error_string": ("cudaGetErrorString", "status"),
+        "memcpy": ("cudaMemcpy", "dst src count:size_t kind:int"),
+        "memcpy_async": ("cudaMemcpyAsync", "dst src count:size_t kind:int stream"),
+        "memset_async": ("cudaMemsetAsync", "ptr value:int count:size_t stream"),
+        "error_string": ("cudaGetErrorString", "status:int"),
         "get_last_error": ("cudaGetLastError", ""),
-        "capture_begin": ("cudaStreamBeginCapture", "stream capture_mode"),
+        "capture_begin": ("cudaStreamBeginCapture", "stream capture_mode:int"),
         "capture_end": ("cudaStreamEndCapture", "stream out"),
-        "graph_instantiate": ("cudaGraphInstantiateWithFlags", "out graph flags"),
+        "graph_instantiate": ("cudaGraphInstantiateWithFlags", "out graph flags:u64"),
         "graph_launch": ("cudaGraphLaunch", "exec stream"),
         "graph_exec_destroy": ("cudaGraphExecDestroy", "exec"),
         "graph_destroy": ("cudaGraphDestroy", "graph"),
@@ -52,63 +60,67 @@ FUNCTIONS = {
     "create_handle": ("cudnnCreate", "out"),
     "destroy_handle": ("cudnnDestroy", "h"),
     "set_stream": ("cudnnSetStream", "h stream"),
-    "error_string": ("cudnnGetErrorString", "status"),
+    "error_string": ("cudnnGetErrorString", "status:int"),
     "create_tensor": ("cudnnCreateTensorDescriptor", "out"),
-    "set_tensor": ("cudnnSetTensorNdDescriptor", "desc dtype n dims strides"),
+    "set_tensor": ("cudnnSetTensorNdDescriptor", "desc dtype:int n:int dims strides"),
     "destroy_tensor": ("cudnnDestroyTensorDescriptor", "desc"),
     "create_filter": ("cudnnCreateFilterDescriptor", "out"),
-    "set_filter": ("cudnnSetFilterNdDescriptor", "desc dtype format n dims"),
+    "set_filter": ("cudnnSetFilterNdDescriptor", "desc dtype:int format:int n:int dims"),
     "destroy_filter": ("cudnnDestroyFilterDescriptor", "desc"),
     "create_conv": ("cudnnCreateConvolutionDescriptor", "out"),
-    "set_conv": ("cudnnSetConvolutionNdDescriptor", "desc n pads stride_a dil_a mode ctype"),
-    "set_conv_groups": ("cudnnSetConvolutionGroupCount", "desc groups"),
-    "set_conv_math": ("cudnnSetConvolutionMathType", "desc math"),
+    "set_conv": ("cudnnSetConvolutionNdDescriptor", "desc n:int pads stride_a dil_a mode:int ctype:int"),
+    "set_conv_groups": ("cudnnSetConvolutionGroupCount", "desc groups:int"),
+    "set_conv_math": ("cudnnSetConvolutionMathType", "desc math:int"),
     "destroy_conv": ("cudnnDestroyConvolutionDescriptor", "desc"),
     "conv_fwd_find": ("cudnnFindConvolutionForwardAlgorithmEx",
-                      "h xD x wD w conv yD y req n_out perf ws ws_size"),
-    "conv_fwd": ("cudnnConvolutionForward", "h alpha xD x wD w conv algo ws ws_size beta yD y"),
+                      "h xD x wD w conv yD y req:int n_out perf ws ws_size:size_t"),
+    "conv_fwd": ("cudnnConvolutionForward", "h alpha xD x wD w conv algo:int ws ws_size:size_t beta yD y"),
     "conv_bwd_data_find": ("cudnnFindConvolutionBackwardDataAlgorithmEx",
-                           "h wD w dyD dy conv dxD dx req n_out perf ws ws_size"),
-    "conv_bwd_data": ("cudnnConvolutionBackwardData", "h alpha wD w dyD dy conv algo ws ws_size beta dxD dx"),
+                           "h wD w dyD dy conv dxD dx req:int n_out perf ws ws_size:size_t"),
+    "conv_bwd_data": ("cudnnConvolutionBackwardData",
+                      "h alpha wD w dyD dy conv algo:int ws ws_size:size_t beta dxD dx"),
     "add_tensor": ("cudnnAddTensor", "h alpha bD b beta yD y"),
     "create_pool": ("cudnnCreatePoolingDescriptor", "out"),
-    "set_pool": ("cudnnSetPooling2dDescriptor", "desc mode nan wh ww ph pw sh sw"),
+    "set_pool": ("cudnnSetPooling2dDescriptor", "desc mode:int nan:int wh:int ww:int ph:int pw:int sh:int sw:int"),
     "destroy_pool": ("cudnnDestroyPoolingDescriptor", "desc"),
     "pool_fwd": ("cudnnPoolingForward", "h desc alpha xD x beta yD y"),
-    "softmax_fwd": ("cudnnSoftmaxForward", "h sm_algo sm_mode alpha xD x beta yD y"),
+    "softmax_fwd": ("cudnnSoftmaxForward", "h sm_algo:int sm_mode:int alpha xD x beta yD y"),
     "create_act": ("cudnnCreateActivationDescriptor", "out"),
-    "set_act": ("cudnnSetActivationDescriptor", "desc mode nan coef"),
+    "set_act": ("cudnnSetActivationDescriptor", "desc mode:int nan:int coef:double"),
     "destroy_act": ("cudnnDestroyActivationDescriptor", "desc"),
     "act_fwd": ("cudnnActivationForward", "h desc alpha xD x beta yD y"),
-    "derive_bn": ("cudnnDeriveBNTensorDescriptor", "bnD xD mode"),
+    "derive_bn": ("cudnnDeriveBNTensorDescriptor", "bnD xD mode:int"),
     "bn_infer": ("cudnnBatchNormalizationForwardInference",
-                 "h mode alpha beta xD x yD y bnD scale bias mean var eps"),
+                 "h mode:int alpha beta xD x yD y bnD scale bias mean var eps:double"),
     "create_lrn": ("cudnnCreateLRNDescriptor", "out"),
-    "set_lrn": ("cudnnSetLRNDescriptor", "desc lrn_n lrn_alpha lrn_beta lrn_k"),
+    "set_lrn": ("cudnnSetLRNDescriptor", "desc lrn_n:uint lrn_alpha:double lrn_beta:double lrn_k:double"),
     "destroy_lrn": ("cudnnDestroyLRNDescriptor", "desc"),
-    "lrn_fwd": ("cudnnLRNCrossChannelForward", "h desc lrn_mode alpha xD x beta yD y"),
+    "lrn_fwd": ("cudnnLRNCrossChannelForward", "h desc lrn_mode:int alpha xD x beta yD y"),
     # RNN, the v8 API (cudnn_adv.h): sizes before their buffers, device sequence lengths
     "create_dropout": ("cudnnCreateDropoutDescriptor", "out"),
-    "set_dropout": ("cudnnSetDropoutDescriptor", "desc h drop_p states state_size seed"),
+    "set_dropout": ("cudnnSetDropoutDescriptor", "desc h drop_p:float states state_size:size_t seed:u64"),
     "destroy_dropout": ("cudnnDestroyDropoutDescriptor", "desc"),
     "create_rnn": ("cudnnCreateRNNDescriptor", "out"),
     "set_rnn": ("cudnnSetRNNDescriptor_v8",
-                "desc rnn_algo rnn_mode bias_mode direction in_mode dtype math_prec math input_size hsize "
-                "proj_size nlayers dropout aux_flags"),
+                "desc rnn_algo:int rnn_mode:int bias_mode:int direction:int in_mode:int dtype:int math_prec:int "
+                "math:int input_size:int hsize:int proj_size:int nlayers:int dropout aux_flags:int"),
     "destroy_rnn": ("cudnnDestroyRNNDescriptor", "desc"),
     "create_rnn_data": ("cudnnCreateRNNDataDescriptor", "out"),
-    "set_rnn_data": ("cudnnSetRNNDataDescriptor", "desc dtype layout max_seq batch vec seq_lens pad_fill"),
+    "set_rnn_data": ("cudnnSetRNNDataDescriptor",
+                     "desc dtype:int layout:int max_seq:int batch:int vec:int seq_lens pad_fill"),
     "destroy_rnn_data": ("cudnnDestroyRNNDataDescriptor", "desc"),
     "rnn_weight_size": ("cudnnGetRNNWeightSpaceSize", "h desc size_out"),
-    "rnn_weight_params": ("cudnnGetRNNWeightParams", "h desc layer w_size w lin_id mD m_addr bD b_addr"),
-    "rnn_temp_sizes": ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode xS size_out size_out2"),
+    "rnn_weight_params": ("cudnnGetRNNWeightParams",
+                          "h desc layer:int w_size:size_t w lin_id:int mD m_addr bD b_addr"),
+    "rnn_temp_sizes": ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode:int xS size_out size_out2"),
     "rnn_fwd": ("cudnnRNNForward",
-                "h desc fwd_mode dev_seq_lens xS x yS y hD hx hy cD cx cy w_size w ws_size ws rs_size rs"),
+                "h desc fwd_mode:int dev_seq_lens xS x yS y hD hx hy cD cx cy w_size:size_t w ws_size:size_t ws "
+                "rs_size:size_t rs"),
     # the backend (graph) API, cudnn_graph.h
-    "be_create": ("cudnnBackendCreateDescriptor", "desc_type out"),
+    "be_create": ("cudnnBackendCreateDescriptor", "desc_type:int out"),
     "be_destroy": ("cudnnBackendDestroyDescriptor", "desc"),
-    "be_set": ("cudnnBackendSetAttribute", "desc attr atype n_elems values"),
-    "be_get": ("cudnnBackendGetAttribute", "desc attr atype n_elems n_out values"),
+    "be_set": ("cudnnBackendSetAttribute", "desc attr:int atype:int n_elems:i64 values"),
+    "be_get": ("cudnnBackendGetAttribute", "desc attr:int atype:int n_elems:i64 n_out values"),
     "be_finalize": ("cudnnBackendFinalize", "desc"),
     "be_execute": ("cudnnBackendExecute", "h plan vpack"),
 }
@@ -149,7 +161,9 @@ ATTRS = {
 }
 HEUR_MODES = {"instant": 0, "b": 1, "fallback": 2, "a": 3}             # cudnnBackendHeurMode_t
 NUMERICAL_NOTES = {"tensor_core": 0, "down_convert_inputs": 1, "reduced_precision_reduction": 2}
-POINTWISE_ADD = 0                                                      # cudnnPointwiseMode_t
+# cudnnPointwiseMode_t (cudnn_graph.h of cuDNN 9.6.0: CUDNN_POINTWISE_ADD = 0, CUDNN_POINTWISE_RELU_FWD = 100)
+POINTWISE_ADD = 0
+POINTWISE_RELU_FWD = 100
 # Engines whose numerics break rocmc's rules: f32 must not run on TF32 tensor cores (parity with
 # float64 at 1e-4), f16/bf16 must accumulate in f32.
 FORBIDDEN_NOTES = {"f32": {NUMERICAL_NOTES["tensor_core"], NUMERICAL_NOTES["down_convert_inputs"]},
@@ -186,13 +200,16 @@ CUDNN = VendorTable(
     # linLayerID order of cudnnGetRNNWeightParams: torch's (i, f, g, o; r, z, n), x then h
     gate_order={"lstm": "ifgo", "gru": "rzn"},
     rnn_weights="address_copies",
-    # tensor unique ids of the convolution graph (the conv result before the bias add is 5, virtual)
-    conv_ids={"x": 1, "w": 2, "y": 3, "b": 4},
+    # tensor unique ids of the convolution graph: x, w, y, the bias, fused_conv2d's residual (the
+    # virtual intermediates are VIRTUAL_UIDS)
+    conv_ids={"x": 1, "w": 2, "y": 3, "b": 4, "r": 6},
     conv_api="backend graph (cudnnBackendExecute)",
     last_error="cudnnGetLastErrorString",
     graph_launch=True,
 )
-CONV_RESULT_UID = 5
+# uids of the virtual f32 intermediates of a fused graph, in chain order: the conv result and the
+# sums after it
+VIRTUAL_UIDS = (5, 7, 8)
 
 
 class Graph:
@@ -254,8 +271,20 @@ def _alignment(ptr) -> int:
     return 16 if not ptr or ptr % 16 == 0 else ptr & -ptr
 
 
-def _conv_graph(g: Graph, prob, bound: dict, fuse_bias: bool) -> int:
-    """The operation graph: x, w -> convolution -> y, or -> (virtual) -> + b -> y."""
+def _pointwise_chain(prob, fuse_bias: bool, fuse_epilogue: bool) -> list:
+    """The pointwise ops after the convolution, in order: (mode, the role of their second operand
+    or None). The residual comes before the bias: the order cuDNN's engines fuse (module doc)."""
+    chain = [(POINTWISE_ADD, "r")] if fuse_epilogue and prob.residual else []
+    if fuse_bias:
+        chain.append((POINTWISE_ADD, "b"))
+    if fuse_epilogue and prob.activation == "relu":
+        chain.append((POINTWISE_RELU_FWD, None))
+    return chain
+
+
+def _conv_graph(g: Graph, prob, bound: dict, fuse_bias: bool, fuse_epilogue: bool = False) -> int:
+    """The operation graph: x, w -> convolution -> y, or -> (virtual) -> + r -> (virtual) -> + b ->
+    (virtual) -> relu -> y, as far as the fused ops go; intermediates are virtual f32 tensors."""
     p, ids, f32 = g.p, CUDNN.conv_ids, CUDNN.dtypes["f32"]
     dt = CUDNN.dtypes[prob.dtype]
 
@@ -265,9 +294,10 @@ def _conv_graph(g: Graph, prob, bound: dict, fuse_bias: bool) -> int:
                       **({"tensor_virtual": True} if virtual else {}))
     x, w, y = (tensor(ids[r], getattr(prob, r), bound[r]) for r in ("x", "w", "y"))
     out = prob.out
-    conv_out = {"x": x, "y": y}[out]
-    if fuse_bias:
-        conv_out = tensor(CONV_RESULT_UID, getattr(prob, out), virtual=True, dtype=f32)
+    result, dims = {"x": x, "y": y}[out], getattr(prob, out)
+    chain = _pointwise_chain(prob, fuse_bias, fuse_epilogue)
+    virtual = iter(VIRTUAL_UIDS)
+    conv_out = tensor(next(virtual), dims, virtual=True, dtype=f32) if chain else result
     conv = g.make("convolution", conv_comp_type=f32, conv_mode=CUDNN.enums["cross_correlation"],
                   conv_spatial_dims=2, conv_dilations=prob.dilation, conv_filter_strides=prob.stride,
                   conv_pre_paddings=prob.pad, conv_post_paddings=prob.pad)
@@ -276,12 +306,14 @@ def _conv_graph(g: Graph, prob, bound: dict, fuse_bias: bool) -> int:
     else:
         op = g.make("op_conv_backward_data", bwd_data_alpha=1.0, bwd_data_beta=0.0, bwd_data_conv=conv,
                     bwd_data_w=w, bwd_data_dx=conv_out, bwd_data_dy=y)
-    ops = [op]
-    if fuse_bias:
-        result = {"x": x, "y": y}[out]
-        b = tensor(ids["b"], (1, getattr(prob, out)[1], 1, 1), bound["b"])
-        add = g.make("pointwise", pointwise_mode=POINTWISE_ADD, pointwise_math_prec=f32)
-        ops.append(g.make("op_pointwise", pw_descriptor=add, pw_x=conv_out, pw_b=b, pw_y=result))
+    ops, last = [op], conv_out
+    operand_dims = {"b": (1, dims[1], 1, 1), "r": dims}
+    for i, (mode, role) in enumerate(chain):
+        second = {"pw_b": tensor(ids[role], operand_dims[role], bound[role])} if role else {}
+        step_out = result if i == len(chain) - 1 else tensor(next(virtual), dims, virtual=True, dtype=f32)
+        desc = g.make("pointwise", pointwise_mode=mode, pointwise_math_prec=f32)
+        ops.append(g.make("op_pointwise", pw_descriptor=desc, pw_x=last, **second, pw_y=step_out))
+        last = step_out
     return g.make("operation_graph", graph_ops=ops, graph_handle=p.handle)
 
 
@@ -368,14 +400,24 @@ def _fastest(p: DnnProvider, g: Graph, graph: int, prob, bound: dict, roles: tup
                         "candidates_ms": sorted(round(t[0] * 1e3, 4) for t in timed)}
 
 
+def _fusions(prob) -> list:
+    """(fuse the bias, fuse the epilogue) to try, most fused first: the whole fused_conv2d, the
+    convolution and its bias, the convolution alone."""
+    out = []
+    for form in ((prob.bias, prob.epilogue), (prob.bias, False), (False, False)):
+        if form not in out:
+            out.append(form)
+    return out
+
+
 def graph_conv(p: DnnProvider, prob, bound: dict, keep: list):
-    """The convolution (and its bias, where an engine fuses it) as an execution plan; None when
-    no engine takes the problem."""
+    """The convolution, with as much of its bias and epilogue as an engine fuses, as an execution
+    plan; None when no engine takes the problem."""
     g = Graph(p, keep)
-    for fuse in ((True, False) if prob.bias else (False,)):
-        roles = ("x", "w", "y") + (("b",) if fuse else ())
+    for fuse_bias, fuse_epilogue in _fusions(prob):
+        roles = ("x", "w", "y") + (("b",) if fuse_bias else ()) + (("r",) if fuse_epilogue and prob.residual else ())
         try:
-            graph = _conv_graph(g, prob, bound, fuse)
+            graph = _conv_graph(g, prob, bound, fuse_bias, fuse_epilogue)
         except DeviceError:
             continue
         found = _fastest(p, g, graph, prob, bound, roles)
@@ -391,7 +433,7 @@ def graph_conv(p: DnnProvider, prob, bound: dict, keep: list):
 
     def run(ptrs, ws):
         execute(handle, plan, packs.get(ptrs + (ws,)))
-    return TensorOp(roles, run, workspace=need, fused_bias=fuse, info=info)
+    return TensorOp(roles, run, workspace=need, fused_bias=fuse_bias, fused_epilogue=fuse_epilogue, info=info)
 
 
 def prepare_cuda(device: str = "cuda"):
@@ -410,8 +452,8 @@ class CudnnProvider(DnnProvider):
     conv_builder = staticmethod(graph_conv)
 
     def table_limits(self, op, attrs):
-        if op in NO_CUDNN_CALL:
-            return NO_CUDNN_CALL[op]
+        if op in _MIOPEN_ABI.unavailable["cuda"]:
+            return _MIOPEN_ABI.unavailable["cuda"][op]
         if op == "lrn" and not (1 <= attrs["size"] <= 16 and attrs["k"] >= 1e-5 and attrs["beta"] >= 0.01):
             return (f"LRN with size={attrs['size']}, k={attrs['k']}, beta={attrs['beta']} "
                     f"(cuDNN needs size in [1, 16], k >= 1e-5, beta >= 0.01)")

@@ -17,7 +17,8 @@ cudnnBackendExecute with a variant pack) and MIOpen's Find 2.0 (a solution run b
 miopenRunSolution with tensor arguments). The shared planner describes the problem (`ConvProblem`)
 and binds the ABI's pointers to the library's tensor roles x, w, y (b); the vendor module builds
 the `TensorOp` (`conv_builder`). The legacy algorithm-enum path remains for a provider without a
-builder and for a problem the plan API rejects.
+builder and for a problem the plan API rejects. fused_conv2d is a convolution with an epilogue
+(+ residual, then an activation): what the vendor's plan doesn't fuse runs after it as legacy calls.
 
 Where the vendor table enables it (`graph_launch`, cuDNN), a plan's launch is captured into a stream
 graph once per set of device pointers and replayed with one runtime call (`Replays`): the library's
@@ -39,51 +40,27 @@ from dataclasses import dataclass, field
 from time import perf_counter as _now
 
 from ...errors import DeviceError
-from .abi import out_dim, transposed_dim
+from ...externs import CONV_ACTIVATIONS
+from ...symbolic import INT, conv_size, conv_transpose_size
 from .base import Provider
 
 P = ctypes.c_void_p
 ACTIVE: "weakref.WeakSet" = weakref.WeakSet()   # live providers (benchmarks read their stats)
-# ctypes type of every argument name a vendor table may use.
-ARG_TYPES = {
-    **{n: P for n in ("h", "out", "stream", "desc", "xD", "wD", "yD", "bD", "bnD", "dyD", "dxD", "conv", "pool",
-                      "act", "lrn", "x", "w", "y", "b", "dy", "dx", "scale", "bias", "mean", "var", "ws", "perf",
-                      "alpha", "beta", "dims", "strides", "pads", "stride_a", "dil_a", "n_out", "size_out", "ptr",
-                      "dst", "src",
-                      # recurrent layers and attention problems
-                      "xS", "yS", "hD", "cD", "mD", "hx", "hy", "cx", "cy", "rs", "seq_lens", "pad_fill", "dropout",
-                      "size_out2", "m_addr", "b_addr", "problem", "options", "solutions", "solution", "args",
-                      "dev_seq_lens", "states")},
-    **{n: ctypes.c_int for n in ("dtype", "n", "mode", "algo", "req", "groups", "math", "format", "nan", "ctype",
-                                 "wh", "ww", "ph", "pw", "sh", "sw", "sm_algo", "sm_mode", "device", "status",
-                                 "lrn_mode", "kind",
-                                 "hsize", "nlayers", "in_mode", "direction", "rnn_mode", "bias_mode", "rnn_algo",
-                                 "math_prec", "input_size", "proj_size", "aux_flags", "fwd_mode", "layout", "max_seq",
-                                 "batch", "vec", "layer", "lin_id", "value", "tensor_id", "rng_mode")},
-    **{n: ctypes.c_bool for n in ("exhaustive", "do_backward", "use_mask", "state_evo")},
-    **{n: ctypes.c_double for n in ("act_alpha", "act_beta", "act_gamma", "coef", "lrn_alpha", "lrn_beta", "lrn_k",
-                                    "eps")},
-    "lrn_n": ctypes.c_uint,
-    "mha_scale": ctypes.c_float,
-    "drop_p": ctypes.c_float,
-    "seed": ctypes.c_ulonglong,
-    "state_size": ctypes.c_size_t,
-    "n_args": ctypes.c_size_t,
-    "max_solutions": ctypes.c_size_t,
-    "ws_size": ctypes.c_size_t,
-    "w_size": ctypes.c_size_t,
-    "rs_size": ctypes.c_size_t,
-    "size": ctypes.c_size_t,
-    "count": ctypes.c_size_t,
-    # cuDNN's backend (graph) API: descriptor kind, attribute name and type enums, element counts
-    **{n: ctypes.c_int for n in ("desc_type", "attr", "atype")},
-    "n_elems": ctypes.c_int64,
-    **{n: P for n in ("values", "plan", "vpack", "message")},
-    # stream capture into a graph, replayed per call (CUDA / HIP graphs)
-    **{n: P for n in ("graph", "exec")},
-    "capture_mode": ctypes.c_int,
-    "flags": ctypes.c_ulonglong,
-}
+# The C types a table's function declarations name: `"h alpha xD x algo:int ws ws_size:size_t"`
+# declares each argument in C order, a pointer unless it says otherwise.
+C_TYPES = {"ptr": P, "int": ctypes.c_int, "uint": ctypes.c_uint, "bool": ctypes.c_bool, "float": ctypes.c_float,
+           "double": ctypes.c_double, "i64": ctypes.c_int64, "u64": ctypes.c_uint64, "size_t": ctypes.c_size_t}
+
+
+def declared(args: str) -> list:
+    """A table's argument declaration as [(name, ctypes type)] in C order."""
+    out = []
+    for item in args.split():
+        name, _, kind = item.partition(":")
+        if (kind or "ptr") not in C_TYPES:
+            raise ValueError(f"argument {name!r}: unknown C type {kind!r}; known: {', '.join(C_TYPES)}")
+        out.append((name, C_TYPES[kind or "ptr"]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -167,8 +144,9 @@ class Api:
                 fn.restype = ctypes.c_char_p
             else:
                 fn.restype = ctypes.c_int
-            fn.argtypes = [ARG_TYPES[a] for a in args.split()]
-            self._fns[role] = (fn, args.split())
+            decl = declared(args)
+            fn.argtypes = [t for _, t in decl]
+            self._fns[role] = (fn, [n for n, _ in decl])
 
     def has(self, role: str) -> bool:
         return role in self._fns
@@ -277,13 +255,14 @@ class DnnProvider(Provider):
         self._check_exportable()
         self.stream = self._out(P, "stream_create", rt=True)
         self.handle = self._out(P, "create_handle")
-        self.api.call("set_stream", h=self.handle, stream=self.stream)
+        if self.api.has("set_stream"):     # a library that takes the stream per call has none
+            self.api.call("set_stream", h=self.handle, stream=self.stream)
         self._plans: dict = {}
         self._ws = (None, 0)
         self._lock = threading.Lock()
         # Cumulative seconds per phase of a call (pointers of the inputs, the output buffer, the
         # library launch, the stream synchronize): where the per-call overhead goes.
-        self.stats = dict.fromkeys(("calls", "inputs_s", "output_s", "launch_s", "sync_s"), 0)
+        self.stats = dict.fromkeys(("calls", "inputs_s", "output_s", "launch_s", "sync_s", "captures"), 0)
         ACTIVE.add(self)
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         # what every call uses, looked up once
@@ -365,10 +344,13 @@ class DnnProvider(Provider):
             ptrs = [capsule_address(c) if c is not None else None for c in capsules]
             # A plan may depend on the pointers' alignment (cuDNN's graph API records it): one
             # built for 16-byte aligned buffers is not handed a sub-buffer at a smaller offset.
-            align = min(16, min((p & -p for p in ptrs if p), default=16))
+            cap = self.alignment_cap
+            align = min(cap, min((p & -p for p in ptrs if p), default=cap))
             key = (op, x.element_type, shapes, getattr(attrs, "key", None) or tuple(sorted(attrs.items())), align)
             plan = self._plans.get(key)
             if plan is None:
+                if len(self._plans) >= MAX_PLANS:     # a symbolic dim can make one per call: keep the newest
+                    _release(self, self._plans.pop(next(iter(self._plans))).keep)
                 dtype = _DTYPE_OF[int(x.element_type)]
                 plan = self._plans[key] = self.plan(op, dtype, [tuple(s) for s in shapes], attrs, ptrs)
                 plan.nbytes = max(_size(plan.out_shape) * _ITEMSIZE[dtype], 1)
@@ -392,6 +374,7 @@ class DnnProvider(Provider):
         return out
 
     planners: dict = {}        # op -> planner, set by each vendor (PLANNERS plus what it adds)
+    alignment_cap = 16         # plans are keyed by their inputs' pointer alignment, up to this many bytes
     # fn(provider, ConvProblem, {role: device pointer}, keep) -> TensorOp | None: the vendor's
     # plan-API convolution (None: the legacy calls)
     conv_builder = None
@@ -411,6 +394,7 @@ class DnnProvider(Provider):
         self.rt.call("stream_destroy", stream=self.stream)
 
 
+MAX_PLANS = 256
 _ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
 # HalElementType integers (FLOAT_32, FLOAT_16, BFLOAT_16)
 _DTYPE_OF = {553648160: "f32", 553648144: "f16", 570425360: "bf16"}
@@ -452,22 +436,31 @@ class ConvProblem:
     groups: int
     dtype: str
     bias: bool          # a (1, C_out, 1, 1) bias is added to the result
+    residual: bool = False      # then a tensor of the result's shape (fused_conv2d's epilogue)
+    activation: str = "none"    # then this activation (CONV_ACTIVATIONS)
 
     @property
     def out(self) -> str:
         """The role the ABI's result binds to."""
         return "y" if self.direction == "forward" else "x"
 
+    @property
+    def epilogue(self) -> bool:
+        """Whether anything follows the bias: a residual add, an activation."""
+        return self.residual or self.activation != "none"
+
 
 @dataclass
 class TensorOp:
     """A library plan run on device pointers bound to tensor roles: `run(pointers, ws)` takes one
     pointer per role of `roles`, in that order, and a workspace of `workspace` bytes (None when
-    0). `fused_bias`: the plan adds the bias itself."""
+    0). `fused_bias`: the plan adds the bias itself; `fused_epilogue`: the residual and the
+    activation too."""
     roles: tuple
     run: object
     workspace: int = 0
     fused_bias: bool = False
+    fused_epilogue: bool = False
     info: dict = field(default_factory=dict)
 
 
@@ -492,6 +485,7 @@ class Replays:
             if len(self.cache) >= GRAPHS_PER_PLAN:
                 self._destroy(self.cache.pop(next(iter(self.cache))))
             g = self.cache[key] = self._capture(key)
+            self.p.stats["captures"] += 1
         if g:
             self._replay(g, self.p.stream)
         else:
@@ -533,25 +527,37 @@ class Replays:
         self.cache.clear()
 
 
-def _conv_problem(op, dtype, shapes, attrs, has_bias) -> ConvProblem:
+def _conv_problem(op, dtype, shapes, attrs, has_bias, residual=False) -> ConvProblem:
+    """The ABI's convolution call in the library's terms; fused_conv2d's epilogue (`residual`, the
+    `activation` scalar) rides along."""
     transpose = op.startswith("conv_transpose")
     nsp = 1 if op.endswith("1d") else 2
     xs, ws = _as4d(shapes[0]), _as4d(shapes[1])
     stride, pad, dil, opad = _conv_geometry(attrs, nsp, transpose)
     g = attrs["groups"]
     if transpose:
-        spatial = [transposed_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], opad[i], dil[i]) for i in range(2)]
+        spatial = [conv_transpose_size(INT, xs[2 + i], ws[2 + i], stride[i], pad[i], pad[i], dil[i], opad[i])
+                   for i in range(2)]
         out = (xs[0], ws[1] * g, *spatial)
         return ConvProblem("backward_data", out, ws, xs, tuple(pad), tuple(stride), tuple(dil), g, dtype, has_bias)
-    spatial = [out_dim(xs[2 + i], ws[2 + i], stride[i], pad[i], dil[i]) for i in range(2)]
+    spatial = [conv_size(INT, xs[2 + i], ws[2 + i], stride[i], pad[i], pad[i], dil[i]) for i in range(2)]
     out = (xs[0], ws[0], *spatial)
-    return ConvProblem("forward", xs, ws, out, tuple(pad), tuple(stride), tuple(dil), g, dtype, has_bias)
+    activation = CONV_ACTIVATIONS[attrs["activation"]] if "activation" in attrs else "none"
+    return ConvProblem("forward", xs, ws, out, tuple(pad), tuple(stride), tuple(dil), g, dtype, has_bias,
+                       residual, activation)
+
+
+# ABI pointer index of each tensor role but the one the ABI's result binds to (the residual is
+# fused_conv2d's fourth operand)
+_CONV_SOURCES = {"w": 1, "b": 2, "r": 3}
 
 
 def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     """A convolution through the vendor's plan API (`conv_builder`), the legacy calls where the
-    provider has none or the plan API has no engine for the problem."""
-    prob = _conv_problem(op, dtype, shapes, attrs, ptrs[2] is not None)
+    provider has none or the plan API has no engine for the problem. What the plan leaves out of
+    fused_conv2d's epilogue (the bias, the residual add, the activation) runs after it as legacy
+    calls on the result."""
+    prob = _conv_problem(op, dtype, shapes, attrs, ptrs[2] is not None, len(ptrs) > 3 and ptrs[3] is not None)
     out_rank = len(shapes[0])
     out_shape = getattr(prob, prob.out)
     out_shape = out_shape if out_rank == 4 else (out_shape[0], out_shape[1], out_shape[3])
@@ -562,8 +568,8 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     scratch = p._malloc(_size(getattr(prob, prob.out)) * _ITEMSIZE[dtype])
     keep: list = []
     try:
-        bound = {prob.out: scratch, "w": ptrs[1], "b": ptrs[2],
-                 ("x" if prob.out == "y" else "y"): ptrs[0]}
+        bound = {prob.out: scratch, ("x" if prob.out == "y" else "y"): ptrs[0],
+                 **{r: ptrs[i] for r, i in _CONV_SOURCES.items() if i < len(ptrs)}}
         top = builder(p, prob, bound, keep)
     finally:
         p.rt.call("free", ptr=scratch)
@@ -572,19 +578,22 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
         plan = _legacy_conv_plan(p, prob, ptrs, out_shape)
         plan.info["api"] = "legacy (the plan API had no engine)"
         return plan
-    # ABI pointer (input 0, weights, bias, or the result) of each role, in the op's order
-    source = {prob.out: -1, "w": 1, "b": 2, ("x" if prob.out == "y" else "y"): 0}
+    # ABI pointer (input 0, weights, bias, residual, or the result) of each role, in the op's order
+    source = {**_CONV_SOURCES, prob.out: -1, ("x" if prob.out == "y" else "y"): 0}
     slots = tuple(source[r] for r in top.roles)
     execute, need, workspace = top.run, top.workspace, p.workspace
     bias = _bias_add(p, prob, keep) if prob.bias and not top.fused_bias else None
+    epilogue = _epilogue(p, prob, keep) if prob.epilogue and not top.fused_epilogue else None
     out_slot = top.roles.index(prob.out)
 
     def launch(key):
-        """key: the roles' pointers, the bias (or None), the workspace (or None)."""
-        *args, b, ws = key
+        """key: the roles' pointers, the bias and the residual (or None), the workspace (or None)."""
+        *args, b, r, ws = key
         execute(tuple(args), ws)
         if bias is not None:
             bias(b, args[out_slot])
+        if epilogue is not None:
+            epilogue(r, args[out_slot])
     replays = Replays(p, launch) if p.table.graph_launch else None
     if replays is not None:
         keep.append(replays)
@@ -592,10 +601,16 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
 
     def run(ptrs, y):
         start(tuple(y if i < 0 else ptrs[i] for i in slots)
-              + ((ptrs[2] if bias is not None else None), workspace(need) if need else None))
+              + ((ptrs[2] if bias is not None else None), (ptrs[3] if epilogue is not None else None),
+                 workspace(need) if need else None))
     info = {"api": p.table.conv_api, **top.info, "bias": ("fused" if top.fused_bias else "add") if prob.bias else None,
-            "graph_launch": replays is not None}
+            "epilogue": _epilogue_form(prob, top.fused_epilogue), "graph_launch": replays is not None}
     return Plan(out_shape, run, keep, info)
+
+
+def _epilogue_form(prob: ConvProblem, fused: bool):
+    """plan.info's record of where fused_conv2d's residual add and activation ran."""
+    return ("fused" if fused else "separate") if prob.epilogue else None
 
 
 def _replayed(p: DnnProvider, plan: Plan):
@@ -621,6 +636,37 @@ def _bias_add(p: DnnProvider, prob: ConvProblem, keep):
     def add(b, y):
         p.api.call("add_tensor", h=p.handle, alpha=one, bD=bD, b=b, beta=one, yD=yD, y=y)
     return add
+
+
+def _epilogue(p: DnnProvider, prob: ConvProblem, keep):
+    """y = activation(y + r) in place, by legacy calls: the residual add is miopenOpTensor where the
+    table has it (MIOpen's bias call only broadcasts a (1, C, 1, 1) bias), cudnnAddTensor
+    (C = alpha*A + beta*C, here of equal dims) otherwise; the relu is the activation call with x = y."""
+    t, api = p.table, p.api
+    yD = p.tensor(getattr(prob, prob.out), prob.dtype, keep)
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    keep += [one, zero]
+    steps = []
+    if prob.residual and api.has("op_tensor"):
+        steps.append(lambda r, y: api.call("op_tensor", h=p.handle, tensor_op=t.enums["tensor_op_add"],
+                                           alpha1=ctypes.byref(one), aD=yD, a=y, alpha2=ctypes.byref(one), bD=yD,
+                                           b=r, beta=ctypes.byref(zero), cD=yD, c=y))
+    elif prob.residual:
+        steps.append(lambda r, y: api.call("add_tensor", h=p.handle, alpha=ctypes.byref(one), bD=yD, b=r,
+                                           beta=ctypes.byref(one), yD=yD, y=y))
+    if prob.activation != "none":
+        mode, _ = t.activations[prob.activation]
+        act = p._out(P, "create_act")
+        keep.append(("destroy_act", act))
+        api.call("set_act", desc=act, mode=mode, nan=t.enums.get("propagate_nan", 0), coef=0.0, act_alpha=1.0,
+                 act_beta=1.0, act_gamma=0.0)
+        steps.append(lambda r, y: api.call("act_fwd", h=p.handle, desc=act, alpha=ctypes.byref(one), xD=yD, x=y,
+                                           beta=ctypes.byref(zero), yD=yD, y=y))
+
+    def run(r, y):
+        for step in steps:
+            step(r, y)
+    return run
 
 
 def _release(p: DnnProvider, keep):
@@ -667,6 +713,7 @@ def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Pla
         p.rt.call("free", ptr=y_scratch)
         p.release_workspace()   # the search's scratch is larger than any one algorithm needs
     bias = _bias_add(p, prob, keep) if prob.bias else None
+    epilogue = _epilogue(p, prob, keep) if prob.epilogue else None
     alpha, beta = ctypes.byref(p.one), ctypes.byref(p.zero)
     names = ("dy", "dx") if transpose else ("x", "y")
 
@@ -676,7 +723,10 @@ def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Pla
                  **descs, **{names[0]: ptrs[0], "w": ptrs[1], names[1]: y})
         if bias is not None:
             bias(ptrs[2], y)
-    return Plan(out_shape, run, keep, {"api": "legacy", "algo": algo, "workspace": need})
+        if epilogue is not None:
+            epilogue(ptrs[3], y)
+    return Plan(out_shape, run, keep, {"api": "legacy", "algo": algo, "workspace": need,
+                                       "epilogue": _epilogue_form(prob, False)})
 
 
 def _search(p: DnnProvider, kind, descs, ptrs, y_scratch, search_bytes, transpose):
@@ -702,7 +752,7 @@ def _pool_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     t, api, keep = p.table, p.api, []
     xs = shapes[0]
     kh, kw, sh, sw, ph, pw = (attrs[k] for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w"))
-    ys = (xs[0], xs[1], out_dim(xs[2], kh, sh, ph, 1), out_dim(xs[3], kw, sw, pw, 1))
+    ys = (xs[0], xs[1], conv_size(INT, xs[2], kh, sh, ph, ph, 1), conv_size(INT, xs[3], kw, sw, pw, pw, 1))
     mode = t.enums["pool_max"] if op == "max_pool2d" else \
         t.enums["pool_avg_include" if attrs["count_include_pad"] else "pool_avg_exclude"]
     pool = p._out(P, "create_pool")
@@ -819,7 +869,7 @@ REPLAYABLE = {"max_pool2d", "avg_pool2d", "softmax", "log_softmax", "relu", "sig
               "leaky_relu", "clipped_relu", "batch_norm", "lrn"}
 
 PLANNERS = {
-    **{op: _conv_plan for op in ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")},
+    **{op: _conv_plan for op in ("conv1d", "conv2d", "fused_conv2d", "conv_transpose1d", "conv_transpose2d")},
     "max_pool2d": _pool_plan, "avg_pool2d": _pool_plan,
     "softmax": _softmax_plan, "log_softmax": _softmax_plan,
     **{op: _activation_plan for op in ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "clipped_relu")},

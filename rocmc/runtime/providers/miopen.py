@@ -11,106 +11,138 @@ through Find 2.0 as well (a convolution problem, `miopenFindSolutions` on the re
 per call only `miopenRunSolution` with the tensor arguments x, w, y), the twin of cuDNN's execution
 plans in the shared planner; the bias add stays the legacy call. tests/test_miopen_table.py
 checks this table against those facts.
+
+fused_conv2d (activation(conv + bias + residual)) runs as a fusion plan (miopenCreateFusionPlan:
+convolution, bias, activation, compiled once, executed per call) when it has no residual: MIOpen's
+fusion plans have no residual add. A residual, or a plan MIOpen won't compile (it refuses
+configurations its fused kernels lack), takes the separate form: the Find 2.0 convolution, then the
+bias, residual add (miopenOpTensor) and activation as legacy calls. Written against miopen.h of
+MIOpen 3.3.0; neither form has run on an AMD GPU yet: both are checked against a recording fake
+only (tests/test_fused_conv_extern.py).
 """
 from __future__ import annotations
 
 import ctypes
 
 from ...errors import DeviceError
-from .dnn import PLANNERS, DnnProvider, P, Perf, Plan, RuntimeTable, TensorOp, VendorTable, _ints, packed_strides
+from .dnn import (PLANNERS, DnnProvider, P, Perf, Plan, RuntimeTable, TensorOp, VendorTable, _ints, _release,
+                  packed_strides)
 from .recurrent import PLANNERS as RNN_PLANNERS
 
 HIP = RuntimeTable(
     name="HIP", libraries=("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"),
     install="install ROCm (the HIP runtime, e.g. `apt install hip-runtime-amd`)",
     functions={
-        "set_device": ("hipSetDevice", "device"),
+        "set_device": ("hipSetDevice", "device:int"),
         "stream_create": ("hipStreamCreate", "out"),
         "stream_sync": ("hipStreamSynchronize", "stream"),
         "stream_destroy": ("hipStreamDestroy", "stream"),
-        "malloc": ("hipMalloc", "out size"),
+        "malloc": ("hipMalloc", "out size:size_t"),
         "free": ("hipFree", "ptr"),
-        "memcpy": ("hipMemcpy", "dst src count kind"),
-        "memcpy_async": ("hipMemcpyAsync", "dst src count kind stream"),
-        "memset_async": ("hipMemsetAsync", "ptr value count stream"),
-        "error_string": ("hipGetErrorString", "status"),
+        "memcpy": ("hipMemcpy", "dst src count:size_t kind:int"),
+        "memcpy_async": ("hipMemcpyAsync", "dst src count:size_t kind:int stream"),
+        "memset_async": ("hipMemsetAsync", "ptr value:int count:size_t stream"),
+        "error_string": ("hipGetErrorString", "status:int"),
     })
 
 FUNCTIONS = {
     "create_handle": ("miopenCreate", "out"),
     "destroy_handle": ("miopenDestroy", "h"),
     "set_stream": ("miopenSetStream", "h stream"),
-    "error_string": ("miopenGetErrorString", "status"),
+    "error_string": ("miopenGetErrorString", "status:int"),
     "create_tensor": ("miopenCreateTensorDescriptor", "out"),
-    "set_tensor": ("miopenSetTensorDescriptor", "desc dtype n dims strides"),
+    "set_tensor": ("miopenSetTensorDescriptor", "desc dtype:int n:int dims strides"),
     "destroy_tensor": ("miopenDestroyTensorDescriptor", "desc"),
     "create_filter": ("miopenCreateTensorDescriptor", "out"),
-    "set_filter": ("miopenSetTensorDescriptor", "desc dtype n dims strides"),
+    "set_filter": ("miopenSetTensorDescriptor", "desc dtype:int n:int dims strides"),
     "destroy_filter": ("miopenDestroyTensorDescriptor", "desc"),
     "create_conv": ("miopenCreateConvolutionDescriptor", "out"),
-    "set_conv": ("miopenInitConvolutionNdDescriptor", "desc n pads stride_a dil_a mode"),
-    "set_conv_groups": ("miopenSetConvolutionGroupCount", "desc groups"),
+    "set_conv": ("miopenInitConvolutionNdDescriptor", "desc n:int pads stride_a dil_a mode:int"),
+    "set_conv_groups": ("miopenSetConvolutionGroupCount", "desc groups:int"),
     "destroy_conv": ("miopenDestroyConvolutionDescriptor", "desc"),
     "conv_fwd_ws": ("miopenConvolutionForwardGetWorkSpaceSize", "h wD xD conv yD size_out"),
     "conv_fwd_find": ("miopenFindConvolutionForwardAlgorithm",
-                      "h xD x wD w conv yD y req n_out perf ws ws_size exhaustive"),
-    "conv_fwd": ("miopenConvolutionForward", "h alpha xD x wD w conv algo beta yD y ws ws_size"),
+                      "h xD x wD w conv yD y req:int n_out perf ws ws_size:size_t exhaustive:bool"),
+    "conv_fwd": ("miopenConvolutionForward", "h alpha xD x wD w conv algo:int beta yD y ws ws_size:size_t"),
     "conv_bwd_data_ws": ("miopenConvolutionBackwardDataGetWorkSpaceSize", "h dyD wD conv dxD size_out"),
     "conv_bwd_data_find": ("miopenFindConvolutionBackwardDataAlgorithm",
-                           "h dyD dy wD w conv dxD dx req n_out perf ws ws_size exhaustive"),
-    "conv_bwd_data": ("miopenConvolutionBackwardData", "h alpha dyD dy wD w conv algo beta dxD dx ws ws_size"),
+                           "h dyD dy wD w conv dxD dx req:int n_out perf ws ws_size:size_t exhaustive:bool"),
+    "conv_bwd_data": ("miopenConvolutionBackwardData",
+                      "h alpha dyD dy wD w conv algo:int beta dxD dx ws ws_size:size_t"),
     "add_tensor": ("miopenConvolutionForwardBias", "h alpha bD b beta yD y"),
     "create_pool": ("miopenCreatePoolingDescriptor", "out"),
-    "set_pool": ("miopenSet2dPoolingDescriptor", "desc mode wh ww ph pw sh sw"),
+    "set_pool": ("miopenSet2dPoolingDescriptor", "desc mode:int wh:int ww:int ph:int pw:int sh:int sw:int"),
     "destroy_pool": ("miopenDestroyPoolingDescriptor", "desc"),
-    "pool_fwd": ("miopenPoolingForward", "h desc alpha xD x beta yD y do_backward ws ws_size"),
-    "softmax_fwd": ("miopenSoftmaxForward_V2", "h alpha xD x beta yD y sm_algo sm_mode"),
+    "pool_fwd": ("miopenPoolingForward", "h desc alpha xD x beta yD y do_backward:bool ws ws_size:size_t"),
+    "softmax_fwd": ("miopenSoftmaxForward_V2", "h alpha xD x beta yD y sm_algo:int sm_mode:int"),
     "create_act": ("miopenCreateActivationDescriptor", "out"),
-    "set_act": ("miopenSetActivationDescriptor", "desc mode act_alpha act_beta act_gamma"),
+    "set_act": ("miopenSetActivationDescriptor", "desc mode:int act_alpha:double act_beta:double act_gamma:double"),
     "destroy_act": ("miopenDestroyActivationDescriptor", "desc"),
     "act_fwd": ("miopenActivationForward", "h desc alpha xD x beta yD y"),
-    "derive_bn": ("miopenDeriveBNTensorDescriptor", "bnD xD mode"),
+    "derive_bn": ("miopenDeriveBNTensorDescriptor", "bnD xD mode:int"),
     "bn_infer": ("miopenBatchNormalizationForwardInference",
-                 "h mode alpha beta xD x yD y bnD scale bias mean var eps"),
+                 "h mode:int alpha beta xD x yD y bnD scale bias mean var eps:double"),
     "create_lrn": ("miopenCreateLRNDescriptor", "out"),
-    "set_lrn": ("miopenSetLRNDescriptor", "desc lrn_mode lrn_n lrn_alpha lrn_beta lrn_k"),
+    "set_lrn": ("miopenSetLRNDescriptor",
+                "desc lrn_mode:int lrn_n:uint lrn_alpha:double lrn_beta:double lrn_k:double"),
     "destroy_lrn": ("miopenDestroyLRNDescriptor", "desc"),
-    "lrn_fwd": ("miopenLRNForward", "h desc alpha xD x beta yD y do_backward ws"),
+    "lrn_fwd": ("miopenLRNForward", "h desc alpha xD x beta yD y do_backward:bool ws"),
     # RNN (ROCm >= 6.0): sequence-data descriptors and miopenRNNForward, sizes after their buffers
     "create_dropout": ("miopenCreateDropoutDescriptor", "out"),
     "set_dropout": ("miopenSetDropoutDescriptor",
-                    "desc h drop_p states state_size seed use_mask state_evo rng_mode"),
+                    "desc h drop_p:float states state_size:size_t seed:u64 use_mask:bool state_evo:bool rng_mode:int"),
     "destroy_dropout": ("miopenDestroyDropoutDescriptor", "desc"),
     "create_rnn": ("miopenCreateRNNDescriptor", "out"),
     "set_rnn": ("miopenSetRNNDescriptor_V2",
-                "desc hsize nlayers dropout in_mode direction rnn_mode bias_mode rnn_algo dtype"),
+                "desc hsize:int nlayers:int dropout in_mode:int direction:int rnn_mode:int bias_mode:int "
+                "rnn_algo:int dtype:int"),
     "destroy_rnn": ("miopenDestroyRNNDescriptor", "desc"),
     "create_rnn_data": ("miopenCreateSeqTensorDescriptor", "out"),
-    "set_rnn_data": ("miopenSetRNNDataSeqTensorDescriptor", "desc dtype layout max_seq batch vec seq_lens pad_fill"),
+    "set_rnn_data": ("miopenSetRNNDataSeqTensorDescriptor",
+                     "desc dtype:int layout:int max_seq:int batch:int vec:int seq_lens pad_fill"),
     "destroy_rnn_data": ("miopenDestroySeqTensorDescriptor", "desc"),
-    "rnn_weight_size": ("miopenGetRNNParamsSize", "h desc xD size_out dtype"),
-    "rnn_params_desc": ("miopenGetRNNParamsDescriptor", "h desc xD wD dtype"),
-    "rnn_get_param": ("miopenGetRNNLayerParam", "h desc layer xD wD w lin_id mD src"),
-    "rnn_get_bias": ("miopenGetRNNLayerBias", "h desc layer xD wD w lin_id mD src"),
-    "rnn_set_param": ("miopenSetRNNLayerParam", "h desc layer xD wD w lin_id mD src"),
-    "rnn_set_bias": ("miopenSetRNNLayerBias", "h desc layer xD wD w lin_id mD src"),
-    "rnn_temp_sizes": ("miopenGetRNNTempSpaceSizes", "h desc xS fwd_mode size_out size_out2"),
-    "rnn_fwd": ("miopenRNNForward", "h desc fwd_mode xS x hD hx hy cD cx cy yS y w w_size ws ws_size rs rs_size"),
+    "rnn_weight_size": ("miopenGetRNNParamsSize", "h desc xD size_out dtype:int"),
+    "rnn_params_desc": ("miopenGetRNNParamsDescriptor", "h desc xD wD dtype:int"),
+    "rnn_get_param": ("miopenGetRNNLayerParam", "h desc layer:int xD wD w lin_id:int mD src"),
+    "rnn_get_bias": ("miopenGetRNNLayerBias", "h desc layer:int xD wD w lin_id:int mD src"),
+    "rnn_set_param": ("miopenSetRNNLayerParam", "h desc layer:int xD wD w lin_id:int mD src"),
+    "rnn_set_bias": ("miopenSetRNNLayerBias", "h desc layer:int xD wD w lin_id:int mD src"),
+    "rnn_temp_sizes": ("miopenGetRNNTempSpaceSizes", "h desc xS fwd_mode:int size_out size_out2"),
+    "rnn_fwd": ("miopenRNNForward",
+                "h desc fwd_mode:int xS x hD hx hy cD cx cy yS y w w_size:size_t ws ws_size:size_t rs "
+                "rs_size:size_t"),
     # multi-head attention (ROCm >= 6.2), through the Find 2.0 problem/solution API
     "create_mha": ("miopenCreateMhaDescriptor", "out"),
-    "set_mha": ("miopenSetMhaDescriptor", "desc mha_scale"),
-    "create_mha_problem": ("miopenCreateMhaProblem", "out desc direction"),
-    "set_problem_tensor": ("miopenSetProblemTensorDescriptor", "problem tensor_id desc"),
-    "find_solutions": ("miopenFindSolutions", "h problem options solutions n_out max_solutions"),
+    "set_mha": ("miopenSetMhaDescriptor", "desc mha_scale:float"),
+    "create_mha_problem": ("miopenCreateMhaProblem", "out desc direction:int"),
+    "set_problem_tensor": ("miopenSetProblemTensorDescriptor", "problem tensor_id:int desc"),
+    "find_solutions": ("miopenFindSolutions", "h problem options solutions n_out max_solutions:size_t"),
     "solution_ws": ("miopenGetSolutionWorkspaceSize", "solution size_out"),
-    "run_solution": ("miopenRunSolution", "h solution n_args args ws ws_size"),
+    "run_solution": ("miopenRunSolution", "h solution n_args:size_t args ws ws_size:size_t"),
     "destroy_problem": ("miopenDestroyProblem", "desc"),
     "destroy_solution": ("miopenDestroySolution", "desc"),
     # convolutions through Find 2.0 (ROCm >= 5.5)
-    "create_conv_problem": ("miopenCreateConvProblem", "out desc direction"),
+    "create_conv_problem": ("miopenCreateConvProblem", "out desc direction:int"),
     "create_find_options": ("miopenCreateFindOptions", "out"),
-    "set_find_tensor": ("miopenSetFindOptionPreallocatedTensor", "options tensor_id ptr"),
+    "set_find_tensor": ("miopenSetFindOptionPreallocatedTensor", "options tensor_id:int ptr"),
     "destroy_find_options": ("miopenDestroyFindOptions", "desc"),
+    # C = op(alpha1 * A, alpha2 * B) + beta * C: fused_conv2d's residual add when it runs separately
+    "op_tensor": ("miopenOpTensor", "h tensor_op:int alpha1 aD a alpha2 bD b beta cD c"),
+    # fusion plans (conv + bias + activation, fused_conv2d without a residual); op descriptors belong
+    # to their plan, destroyed with it
+    "create_fusion_plan": ("miopenCreateFusionPlan", "out fusion_direction:int xD"),
+    "create_fusion_conv": ("miopenCreateOpConvForward", "plan out conv wD"),
+    "create_fusion_bias": ("miopenCreateOpBiasForward", "plan out bD"),
+    "create_fusion_act": ("miopenCreateOpActivationForward", "plan out mode:int"),
+    "compile_fusion_plan": ("miopenCompileFusionPlan", "h plan"),
+    "create_op_args": ("miopenCreateOperatorArgs", "out"),
+    "set_op_args_conv": ("miopenSetOpArgsConvForward", "args op alpha beta w"),
+    "set_op_args_bias": ("miopenSetOpArgsBiasForward", "args op alpha beta b"),
+    "set_op_args_act": ("miopenSetOpArgsActivForward",
+                        "args op alpha beta act_alpha:double act_beta:double act_gamma:double"),
+    "execute_fusion_plan": ("miopenExecuteFusionPlan", "h plan xD x yD y args"),
+    "destroy_fusion_plan": ("miopenDestroyFusionPlan", "desc"),
+    "destroy_op_args": ("miopenDestroyOperatorArgs", "desc"),
 }
 
 MIOPEN = VendorTable(
@@ -128,7 +160,9 @@ MIOPEN = VendorTable(
            "rnn_no_bias": 0, "rnn_bias": 1, "rnn_algo_standard": 0, "rnn_training": 0, "rnn_inference": 1,
            "rnn_seq_major_packed": 1,
            # miopenProblemDirection_t (a transposed convolution is the backward-data problem)
-           "problem_forward": 0, "problem_backward_data": 1, "int64": 9},
+           "problem_forward": 0, "problem_backward_data": 1, "int64": 9,
+           # miopenTensorOp_t, miopenFusionDirection_t
+           "tensor_op_add": 0, "vertical_fusion": 0},
     # op -> (miopenActivationMode_t, attribute given as activAlpha). TANH computes beta*tanh(alpha*x),
     # so it gets alpha = beta = 1 like every mode without a parameter.
     activations={"sigmoid": (1, None), "tanh": (2, None), "relu": (3, None), "clipped_relu": (7, "ceiling"),
@@ -222,6 +256,16 @@ def mha_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     return Plan(out, run, keep, {"solutions": count.value, "workspace": ws_size.value, "kv_length": s_kv})
 
 
+def _conv_descriptor(p: DnnProvider, prob, keep) -> int:
+    t, api = p.table, p.api
+    conv = p._out(P, "create_conv")
+    keep.append(("destroy_conv", conv))
+    api.call("set_conv", desc=conv, n=2, pads=_ints(prob.pad), stride_a=_ints(prob.stride),
+             dil_a=_ints(prob.dilation), mode=t.enums["cross_correlation"])
+    api.call("set_conv_groups", desc=conv, groups=prob.groups)
+    return conv
+
+
 def find2_conv(p: DnnProvider, prob, bound: dict, keep: list):
     """The convolution as a Find 2.0 problem; the search (`miopenFindSolutions`, fastest first)
     runs on the real inputs and a scratch result handed over as preallocated tensors. None when
@@ -230,11 +274,7 @@ def find2_conv(p: DnnProvider, prob, bound: dict, keep: list):
     ids = t.conv_ids
     descs = {"x": p.tensor(prob.x, prob.dtype, keep), "w": p.tensor(prob.w, prob.dtype, keep, filter=True),
              "y": p.tensor(prob.y, prob.dtype, keep)}
-    conv = p._out(P, "create_conv")
-    keep.append(("destroy_conv", conv))
-    api.call("set_conv", desc=conv, n=2, pads=_ints(prob.pad), stride_a=_ints(prob.stride),
-             dil_a=_ints(prob.dilation), mode=t.enums["cross_correlation"])
-    api.call("set_conv_groups", desc=conv, groups=prob.groups)
+    conv = _conv_descriptor(p, prob, keep)
     problem = p._out(P, "create_conv_problem", desc=conv, direction=t.enums[f"problem_{prob.direction}"])
     keep.append(("destroy_problem", problem))
     options = p._out(P, "create_find_options")
@@ -264,8 +304,60 @@ def find2_conv(p: DnnProvider, prob, bound: dict, keep: list):
     return TensorOp(roles, run, workspace=need, info={"solutions": count.value, "workspace": need})
 
 
+def fusion_conv(p: DnnProvider, prob, bound: dict, keep: list):
+    """fused_conv2d without a residual as a fusion plan: convolution, bias (if any), activation,
+    compiled once; a call sets the weight and bias pointers in the operator arguments and executes
+    the plan on x and y. None when MIOpen won't compile the plan for this problem (what it fuses
+    depends on the shapes, the dtype and the kernels it has). Not yet run on an AMD GPU."""
+    t, api, local = p.table, p.api, []
+    xD, yD = p.tensor(prob.x, prob.dtype, local), p.tensor(prob.y, prob.dtype, local)
+    wD = p.tensor(prob.w, prob.dtype, local, filter=True)
+    conv = _conv_descriptor(p, prob, local)
+    plan = p._out(P, "create_fusion_plan", fusion_direction=t.enums["vertical_fusion"], xD=xD)
+    local.append(("destroy_fusion_plan", plan))
+    conv_op = p._out(P, "create_fusion_conv", plan=plan, conv=conv, wD=wD)
+    bias_op = p._out(P, "create_fusion_bias", plan=plan, bD=p.tensor((1, prob.y[1], 1, 1), prob.dtype, local)) \
+        if prob.bias else None
+    act_op = p._out(P, "create_fusion_act", plan=plan, mode=t.activations[prob.activation][0])
+    try:
+        api.call("compile_fusion_plan", h=p.handle, plan=plan)
+    except DeviceError:
+        _release(p, local)
+        return None
+    keep += local
+    args = p._out(P, "create_op_args")
+    keep.append(("destroy_op_args", args))
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    keep += [one, zero]
+    alpha, beta = ctypes.byref(one), ctypes.byref(zero)
+    api.call("set_op_args_act", args=args, op=act_op, alpha=alpha, beta=beta, act_alpha=1.0, act_beta=1.0,
+             act_gamma=0.0)
+    set_conv, set_bias = api.bound("set_op_args_conv"), api.bound("set_op_args_bias")
+    execute, handle = api.bound("execute_fusion_plan"), p.handle
+    roles = ("x", "w", "b", "y") if prob.bias else ("x", "w", "y")
+
+    def run(ptrs, ws):
+        x, w, *b, y = ptrs
+        set_conv(args, conv_op, alpha, beta, w)
+        if b:
+            set_bias(args, bias_op, alpha, beta, b[0])
+        execute(handle, plan, xD, x, yD, y, args)
+    return TensorOp(roles, run, fused_bias=prob.bias, fused_epilogue=True, info={"fusion_plan": True})
+
+
+def miopen_conv(p: DnnProvider, prob, bound: dict, keep: list):
+    """fused_conv2d as a fusion plan where MIOpen can fuse it (no residual, an activation to fuse),
+    every other convolution, and a fused one MIOpen won't compile, through Find 2.0."""
+    if prob.activation != "none" and not prob.residual:
+        fused = fusion_conv(p, prob, bound, keep)
+        if fused is not None:
+            return fused
+    return find2_conv(p, prob, bound, keep)
+
+
 class MiopenProvider(DnnProvider):
     table = MIOPEN
     planners = {**PLANNERS, **RNN_PLANNERS, "sdpa": mha_plan}
-    conv_builder = staticmethod(find2_conv)
-    exportable_hint = "call iree.runtime.flags.parse_flags('--hip_async_allocations=false') before the first hip device is opened"
+    conv_builder = staticmethod(miopen_conv)
+    exportable_hint = ("call iree.runtime.flags.parse_flags('--hip_async_allocations=false') before the first hip "
+                       "device is opened")

@@ -21,8 +21,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from .abi import RNN_STATES, gate_blocks
-from .dnn import _ITEMSIZE, P, DnnProvider, Plan
+from ...externs import RNN_STATES, gate_blocks
+from .dnn import _ITEMSIZE, DnnProvider, P, Plan, declared
 
 MEMCPY_DEVICE_TO_DEVICE = 3    # hipMemcpyDeviceToDevice == cudaMemcpyDeviceToDevice
 MEMCPY_HOST_TO_DEVICE = 1
@@ -150,7 +150,7 @@ def rnn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     hD = p.tensor((1, batch, hidden), dtype, keep)
     # One step's input (batch, input): only MIOpen's weight queries take it (cuDNN's legacy tensor
     # descriptors want 3 dims or more).
-    xD = p.tensor((batch, inp), dtype, keep) if "xD" in t.functions["rnn_weight_size"][1].split() else None
+    xD = p.tensor((batch, inp), dtype, keep) if "xD" in [n for n, _ in declared(t.functions["rnn_weight_size"][1])] else None
     w_size, ws_size, rs_size = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     api.call("rnn_weight_size", h=p.handle, desc=rnn, xD=xD, size_out=ctypes.byref(w_size), dtype=t.dtypes[dtype])
     api.call("rnn_temp_sizes", h=p.handle, desc=rnn, xS=xS, fwd_mode=e["rnn_inference"],

@@ -1,7 +1,7 @@
 """Reference provider: numpy implementations of the extern ABI for local CPU devices.
 
 This is how CI runs the import path end to end without a GPU: the compiled module calls the same
-`miopen.<op>` imports it calls on a GPU, and these functions compute them in float64 (rounded once
+`miopen.<op>` and `hipblaslt.matmul` imports it calls on a GPU, and these functions compute them in float64 (rounded once
 to the storage type), with the ABI's conventions (symmetric padding, (outer, axis, inner) softmax
 views, flattened activations, empty tensors for absent operands).
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .abi import gate_blocks, out_dim, transposed_dim
+from ...externs import CONV_ACTIVATIONS, EPILOGUES, gate_blocks
+from ...symbolic import INT, conv_size, conv_transpose_size
 from .base import Provider
 from .miopen import MIOPEN
 
@@ -24,7 +25,7 @@ def _conv_nd(x, w, b, stride, pad, dil, groups):
     xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad])
     n, c = x.shape[:2]
     f, kernel = w.shape[0], w.shape[2:]
-    out = [out_dim(x.shape[2 + i], kernel[i], stride[i], pad[i], dil[i]) for i in range(nsp)]
+    out = [conv_size(INT, x.shape[2 + i], kernel[i], stride[i], pad[i], pad[i], dil[i]) for i in range(nsp)]
     xg = xp.reshape(n, groups, c // groups, *xp.shape[2:])
     wg = w.reshape(groups, f // groups, c // groups, *kernel)
     y = np.zeros((n, groups, f // groups, *out))
@@ -35,12 +36,21 @@ def _conv_nd(x, w, b, stride, pad, dil, groups):
     return y if b.size == 0 else y + b.reshape(f, *[1] * nsp)
 
 
+def _fused_conv2d(t, a):
+    """activation(conv2d(x, w, b) + residual); an empty residual is none."""
+    x, w, b, r = t
+    y = _conv_nd(x, w, b, *_conv_args(a, 2, False))
+    y = y + r if r.size else y
+    return np.maximum(y, 0.0) if CONV_ACTIVATIONS[a["activation"]] == "relu" else y
+
+
 def _conv_transpose_nd(x, w, b, stride, pad, out_pad, dil, groups):
     """The adjoint of _conv_nd (backward data): w is (C_in, F/groups, *K)."""
     nsp = x.ndim - 2
     n, c, *size = x.shape
     fg, kernel = w.shape[1], w.shape[2:]
-    out = [transposed_dim(size[i], kernel[i], stride[i], pad[i], out_pad[i], dil[i]) for i in range(nsp)]
+    out = [conv_transpose_size(INT, size[i], kernel[i], stride[i], pad[i], pad[i], dil[i], out_pad[i])
+           for i in range(nsp)]
     full = [max(o + p, (s - 1) * st + d * (k - 1) + 1)
             for o, p, s, st, d, k in zip(out, pad, size, stride, dil, kernel)]
     y = np.zeros((n, groups, fg, *full))
@@ -64,7 +74,7 @@ def _pool(x, a, reduce):
     average according to count_include_pad."""
     n, c, h, w = x.shape
     kh, kw, sh, sw, ph, pw = (a[k] for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w"))
-    oh, ow = out_dim(h, kh, sh, ph, 1), out_dim(w, kw, sw, pw, 1)
+    oh, ow = conv_size(INT, h, kh, sh, ph, ph, 1), conv_size(INT, w, kw, sw, pw, pw, 1)
     fill = -np.inf if reduce == "max" else 0.0
     xp = np.pad(x, [(0, 0), (0, 0), (ph, ph), (pw, pw)], constant_values=fill)
     inside = np.pad(np.ones((h, w)), [(ph, ph), (pw, pw)])
@@ -150,9 +160,25 @@ def _sdpa(q, k, v, scale):
     return np.matmul(p / p.sum(axis=-1, keepdims=True), v)
 
 
+def _gemm(a, b, bias, attrs):
+    """The GEMM ABI: alpha * op(a) @ op(b) over a (possibly broadcast) batch, + bias over columns, epilogue."""
+    a = np.swapaxes(a, 1, 2) if attrs["transpose_a"] else a
+    b = np.swapaxes(b, 1, 2) if attrs["transpose_b"] else b
+    d = attrs["alpha"] * np.matmul(a, b)
+    if bias.size:
+        d = d + bias
+    epilogue = EPILOGUES[attrs["epilogue"]]
+    if epilogue == "relu":
+        return np.maximum(d, 0.0)
+    if epilogue == "gelu_tanh":
+        return 0.5 * d * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (d + 0.044715 * d ** 3)))
+    return d
+
+
 OPS = {
     "conv1d": lambda t, a: _conv_nd(*t, *_conv_args(a, 1, False)),
     "conv2d": lambda t, a: _conv_nd(*t, *_conv_args(a, 2, False)),
+    "fused_conv2d": _fused_conv2d,
     "conv_transpose1d": lambda t, a: _conv_transpose_nd(*t, *_conv_args(a, 1, True)),
     "conv_transpose2d": lambda t, a: _conv_transpose_nd(*t, *_conv_args(a, 2, True)),
     "max_pool2d": lambda t, a: _pool(t[0], a, "max"),
@@ -170,6 +196,7 @@ OPS = {
     "lstm": lambda t, a: _rnn("lstm", t),
     "gru": lambda t, a: _rnn("gru", t),
     "sdpa": lambda t, a: _sdpa(*t, a["scale"]),
+    "matmul": lambda t, a: _gemm(*t, a),
 }
 
 
