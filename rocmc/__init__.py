@@ -19,7 +19,14 @@ def import_onnx(model, **kwargs):
     from .frontend.onnx import import_onnx as _imp
     return _imp(model, **kwargs)
 
+
+def import_torch(model, args=(), **kwargs):
+    """Import a torch nn.Module (through torch.export) or an ExportedProgram as a Graph; see
+    rocmc.frontend.torch. torch is imported here, on first use, never by `import rocmc`."""
+    from .frontend.torch import import_torch as _imp
+    return _imp(model, args, **kwargs)
+
 __all__ = ["Artifact", "ArtifactError", "CacheWarning", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
            "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
-           "__version__", "compile", "dtype", "evaluate", "import_onnx", "known_targets", "llm", "load", "ops", "Parameters", "save_parameters",
+           "__version__", "compile", "dtype", "evaluate", "import_onnx", "import_torch", "known_targets", "llm", "load", "ops", "Parameters", "save_parameters",
            "f32", "f16", "bf16", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool_"]

@@ -63,19 +63,25 @@ def _output_file(path: str, what: str) -> str:
 def _model_file(path: str) -> Path:
     p = Path(path)
     if p.is_dir():
-        raise RocmcError(f"model file {path!r} is a directory; expected a .py or .onnx file")
+        raise RocmcError(f"model file {path!r} is a directory; expected a .py, .onnx or .pt2 file")
     if not p.is_file():
         raise RocmcError(f"model file {path!r} does not exist")
     return p
 
 
 def load_graph(path: str, settings: dict):
-    """A Graph from a .onnx file or a Python file defining `build_graph(**settings)` (or `graph`)."""
+    """A Graph from a .onnx file, a saved torch.export program (.pt2: unpickled, so trusted like code) or
+    a Python file defining `build_graph(**settings)` (or `graph`)."""
     from .frontend.graph import Graph
     p = _model_file(path)
+    if p.suffix == ".pt2" and settings:
+        raise RocmcError(f"--set {next(iter(settings))}=...: {path} is a torch.export program; --set is for build_graph()")
     if p.suffix == ".onnx":
         from . import import_onnx
         return import_onnx(str(p))
+    if p.suffix == ".pt2":
+        from .frontend.torch import load_program
+        return load_program(p)
     ns = runpy.run_path(str(p), run_name="rocmc_model")
     if callable(ns.get("build_graph")):
         _check_settings(path, ns["build_graph"], settings)
@@ -215,7 +221,8 @@ NO_VERIFY = "skip the integrity check (a trusted module with no rocmc trailer)"
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rocmc", description="Compile ML graphs to AMD GPUs (and CUDA, CPU) through IREE.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="compile a model (.py with build_graph(), or .onnx) to a .vmfb")
+    c = sub.add_parser("compile", help="compile a model (.py with build_graph(), .onnx, or a torch.export .pt2) to a "
+                       ".vmfb; a .py runs as code and a .pt2 is unpickled: trust both as code")
     c.add_argument("model")
     c.add_argument("-t", "--target", default="cpu", help="cpu, gfx942, rocm:gfx90a, cuda:sm_80, ... (rocmc targets)")
     c.add_argument("-o", "--output")
