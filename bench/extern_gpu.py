@@ -7,14 +7,14 @@
 and f16), the two conv2d timing cases and a ResNet-style block (extern conv and generated conv).
 `run` loads them on the cuda device, where the imports bind to the cuDNN provider, and
 
-- compares every module's outputs with the float64 reference on fresh random inputs;
 - measures the per-call overhead of an extern conv2d: median wall time of the module (inputs and
   outputs stay on the device) minus the library kernel's own time (the same cuDNN execution plan
   launched back to back from the provider; torch's cuDNN conv for comparison), raw and less IREE's
   fixed cost of any module call (the null module): overhead = module - kernel - null;
 - times the ResNet-style block three ways: cuDNN-extern conv, IREE-generated conv, torch.
 
-It prints a markdown summary and writes extern_gpu.json. Exit status 1 if any comparison fails.
+It prints a markdown summary and writes extern_gpu.json. Exit status 1 if a timed module's result is
+wrong. The extern ops' numerics against float64 are tests: tests/gpu/test_gpu_extern.py.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import argparse
 import gc
 import json
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -34,7 +33,9 @@ if str(ROOT) not in sys.path:
 
 import rocmc  # noqa: E402
 from rocmc import ops  # noqa: E402
-from rocmc.runtime.providers.dnn import ACTIVE  # noqa: E402
+from rocmc.runtime.providers.dnn import ACTIVE  # noqa: E402  (the live providers: public registry)
+
+from common import median_ms  # noqa: E402  (bench/ is the script's directory)
 
 TARGET = "cuda:sm_80"
 SEED = 1234
@@ -180,43 +181,6 @@ def compile_all(out: Path):
 
 # ---- run (GPU machine) ----------------------------------------------------------------------------
 
-def _median_ms(fn, warmup=5, reps=50):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
-
-
-def check_correctness(out: Path, results: dict) -> bool:
-    ok = True
-    rng = np.random.default_rng()
-    for name, (g, kw) in modules().items():
-        if name.startswith(tuple(CONV_CASES) + ("resnet", "null", "chain", "add_")):
-            continue
-        dtype = g.inputs[0].dtype.name
-        tol = 2e-3 if dtype == "f16" else 1e-4
-        try:
-            mod = rocmc.load(out / f"{name}.vmfb")
-            inputs = [rng.uniform(-2, 2, s).astype(rocmc.dtype(dtype).np) for s in input_shapes(name, g)]
-            got = mod(*inputs)
-            want = rocmc.evaluate(g, *inputs)
-            err = float(np.max(np.abs(got.astype(np.float64) - want) / (np.abs(want) + 1.0)))
-            mod.close()
-            del mod
-        except Exception:
-            traceback.print_exc()
-            err = float("nan")
-        passed = bool(err <= tol)
-        ok &= passed
-        results["correctness"][name] = {"max_rel_err": err, "tol": tol, "pass": passed}
-        print(f"{name:<28} max rel err {err:.2e} (tol {tol:.0e}) {'ok' if passed else 'FAIL'}", flush=True)
-    return ok
-
-
 def time_calls(out: Path, results: dict) -> bool:
     """IREE's fixed cost of a module call (null), and the marginal cost of one more extern call:
     (chain5 - chain1) / 4, from which the relu kernel's own time is subtracted."""
@@ -228,9 +192,8 @@ def time_calls(out: Path, results: dict) -> bool:
         mod = rocmc.load(out / f"{name}.vmfb")
         xd = rt.asdevicearray(mod.device, x)
         ok &= bool(np.allclose(mod(xd), np.maximum(x, 0)))
-        for p in ACTIVE:
-            p.stats = dict.fromkeys(p.stats, 0)
-        row[f"{name}_us"] = _median_ms(lambda: mod(xd, output="device"), reps=200) * 1e3
+        _reset_stats()
+        row[f"{name}_us"] = median_ms(lambda: mod(xd, output="device"), reps=200) * 1e3
         if name != "null":
             row[f"{name}_callback_us"] = _phases()
         mod.close()
@@ -242,10 +205,17 @@ def time_calls(out: Path, results: dict) -> bool:
     return ok
 
 
+def _reset_stats() -> None:
+    """Zero every live provider's call timings: the next _phases() covers what runs from here."""
+    for p in ACTIVE:
+        p.call_stats(reset=True)
+
+
 def _phases() -> dict:
     """Mean microseconds per extern call in each phase of the provider's callback."""
-    calls = sum(p.stats["calls"] for p in ACTIVE)
-    return {k[:-2]: sum(p.stats[k] for p in ACTIVE) / max(calls, 1) * 1e6
+    stats = [p.call_stats() for p in ACTIVE]
+    calls = sum(st["calls"] for st in stats)
+    return {k[:-2]: sum(st[k] for st in stats) / max(calls, 1) * 1e6
             for k in ("inputs_s", "output_s", "launch_s", "sync_s")}
 
 
@@ -265,9 +235,8 @@ def time_convs(out: Path, results: dict) -> bool:
             err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
             ok &= err < 1e-4
             row[f"err{variant or '_extern'}"] = err
-            for p in ACTIVE:
-                p.stats = dict.fromkeys(p.stats, 0)
-            row[f"module_ms{variant or '_extern'}"] = _median_ms(lambda: mod(xd, output="device"),
+            _reset_stats()
+            row[f"module_ms{variant or '_extern'}"] = median_ms(lambda: mod(xd, output="device"),
                                                                  reps=200 if n == 1 else 50)
             if not variant:
                 row["callback_us"] = _phases()
@@ -279,10 +248,9 @@ def time_convs(out: Path, results: dict) -> bool:
             continue
         # The library kernel alone: the very plan the module's calls used (the device's shared
         # provider keeps it), launched back to back on its stream, one synchronize.
-        from rocmc.runtime.providers import provider_for
         dev = rocmc.runtime.get_device("cuda")
-        prov = provider_for("cuda", dev)
-        plan = next(pl for key, pl in prov._plans.items() if key[0] == "conv2d" and key[2][0] == (n, c, hw, hw))
+        prov, plan = next((p, pl) for p in ACTIVE for key, pl in p.cached_plans()
+                          if key[0] == "conv2d" and key[2][0] == (n, c, hw, hw))
         xv = rt.asdevicearray(dev, x)._buffer_view
         wn = np.random.default_rng().uniform(-1, 1, (f, c, 3, 3)).astype(np.float32) * 0.05
         wv = rt.asdevicearray(dev, wn)._buffer_view
@@ -296,9 +264,8 @@ def time_convs(out: Path, results: dict) -> bool:
         err = float(np.max(np.abs(mod(xd, wd) - rocmc.evaluate(conv_winput_case(n, c, hw, f), x, wn))))
         row["err_winput_abs"] = err
         ok &= err < 1e-3
-        for p in ACTIVE:
-            p.stats = dict.fromkeys(p.stats, 0)
-        row["module_ms_winput"] = _median_ms(lambda: mod(xd, wd, output="device"), reps=200 if n == 1 else 50)
+        _reset_stats()
+        row["module_ms_winput"] = median_ms(lambda: mod(xd, wd, output="device"), reps=200 if n == 1 else 50)
         row["callback_us_winput"] = _phases()
         mod.close()
         del mod, xd, wd
@@ -307,7 +274,7 @@ def time_convs(out: Path, results: dict) -> bool:
             for _ in range(reps):
                 plan.run(ptrs, ptrs[2])
             prov.rt.call("stream_sync", stream=prov.stream)
-        row["kernel_ms"] = _median_ms(burst, warmup=2, reps=7) / reps
+        row["kernel_ms"] = median_ms(burst, warmup=2, reps=7) / reps
         row["search"] = plan.info
         row["module_minus_kernel_us"] = (row["module_ms_extern"] - row["kernel_ms"]) * 1e3
         row["winput_minus_kernel_us"] = (row["module_ms_winput"] - row["kernel_ms"]) * 1e3
@@ -347,7 +314,7 @@ def time_constants(out: Path, results: dict) -> bool:
     for name in ("add_const", "add_input"):
         mod = rocmc.load(out / f"{name}.vmfb")
         args = [rt.asdevicearray(mod.device, a) for a in ((x,) if name == "add_const" else (x, c))]
-        row[f"{name}_us"] = _median_ms(lambda: mod(*args, output="device"), reps=200) * 1e3
+        row[f"{name}_us"] = median_ms(lambda: mod(*args, output="device"), reps=200) * 1e3
         mod.close()
         del mod, args
     results["constants"] = row
@@ -359,7 +326,7 @@ def _plan_infos() -> list:
     """What each cached convolution plan chose (plan API, engine, fused bias, graph replay)."""
     out = []
     for prov in ACTIVE:
-        for key, plan in prov._plans.items():
+        for key, plan in prov.cached_plans():
             if key[0].startswith("conv"):
                 out.append({"op": key[0], "element_type": int(key[1]), "shapes": key[2], **plan.info})
     return out
@@ -377,7 +344,7 @@ def time_resnet(out: Path, results: dict) -> bool:
         err = float(np.max(np.abs(mod(xd) - want)) / np.max(np.abs(want)))
         ok &= err < 1e-4
         row[f"err_{variant}"] = err
-        row[f"{variant}_ms"] = _median_ms(lambda: mod(xd, output="device"))
+        row[f"{variant}_ms"] = median_ms(lambda: mod(xd, output="device"))
         mod.close()
         del mod, xd
     try:
@@ -400,7 +367,7 @@ def time_resnet(out: Path, results: dict) -> bool:
         def timed():
             block()
             torch.cuda.synchronize()
-        row["torch_ms"] = _median_ms(timed)
+        row["torch_ms"] = median_ms(timed)
     except Exception as e:
         row["torch_ms"] = f"unavailable: {e}"
     results["resnet_block"] = row
@@ -427,7 +394,7 @@ def run_all(out: Path, json_out: Path | None, mode: str):
     global MODE
     MODE = mode
     _open_device(mode)
-    results = {"device": None, "mode": mode, "correctness": {}, "conv": {}, "resnet_block": {}}
+    results = {"device": None, "mode": mode, "conv": {}, "resnet_block": {}}
     try:
         import subprocess
         results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -435,7 +402,7 @@ def run_all(out: Path, json_out: Path | None, mode: str):
     except OSError:
         pass
     ok = True
-    steps = {"caching": (check_correctness, time_calls, time_convs, time_constants, time_resnet),
+    steps = {"caching": (time_calls, time_convs, time_constants, time_resnet),
              "sync": (time_calls, time_convs), "async": (time_calls, time_convs, time_resnet)}[mode]
     for step in steps:
         try:

@@ -63,28 +63,34 @@ def run_case(family: str, exporter: str, dynamic: bool) -> dict:
                 return out
             graph = rocmc.import_onnx(path)
         art = rocmc.compile(graph)
-        module = rocmc.load(art)
-        errors = []
-        for batch, seq in SIZES[: 2 if dynamic else 1]:
-            inputs = example if (batch, seq) == SIZES[0] else zoo.FAMILIES[family].inputs(rng, batch, seq)
-            got, ref = module(*inputs), zoo.run_torch(model, inputs)
-            got = got[0] if isinstance(got, tuple) else got
-            keep = zoo.valid_rows(family, inputs)
-            errors.append(rel_error(got, ref) if keep is None else rel_error(got[keep], ref[keep]))
-        out["error"] = max(errors)
-        out["status"] = "ok" if out["error"] < 1e-4 else "mismatch"
-        out["rewrites"] = _rewrites(art)
+        out.update(against_torch(art, model, family, example, rng, dynamic))
     except Exception as e:  # noqa: BLE001 - the table reports every failure
         out["status"] = type(e).__name__
         out["why"] = str(e).splitlines()[:6] if str(e) else traceback.format_exc().splitlines()[-3:]
     return out
 
 
+def against_torch(art, model, family: str, example, rng, dynamic: bool) -> dict:
+    """The compiled module against the eager model at the example's size (and another one when the
+    import is dynamic), on the rows the attention mask keeps: {error, status, rewrites}."""
+    import rocmc
+    module = rocmc.load(art)
+    errors = []
+    for batch, seq in SIZES[: 2 if dynamic else 1]:
+        inputs = example if (batch, seq) == SIZES[0] else zoo.FAMILIES[family].inputs(rng, batch, seq)
+        got, ref = module(*inputs), zoo.run_torch(model, inputs)
+        got = got[0] if isinstance(got, tuple) else got
+        keep = zoo.valid_rows(family, inputs)
+        errors.append(rel_error(got, ref) if keep is None else rel_error(got[keep], ref[keep]))
+    error = max(errors)
+    return {"error": error, "status": "ok" if error < 1e-4 else "mismatch", "rewrites": rewrites_of(art)}
+
+
 def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def _rewrites(art) -> str:
+def rewrites_of(art) -> str:
     counts: dict = {}
     for r in art.metadata.get("rewrites", []) if hasattr(art, "metadata") else []:
         counts[r.get("op", "?")] = counts.get(r.get("op", "?"), 0) + 1

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 import rocmc  # noqa: E402
 from rocmc import ops  # noqa: E402
 
-import extern_gpu  # noqa: E402  (bench/ is the script's directory: shares its timing helper)
+from common import median_ms  # noqa: E402  (bench/ is the script's directory)
 
 TARGET = "cuda:sm_80"
 SEED = 4321
@@ -74,7 +74,7 @@ def compile_all(out: Path):
 
 
 def _median_ms(fn):
-    return extern_gpu._median_ms(fn, warmup=3, reps=20)
+    return median_ms(fn, warmup=3, reps=20)
 
 
 def _rel_err(got, want):

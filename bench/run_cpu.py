@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
+from common import timings  # noqa: E402
 
 DEFAULT_CASES = ("llama_h1024_s128_f32", "llama_h1024_s2048_f32", "resnet18_b1_f32", "resnet18_b32_f32")
 SYSTEMS = ("rocmc", "rocmc_tuned", "onnxruntime", "torch")
@@ -40,16 +41,7 @@ SLOW_S, MIN_RUNS, SLOW_BUDGET_S = 2.0, 5, 60.0
 def _median_ms(fn, runs: int, first_s: float) -> dict:
     if first_s > SLOW_S:
         runs = max(MIN_RUNS, min(runs, int(SLOW_BUDGET_S / first_s)))
-    for _ in range(1 if first_s > SLOW_S else WARMUP):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    t = np.array(times) * 1e3
-    return {"median_ms": float(np.median(t)), "min_ms": float(t.min()), "p90_ms": float(np.percentile(t, 90)),
-            "runs": runs}
+    return timings(fn, runs, 1 if first_s > SLOW_S else WARMUP)
 
 
 # ---- one system, in its own process ---------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
+from common import timings  # noqa: E402
 
 TARGET = "cuda:sm_80"
 # case -> {variant: rocmc.compile options}. "kernels" is the default implementation choice (hand-written
@@ -101,18 +102,7 @@ def _time(fn, sync, first_s: float) -> dict:
     # A call slower than a second runs fewer times (at least 5, about 30 s in all): the whole GPU run
     # must fit one 10-minute command.
     runs = max(5, min(RUNS, int(30 / first_s))) if first_s > 1.0 else RUNS
-    for _ in range(WARMUP if first_s <= 1.0 else 1):
-        fn()
-    sync()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t)
-    t = np.array(times) * 1e3
-    return {"median_ms": float(np.median(t)), "min_ms": float(t.min()), "p90_ms": float(np.percentile(t, 90)),
-            "runs": runs}
+    return timings(fn, runs, WARMUP if first_s <= 1.0 else 1, sync)
 
 
 def _rocmc(case, variant, out: Path):

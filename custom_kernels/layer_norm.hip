@@ -3,13 +3,11 @@
 // shifted sums of x and x^2).
 //
 // Symbols: layer_norm_{f32,f16,bf16} (any row; 8 vectors a thread in registers) and layer_norm_{f32,f16,bf16}_short
-// (4 vectors: fewer registers, more threads resident; the host picks it for rows of up to 4 * 256 vectors).
+// (4 vectors: fewer registers, more threads resident; the host picks it for rows of up to 4 * BLOCK vectors).
 // x, w, b and y share the element type.
-// Bindings: 0 x (rows x cols, row-major, read-only), 1 w (cols), 2 b (cols) (placeholders when absent),
-//           3 y (rows x cols).
-// Constants (i32): 0 rows, 1 cols, 2 group (threads per row: power of two in [1, 256]), 3 eps (f32 bits),
-//                  4 flags (bit 0: w present, bit 1: b present).
-// Workgroup: 256 x 1 x 1. Grid: ceil(rows / (256 / group)) x 1 x 1.
+// ABI (bindings, push constants, FLAG_* bits, BLOCK): the "layer_norm" KernelFamily in rocmc/lowering/kernels.py,
+// which the build generates kernel_abi.h from (included by rows.h).
+// Workgroup: BLOCK x 1 x 1. Grid: ceil(rows / (BLOCK / group)) x 1 x 1.
 #include "rows.h"
 
 // Shared memory of the reductions: two of one float (mean, then variance) or one of two (shifted sums).
@@ -59,8 +57,8 @@ DEVICE void layer_norm_rows(const T* x, const T* w, const T* b, T* y, u32 rows, 
     Moments mo = row_moments(c, xr, cols, group, s, eps, sl);
     row_write(c, xr, y + (u64)s.row * cols, cols, group, s.lane, s.active, [&](const Vec<T, N>& v, u32 i) {
       float wf[N], bf[N], o[N];
-      column_f32<T, N>(w, flags & 1u, i, 1.0f, wf);
-      column_f32<T, N>(b, flags & 2u, i, 0.0f, bf);
+      column_f32<T, N>(w, flags & FLAG_W, i, 1.0f, wf);
+      column_f32<T, N>(b, flags & FLAG_B, i, 0.0f, bf);
 #pragma unroll
       for (int j = 0; j < N; ++j) o[j] = (to_f32(v.v[j]) - mo.mean) * mo.inv_std * wf[j] + bf[j];
       return round_vec<T, N>(o);
@@ -81,10 +79,7 @@ DEVICE void layer_norm(const T* x, const T* w, const T* b, T* y, u32 rows, u32 c
 }
 
 #define LAYER_NORM(name, T, C)                                                                                \
-  ROW_KERNEL(C) void name(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,             \
-                          T* __restrict__ y, u32 rows, u32 cols, u32 group, u32 eps, u32 flags) {                \
-    layer_norm<T, C>(x, w, b, y, rows, cols, group, eps, flags);                                              \
-  }
+  ROW_KERNEL(C) void name(KERNEL_PARAMS(T)) { layer_norm<T, C>(x, w, b, y, rows, cols, group, eps, flags); }
 LAYER_NORM(layer_norm_f32, float, 8)
 LAYER_NORM(layer_norm_f32_short, float, 4)
 LAYER_NORM(layer_norm_f16, _Float16, 8)

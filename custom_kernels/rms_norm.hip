@@ -1,12 +1,11 @@
 // RMSNorm over rows: y = x / sqrt(mean(x^2) + eps) * w, computed in f32 whatever the storage type.
 //
 // Symbols: rms_norm_{f32,f16,bf16} (any row; 8 vectors a thread in registers) and rms_norm_{f32,f16,bf16}_short
-// (4 vectors: fewer registers, more threads resident; the host picks it for rows of up to 4 * 256 vectors).
+// (4 vectors: fewer registers, more threads resident; the host picks it for rows of up to 4 * BLOCK vectors).
 // x, w and y share the element type.
-// Bindings: 0 x (rows x cols, row-major, read-only), 1 w (cols; a placeholder when absent), 2 y (rows x cols).
-// Constants (i32): 0 rows, 1 cols, 2 group (threads per row: power of two in [1, 256]), 3 eps (f32 bits),
-//                  4 flags (bit 0: w present).
-// Workgroup: 256 x 1 x 1. Grid: ceil(rows / (256 / group)) x 1 x 1.
+// ABI (bindings, push constants, FLAG_* bits, BLOCK): the "rms_norm" KernelFamily in rocmc/lowering/kernels.py,
+// which the build generates kernel_abi.h from (included by rows.h).
+// Workgroup: BLOCK x 1 x 1. Grid: ceil(rows / (BLOCK / group)) x 1 x 1.
 #include "rows.h"
 
 template <typename T, int N, int C>
@@ -31,7 +30,7 @@ DEVICE void rms_norm(const T* x, const T* w, T* y, u32 rows, u32 cols, u32 group
   SHARED SumSlots<1> slots[2];
   constexpr int W = Wide<T>::N;
   float eps = __builtin_bit_cast(float, eps_bits);
-  bool has_w = flags & 1u;
+  bool has_w = flags & FLAG_W;
   if (cols % W == 0 && aligned16(x, w, y))
     rms_norm_rows<T, W, C>(x, w, y, rows, cols, group, eps, has_w, slots);
   else
@@ -39,10 +38,7 @@ DEVICE void rms_norm(const T* x, const T* w, T* y, u32 rows, u32 cols, u32 group
 }
 
 #define RMS_NORM(name, T, C)                                                                                  \
-  ROW_KERNEL(C) void name(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, u32 rows,         \
-                          u32 cols, u32 group, u32 eps, u32 flags) {                                             \
-    rms_norm<T, C>(x, w, y, rows, cols, group, eps, flags);                                                   \
-  }
+  ROW_KERNEL(C) void name(KERNEL_PARAMS(T)) { rms_norm<T, C>(x, w, y, rows, cols, group, eps, flags); }
 RMS_NORM(rms_norm_f32, float, 8)
 RMS_NORM(rms_norm_f32_short, float, 4)
 RMS_NORM(rms_norm_f16, _Float16, 8)

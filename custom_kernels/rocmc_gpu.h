@@ -3,7 +3,8 @@
 // Kernels are built with -nogpuinc/-nocudainc: no HIP or CUDA headers, no device libraries. Everything here
 // is a clang builtin, so one source builds with a stock clang for gfx9 (wave64), gfx11 (wave32) and sm_NN.
 // Kernel ABI (what IREE's custom dispatches pass): the bindings as pointers in layout order, then the push
-// constants as 32-bit integers.
+// constants as 32-bit integers; each source's are declared once, in Python (KernelFamily in
+// rocmc/lowering/kernels.py), and reach the source as the generated kernel_abi.h (KERNEL_PARAMS, BLOCK, FLAG_*).
 #pragma once
 
 #if !defined(__AMDGCN__) && !defined(__NVPTX__)

@@ -6,16 +6,12 @@
 // elements past rotary_dim), one item per thread, grid-strided.
 //
 // Symbols: rope_half_{f32,f16,bf16}, rope_interleaved_{f32,f16,bf16} (x, cos, sin and y share the element type).
-// Bindings: 0 x (read-only), 1 cos, 2 sin (rows of r values: (T, r), or (b or 1, T, r) per batch),
-//           3 position_ids ((b or 1, t), i32 or i64; a placeholder buffer when absent), 4 y (x's shape).
-// Constants (i32): 0 b, 1 h, 2 t, 3 d, 4 r, 5 table rows per batch (0: one table for all batches),
-//                  6 position_ids per batch (t, or 0 when shared), 7 workgroups in the grid,
-//                  8 flags (bit 0: x is (b, t, h, d); bit 1: position_ids present; bit 2: they are i64).
-// Table row of (batch bi, time ti): bi * constant 5 + (position_ids ? position_ids[bi * constant 6 + ti] : ti).
-// Workgroup: 256 x 1 x 1. Grid: constant 7 (the host sizes it for 16-byte items; any grid is correct).
+// ABI (bindings, push constants, FLAG_* bits, BLOCK): the "rope" KernelFamily in rocmc/lowering/kernels.py, which
+// the build generates kernel_abi.h from.
+// Table row of (batch bi, time ti): bi * table_stride + (FLAG_POS ? pos[bi * pos_stride + ti] : ti).
+// Workgroup: BLOCK x 1 x 1. Grid: nblocks (the host sizes it for 16-byte items; any grid is correct).
 #include "rocmc_gpu.h"
-
-#define BLOCK 256
+#include "kernel_abi.h"
 
 struct RopeShape {
   u32 b, h, t, d, r, table_stride, pos_stride, flags;
@@ -24,7 +20,7 @@ struct RopeShape {
 // Element offset of row `row` (in memory order) in x, and the table offset of its position.
 DEVICE void rope_row(const RopeShape& s, const u32* pos, u32 row, u64* x_off, u64* tab_off) {
   u32 bi, hi, ti;
-  if (s.flags & 1u) {  // (b, t, h, d)
+  if (s.flags & FLAG_BSHD) {  // (b, t, h, d)
     hi = row % s.h;
     u32 q = row / s.h;
     ti = q % s.t;
@@ -38,7 +34,7 @@ DEVICE void rope_row(const RopeShape& s, const u32* pos, u32 row, u64* x_off, u6
   (void)hi;
   u32 p = ti;
   u64 at = (u64)bi * s.pos_stride + ti;
-  if (s.flags & 2u) p = (s.flags & 4u) ? pos[2 * at] : pos[at];  // i64 ids: the low word (little endian)
+  if (s.flags & FLAG_POS) p = (s.flags & FLAG_POS_I64) ? pos[2 * at] : pos[at];  // i64 ids: the low word (little endian)
   u64 tab_row = (u64)bi * s.table_stride + p;
   *x_off = (u64)row * s.d;
   *tab_off = tab_row * s.r;
@@ -124,9 +120,7 @@ DEVICE void rope(bool interleaved, const T* x, const T* cs, const T* sn, const u
 }
 
 #define ROPE(name, interleaved, T)                                                                          \
-  KERNEL(BLOCK) void name(const T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,      \
-                          const u32* __restrict__ pos, T* __restrict__ y, u32 b, u32 h, u32 t, u32 d, u32 r, \
-                          u32 table_stride, u32 pos_stride, u32 nblocks, u32 flags) {                       \
+  KERNEL(BLOCK) void name(KERNEL_PARAMS(T)) {                                                               \
     rope<T>(interleaved, x, cs, sn, pos, y, b, h, t, d, r, table_stride, pos_stride, nblocks, flags);       \
   }
 ROPE(rope_half_f32, false, float)

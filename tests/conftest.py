@@ -15,9 +15,16 @@ os.environ.setdefault("ROCMC_CACHE_DIR", tempfile.mkdtemp(prefix="rocmc-test-cac
 def pytest_addoption(parser):
     parser.addoption("--seed", type=int, default=None,
                      help="seed of the run's random inputs (printed in the report header; replays a run)")
+    # tests/gpu: compile here, run on a GPU machine (tests/gpu/gpu_harness.py)
+    parser.addoption("--gpu-compile", metavar="DIR", default=None,
+                     help="compile the GPU tests' modules for cuda:sm_80 into DIR (with a manifest.json)")
+    parser.addoption("--gpu-artifacts", metavar="DIR", default=None,
+                     help="run the GPU tests on the cuda device from the modules compiled into DIR")
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: numerics on an NVIDIA GPU from modules compiled ahead "
+                                       "(--gpu-compile / --gpu-artifacts); skipped without them")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:                     # an xdist worker: the controller chose the seed
         config.rocmc_seed = int(workerinput["rocmc_seed"])

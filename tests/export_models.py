@@ -224,6 +224,16 @@ def export(model, family: str, exporter: str, dynamic: bool, path, example) -> N
             onnx_program.save(str(path))
 
 
+def torch_dynamic_shapes(family: str, model, seq_max: int = 64):
+    """torch.export's dynamic_shapes for a family's dynamic axes (one Dim per axis name, 1..seq_max)."""
+    import torch
+    f = FAMILIES[family]
+    dims: dict = {}
+    shapes = tuple({axis: dims.setdefault(name, torch.export.Dim(name, min=1, max=seq_max)) for axis, name in
+                    f.dynamic.get(n, {}).items()} or None for n in f.names)
+    return (shapes,) if _takes_varargs(model) else shapes
+
+
 def _takes_varargs(model) -> bool:
     import inspect
     return any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(model.forward).parameters.values())

@@ -1,5 +1,5 @@
 """Regressions for two IREE 3.13 GPU miscompiles that the lowering works around (BENCHMARKS.md, "GPU
-correctness regressions"; bench/gpu_check.py runs them on an NVIDIA GPU).
+correctness regressions"; tests/gpu/test_gpu_llama.py runs them on an NVIDIA GPU).
 
 1. A transpose of a static matmul result, folded by IREE into the contraction, computes garbage on CUDA
    (the llama block with a static sequence): the lowering puts util.optimization_barrier between them.

@@ -1,7 +1,7 @@
 """Hand-written kernels (custom_kernels/*.hip): builds for every GPU arch, checks on the code objects, their
 embedding as custom dispatches, the choice between them and generated code, and the build's errors.
 
-No GPU here: these are compile-only. bench/gpu_kernels.sh runs every kernel through its .vmfb on a GPU.
+No GPU here: these are compile-only. tests/gpu/test_gpu_kernels.py runs every kernel through its .vmfb on a GPU.
 """
 import re
 import shutil
@@ -125,6 +125,46 @@ def test_tuning_switches_build(arch, switches):
         assert ("cvt.rn.bf16" in text) == ("ROCMC_HW_BF16=0" not in switches)
 
 
+# ---- the ABI: one KernelFamily per source, the kernels' parameters and block generated from it ------------------
+
+def test_entry_points_take_their_parameters_from_the_family():
+    """No source spells its own parameter list, block size or flag masks: all come from kernel_abi.h."""
+    for source in kernels.SOURCES:
+        text = (kernels.KERNEL_DIR / source).read_text()
+        entries = re.findall(r"KERNEL(?:_OCC)?\([^)]*\)\)? void name\(([^)]*)\)", text)
+        assert entries == ["KERNEL_PARAMS(T"], (source, entries)
+        assert not re.search(r"#define BLOCK|flags & \d", text), source
+    for header in ("rows.h", "rocmc_gpu.h"):
+        assert "#define BLOCK" not in (kernels.KERNEL_DIR / header).read_text()
+
+
+def test_family_block_reaches_the_code_object(tmp_path, monkeypatch):
+    from dataclasses import replace
+    monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(kernels.FAMILIES, "rope", replace(kernels.FAMILIES["rope"], block=128))
+    text = kernels.build("rope.hip", "sm_80").data.decode()
+    assert set(re.findall(r"\.maxntid (\d+), 1, 1", text)) == {"128"}
+
+
+def test_a_constant_the_source_does_not_read_by_that_name_fails_the_build(tmp_path, monkeypatch):
+    """The kernels read push constants by their names in the family: renaming one breaks the build."""
+    from dataclasses import replace
+    monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path))
+    fam = kernels.FAMILIES["rope"]
+    renamed = tuple(("grid", doc) if n == "nblocks" else (n, doc) for n, doc in fam.constants)
+    monkeypatch.setitem(kernels.FAMILIES, "rope", replace(fam, constants=renamed))
+    with pytest.raises(rocmc.CompileError) as e:
+        kernels.build("rope.hip", "gfx942")
+    assert "nblocks" in e.value.diagnostics
+
+
+def test_flag_bits_name_every_bit():
+    fam = kernels.FAMILIES["rope"]
+    assert fam.flag_bits(bshd=True, pos=False, pos_i64=True) == 0b101
+    with pytest.raises(AssertionError):
+        fam.flag_bits(bshd=True)
+
+
 def test_build_is_cached(monkeypatch):
     first = kernels.build("rope.hip", "gfx942")
     monkeypatch.setattr(kernels, "_run_clang", lambda *a: pytest.fail("rebuilt a cached kernel"))
@@ -176,7 +216,7 @@ def test_graph_dispatches_use_kernels(target):
         assert kernels.build(src, arch).data in art.vmfb
     # The module declares the workgroup size the kernels were built for.
     sizes = set(re.findall(r"<workgroup_size = \[(\d+) : index", art.ir("input")))
-    assert sizes == {str(kernels.WORKGROUP[0])}
+    assert sizes == {str(s.workgroup[0]) for s in kernels.KERNELS.values()}
 
 
 def test_saved_artifact_knows_its_kernels(tmp_path):

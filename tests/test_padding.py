@@ -1,7 +1,7 @@
 """Symbolic contraction sizes are padded to a tile multiple (rocmc/lowering/generated/padding.py: 64 on
 GPUs, 16 on the CPU), and GPU modules pick the sdpa form at run time by the score matrix's size
 (attention.py). The numbers are the GPU's
-(bench/gpu_check.py on an NVIDIA GPU, BENCHMARKS.md); here: the CPU semantics of the same graphs against
+(tests/gpu on an NVIDIA GPU, BENCHMARKS.md); here: the CPU semantics of the same graphs against
 float64, the "decomposed" sdpa implementation on the CPU, and the shape of the GPU modules' IR.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import rocmc
-from rocmc import ops
+from rocmc import ops, symbolic
 
 from helpers import check, compile_gpu, rand
 
@@ -135,3 +135,16 @@ def test_decomposed_implementation_matches_float64(causal, mask, dtype):
     art = rocmc.compile(g, CUDA, impl={"sdpa": "decomposed"})
     assert [i["impl"] for i in art.implementations if i["op"] == "sdpa"] == ["decomposed"]
     assert "iree_linalg_ext.attention" not in art.ir("input") and "long_form" not in art.metadata
+
+
+def test_a_divisibility_the_graph_assumes_is_a_hint_to_iree(rng):
+    """An input dim the graph assumes divisible by a constant (torch.export's Dim 8*k) reaches IREE as
+    `util.assume.int ... udiv = 8` on the size tied to the input, after the check that asserts it."""
+    g = _linear()
+    g.assume(symbolic.Constraint("input dim s (torch.export dim 8*k)", "divisible", symbolic.Sym("s"),
+                                 symbolic.Int(8)))
+    ir = _input_ir(g)
+    assert "udiv = 8" in ir and "flow.tensor.tie_shape %arg0" in ir
+    check(g, rand(rng, (2, 16, 96)), rand(rng, (80, 96)), rand(rng, (80,)))
+    with pytest.raises(rocmc.InputError, match="not divisible by 8"):
+        rocmc.load(rocmc.compile(g, "cpu"))(rand(rng, (2, 12, 96)), rand(rng, (80, 96)), rand(rng, (80,)))

@@ -34,33 +34,132 @@ def _kernel_dir(package: Path) -> Path:
 
 KERNEL_DIR = _kernel_dir(Path(__file__).resolve().parents[1])
 DTYPES = ("f32", "f16", "bf16")
-WORKGROUP = (256, 1, 1)   # every kernel's block: KERNEL(BLOCK) in the sources
+ABI_HEADER = "kernel_abi.h"   # generated into each build (abi_header): the sources include it by this name
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One buffer a kernel is dispatched with: a pointer parameter of its entry point."""
+    name: str              # the parameter's name in the kernel source
+    writes: bool           # written (the result) or read-only
+    doc: str
+    ctype: str = "T"       # the C element type: T (the kernel's storage type) or a fixed one
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """The dispatch ABI of one kernel source: the single definition both sides use.
+
+    The lowering orders a dispatch's operands by it (hip/dispatch.py); the build generates from it the
+    header every kernel of the source includes (abi_header): BLOCK, a FLAG_<NAME> mask per bit of the
+    `flags` constant, and KERNEL_PARAMS(T), the entry point's parameter list (the bindings as pointers,
+    read-only ones first, then the push constants as u32: what IREE's custom dispatches pass).
+    """
+    source: str                          # file name under custom_kernels/
+    symbols: tuple                       # its exported kernels
+    bindings: tuple                      # Binding, in dispatch order
+    constants: tuple                     # (name, doc) of each i32 push constant, in order
+    flags: tuple = ()                    # (name, doc) of each bit of the constant `flags`, bit 0 first
+    block: int = 256                     # threads of a workgroup (1-D), every kernel of the family
+
+    def __post_init__(self):
+        writes = [b.writes for b in self.bindings]
+        assert writes == sorted(writes), f"{self.source}: read-only bindings come first"
+        assert not self.flags or "flags" in self.constant_names, f"{self.source}: flag bits need a flags constant"
+
+    @property
+    def constant_names(self) -> tuple:
+        return tuple(n for n, _ in self.constants)
+
+    @property
+    def binding_names(self) -> tuple:
+        return tuple(b.name for b in self.bindings)
+
+    def flag_bits(self, **present: bool) -> int:
+        """The `flags` constant with the named bits set (every bit named, so none is forgotten)."""
+        names = [n for n, _ in self.flags]
+        assert set(present) == set(names), (self.source, sorted(present), names)
+        return sum(1 << i for i, n in enumerate(names) if present[n])
+
+
+_NORM_CONSTANTS = (("rows", "rows of x"), ("cols", "elements of a row"),
+                   ("group", "threads per row: a power of two in [1, BLOCK]"), ("eps", "f32 bits"),
+                   ("flags", "FLAG_* bits"))
+_NORM_X = Binding("x", False, "rows x cols, row-major")
+_NORM_Y = Binding("y", True, "rows x cols, x's element type")
+_VARIANTS = tuple(f"{dt}{sfx}" for dt in DTYPES for sfx in ("", "_short"))
+
+FAMILIES: dict[str, KernelFamily] = {
+    "rms_norm": KernelFamily(
+        "rms_norm.hip", tuple(f"rms_norm_{v}" for v in _VARIANTS),
+        (_NORM_X, Binding("w", False, "cols (a placeholder when absent)"), _NORM_Y),
+        _NORM_CONSTANTS, flags=(("w", "w is present"),)),
+    "layer_norm": KernelFamily(
+        "layer_norm.hip", tuple(f"layer_norm_{v}" for v in _VARIANTS),
+        (_NORM_X, Binding("w", False, "cols (a placeholder when absent)"),
+         Binding("b", False, "cols (a placeholder when absent)"), _NORM_Y),
+        _NORM_CONSTANTS, flags=(("w", "w is present"), ("b", "b is present"))),
+    "rope": KernelFamily(
+        "rope.hip", tuple(f"rope_{v}_{dt}" for dt in DTYPES for v in ("half", "interleaved")),
+        (Binding("x", False, "(b, h, t, d), or (b, t, h, d) with FLAG_BSHD"),
+         Binding("cs", False, "cos: rows of r values, (T, r) or (b or 1, T, r)"),
+         Binding("sn", False, "sin: as cos"),
+         Binding("pos", False, "position_ids (b or 1, t), i32 or i64 (a placeholder when absent)", "u32"),
+         Binding("y", True, "x's shape")),
+        (("b", "batch"), ("h", "heads"), ("t", "time"), ("d", "head dim"), ("r", "rotary_dim / 2"),
+         ("table_stride", "table rows per batch (0: one table for all batches)"),
+         ("pos_stride", "position_ids per batch (t, or 0 when shared)"),
+         ("nblocks", "workgroups in the grid"), ("flags", "FLAG_* bits")),
+        flags=(("bshd", "x is (b, t, h, d)"), ("pos", "position_ids present"), ("pos_i64", "they are i64"))),
+}
 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One exported kernel and its dispatch ABI (see the header comment of its source)."""
+    """One exported kernel: its symbol and the ABI of its family."""
     symbol: str
-    source: str            # file name under custom_kernels/
-    inputs: int            # read-only bindings, first
-    outputs: int           # written bindings, after the inputs
-    constants: int         # i32 push constants
-    workgroup: tuple = WORKGROUP
+    family: KernelFamily
+
+    @property
+    def source(self) -> str:
+        return self.family.source
+
+    @property
+    def inputs(self) -> int:
+        return sum(not b.writes for b in self.family.bindings)
+
+    @property
+    def outputs(self) -> int:
+        return sum(b.writes for b in self.family.bindings)
+
+    @property
+    def constants(self) -> int:
+        return len(self.family.constants)
+
+    @property
+    def workgroup(self) -> tuple:
+        return (self.family.block, 1, 1)
 
 
-def _specs() -> dict[str, KernelSpec]:
-    specs = []
-    for dt in DTYPES:
-        for sfx in ("", "_short"):
-            specs.append(KernelSpec(f"rms_norm_{dt}{sfx}", "rms_norm.hip", inputs=2, outputs=1, constants=5))
-            specs.append(KernelSpec(f"layer_norm_{dt}{sfx}", "layer_norm.hip", inputs=3, outputs=1, constants=5))
-        for variant in ("half", "interleaved"):
-            specs.append(KernelSpec(f"rope_{variant}_{dt}", "rope.hip", inputs=4, outputs=1, constants=9))
-    return {s.symbol: s for s in specs}
+KERNELS: dict[str, KernelSpec] = {sym: KernelSpec(sym, f) for f in FAMILIES.values() for sym in f.symbols}
+SOURCES: tuple = tuple(sorted(f.source for f in FAMILIES.values()))
 
 
-KERNELS: dict[str, KernelSpec] = _specs()
-SOURCES: tuple = tuple(sorted({s.source for s in KERNELS.values()}))
+def abi_header(source: str) -> str:
+    """The generated header of `source`'s family (see KernelFamily), included as ABI_HEADER."""
+    fam = next((f for f in FAMILIES.values() if f.source == source), None)
+    if fam is None:
+        raise CompileError(f"kernel source {source!r} has no KernelFamily (known: {', '.join(SOURCES)})",
+                           stage="kernel-build")
+    lines = [f"// {ABI_HEADER} of {source}: generated by rocmc/lowering/kernels.py from its KernelFamily; do not edit.",
+             "#pragma once", "", f"#define BLOCK {fam.block}", ""]
+    lines += [f"#define FLAG_{n.upper()} {1 << i}u  // {doc}" for i, (n, doc) in enumerate(fam.flags)]
+    params = [f"{'' if b.writes else 'const '}{b.ctype}* __restrict__ {b.name}" for b in fam.bindings]
+    params += [f"u32 {n}" for n in fam.constant_names]
+    lines += ["", "// Bindings:"] + [f"//   {b.name}: {b.doc}{'' if b.writes else ' (read-only)'}" for b in fam.bindings]
+    lines += ["// Push constants (i32):"] + [f"//   {n}: {doc}" for n, doc in fam.constants]
+    lines += [f"#define KERNEL_PARAMS(T) {', '.join(params)}", ""]
+    return "\n".join(lines)
 
 
 # ---- targets -----------------------------------------------------------------------------------------------
@@ -190,11 +289,14 @@ class KernelObject:
 
 
 def sources_digest() -> str:
-    """Hash of every kernel source and header: a header change rebuilds every kernel."""
+    """Hash of every kernel source and header, generated ones included: a header or ABI change rebuilds
+    every kernel."""
     h = hashlib.sha256()
     for p in sorted(KERNEL_DIR.glob("*")):
         if p.suffix in (".hip", ".h"):
             h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for source in SOURCES:
+        h.update(f"{source}:{ABI_HEADER}".encode() + b"\0" + abi_header(source).encode() + b"\0")
     return h.hexdigest()
 
 
@@ -221,7 +323,7 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
                     return KernelObject(source, kind, arch, data, path, res["resources"])
             except (OSError, ValueError, KeyError):
                 pass   # corrupt entry: rebuild
-    data, resources = _run_clang(clang, src, flags, ext)
+    data, resources = _run_clang(clang, src, flags, ext, abi_header(source))
     obj = KernelObject(source, kind, arch, data, None, resources)
     if root is not None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -231,9 +333,12 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
     return obj
 
 
-def _run_clang(clang: str, src: Path, flags: list, ext: str) -> tuple[bytes, dict]:
+def _run_clang(clang: str, src: Path, flags: list, ext: str, header: str) -> tuple[bytes, dict]:
+    """Compile `src` with its generated ABI header on the include path."""
     with tempfile.TemporaryDirectory(prefix="rocmc-kernel-") as tmp:
         out = Path(tmp) / ("kernel" + ext)
+        (Path(tmp) / ABI_HEADER).write_text(header)
+        flags = [*flags, f"-I{tmp}"]
         proc = subprocess.run([clang, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
         if proc.returncode != 0 or not out.is_file():
             diag = "\n".join(l for l in proc.stderr.splitlines() if "remark:" not in l)

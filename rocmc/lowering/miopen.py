@@ -194,9 +194,7 @@ def _unpack_rnn(E: Emitter, node, r: str, r_ty: str, x: T) -> list:
 
 def _row(E: Emitter, seq, k: int):
     """Index of the k-th state row: seq + k (an int when seq is static)."""
-    if isinstance(seq, int):
-        return seq + k
-    return seq if k == 0 else E.op(f"arith.addi {seq}, {E.index(k)} : index")
+    return E.addi(seq, k)
 
 
 def _register():

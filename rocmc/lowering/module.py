@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import symbolic
 from .._version import __version__
 from ..artifact import FORMAT, PARAMETER_SCOPE
 from ..errors import GraphError, LoweringError, RocmcError
@@ -18,6 +19,7 @@ from ..signature import input_specs
 from . import registry
 from .emitter import Emitter, T, mlir_string, tensor_type
 from .compiler import iree_version
+from .generated.padding import ASSUMED_MAX
 from .target import Target
 
 
@@ -190,8 +192,10 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
     args = [T(f"%arg{i}", TensorType(v.shape, v.dtype), v.dtype.abi_mlir) for i, v in enumerate(graph.inputs)]
     E.loc = 'loc("rocmc.checks")'
     ctx.symbols = _emit_checks(E, graph, args, constraints)
+    hints = _divisibility_hints(E, constraints, ctx.symbols)
     for v, arg in zip(graph.inputs, args):
         E.loc = f'loc("rocmc.{v.id}:input")'
+        arg = _hinted(E, arg, v, hints)
         env[v.id] = E.convert(arg, "i1") if v.dtype.kind == "bool" else arg
     choices = []
     for node in graph.nodes:
@@ -265,6 +269,35 @@ def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dic
             ok = E.op(f"arith.cmpi sge, {a}, {E.as_index(b)} : index", "ok")
         E.check(ok, c.describe())
     return values
+
+
+def _divisibility_hints(E: Emitter, constraints: list, symbols: dict) -> dict:
+    """{symbol: its size with `util.assume.int ... udiv = k`} for each input dim the constraints (checked
+    just before) say divides by a constant k > 1 (e.g. torch.export's Dim 8*k): IREE then knows it
+    when it tiles the contractions over that dim, as for the sizes padding.py pads."""
+    hints = {}
+    for c in constraints:
+        if c.kind != "divisible" or not isinstance(c.lhs, symbolic.Sym) or not isinstance(c.rhs, symbolic.Int):
+            continue
+        name, k = c.lhs.name, c.rhs.value
+        if k > 1 and name in symbols and not isinstance(symbols[name], int):
+            base = hints.get(name, symbols[name])
+            hints[name] = E.op(f"util.assume.int {base}<umin = 0, umax = {ASSUMED_MAX}, udiv = {k}> : index", "d")
+    symbols.update(hints)
+    return hints
+
+
+def _hinted(E: Emitter, arg: T, v, hints: dict) -> T:
+    """The input `arg` with the hinted sizes tied to its dynamic dims (flow.tensor.tie_shape)."""
+    if not any(isinstance(d, str) and d in hints for d in v.shape):
+        return arg
+    dims = [hints.get(d) or E.dim(arg, i) for i, d in enumerate(v.shape) if isinstance(d, str)]
+    tied = T(E.op(f"flow.tensor.tie_shape {arg.name} : {arg.mlir}{{{', '.join(dims)}}}", "in"), arg.type,
+             arg.mlir_elt)
+    for i, d in enumerate(v.shape):
+        if isinstance(d, str) and d in hints:
+            E.set_dim(tied, i, hints[d])
+    return tied
 
 
 def _divisible(E: Emitter, a: str, b) -> str:

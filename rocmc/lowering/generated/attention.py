@@ -72,7 +72,7 @@ class _Dims:
 
 # Padded keys (GPU targets, symbolic skv) always get a mask operand keeping j < skv, the real key
 # length. Besides dropping the padding, this is what an IREE 3.13 GPU bug needs (seen on an H100 and an
-# H200 with sm_80 code, 2026-11-26, before the padding; bench/gpu_check.py): with a symbolic key length
+# H200 with sm_80 code, 2026-11-26, before the padding; tests/gpu/test_gpu_llama.py): with a symbolic key length
 # and no mask operand, the attention code lets the keys past skv in the partial last key tile count, so
 # the output is NaN, or off by ~10x where the stray memory happens to be finite; any mask operand is
 # correct. It costs an (s, skv) i1 tensor, as causal masking already does.

@@ -40,18 +40,8 @@ def _i64s(vals) -> str:
     return f"dense<[{', '.join(map(str, vals))}]> : tensor<{len(vals)}xi64>"
 
 
-# Sizes are ints when static and SSA index values when dynamic; types spell a dynamic dim "?".
-_FOLD = {"addi": lambda a, b: a + b, "subi": lambda a, b: a - b, "muli": lambda a, b: a * b,
-         "divsi": lambda a, b: a // b, "ceildivsi": lambda a, b: -(-a // b), "maxsi": max}
-
-
-def _ix(E: Emitter, op: str, a, b):
-    """Index arithmetic on sizes: ints fold here, SSA values become arith ops."""
-    if isinstance(a, int) and isinstance(b, int):
-        return _FOLD[op](a, b)
-    return E.op(f"arith.{op} {E.as_index(a)}, {E.as_index(b)} : index", "s")
-
-
+# Sizes are ints when static and SSA index values when dynamic (the Emitter's index arithmetic folds the
+# former); types spell a dynamic dim "?".
 def _typed(name: str, sizes, like: T, elt=None) -> T:
     return T(name, TensorType(tuple(s if isinstance(s, int) else "?" for s in sizes), like.type.dtype),
              elt if elt is not None else like.elt)
@@ -69,11 +59,9 @@ def _pad(E: Emitter, x: T, lows, highs, value) -> T:
              for d, lo, hi in zip(x.shape, lows, highs)]
     out = _typed(E.fresh("pad"), sizes, x)
     c = E.const(value, x.mlir_elt)
-    idx = ", ".join(f"{E.fresh('i')}: index" for _ in sizes)
-    E.lines.append(f"  {out.name} = tensor.pad {x.name} low[{_csv(lows)}] high[{_csv(highs)}] {{")
-    E.lines.append(f"  ^bb0({idx}):")
-    E.emit(f"  tensor.yield {c} : {x.mlir_elt}")
-    E.lines.append(f"  }} : {x.mlir} to {out.mlir} {E.loc}")
+    with E.region(f"{out.name} = tensor.pad {x.name} low[{_csv(lows)}] high[{_csv(highs)}]",
+                  f": {x.mlir} to {out.mlir}", ["index"] * len(sizes), "i"):
+        E.emit(f"tensor.yield {c} : {x.mlir_elt}")
     return out
 
 
@@ -140,10 +128,8 @@ def _conv(E: Emitter, xp: T, w: T, bias: T | None, strides, dilations, groups) -
     acc = dtypes.acc_mlir(xp.mlir_elt)
     dims = E.dims(xp)
     geometry = list(zip(w.shape[2:], strides, dilations))
-    out = [_ix(E, "addi", _ix(E, "divsi", _ix(E, "subi", dims[2 + i], d * (k - 1) + 1), s), 1)
-           for i, (k, s, d) in enumerate(geometry)]
-    xp = _crop(E, xp, [_ix(E, "addi", _ix(E, "muli", _ix(E, "subi", o, 1), s), d * (k - 1) + 1)
-                       for o, (k, s, d) in zip(out, geometry)])
+    out = [E.addi(E.divsi(E.subi(dims[2 + i], d * (k - 1) + 1), s), 1) for i, (k, s, d) in enumerate(geometry)]
+    xp = _crop(E, xp, [E.addi(E.muli(E.subi(o, 1), s), d * (k - 1) + 1) for o, (k, s, d) in zip(out, geometry)])
     init = _init(E, [dims[0], w.shape[0], *out], xp, bias, acc)
     attrs = f"{{dilations = {_i64s(dilations)}, strides = {_i64s(strides)}}}"
     if groups == 1:
@@ -180,7 +166,7 @@ def _flip_swap(E: Emitter, w: T, groups: int) -> T:
 
     def body(E, a):
         i = [E.op(f"linalg.index {d} : index") for d in range(3 + nsp)]
-        flipped = [E.op(f"arith.subi {E.index(kk - 1)}, {i[3 + j]} : index") for j, kk in enumerate(k)]
+        flipped = [E.subi(kk - 1, i[3 + j]) for j, kk in enumerate(k)]
         return [E.op(f"tensor.extract {wg.name}[{_csv([i[0], i[2], i[1], *flipped])}] : {wg.mlir}")]
     r = E.generic([], [(init, tensor_type(sizes, w.mlir_elt))], [affine_map(3 + nsp, range(3 + nsp))],
                   ["parallel"] * (3 + nsp), body)
@@ -191,7 +177,7 @@ def _spread_gather(E: Emitter, x: T, strides, lows, highs) -> T:
     """The strided case: x[i] lands at i*stride + low, zeros elsewhere, as one gather generic
     (a strided tensor.insert_slice into zeros fails IREE's ROCm codegen when sizes are dynamic)."""
     dims = E.dims(x)
-    sizes = dims[:2] + [_ix(E, "addi", _ix(E, "muli", _ix(E, "subi", d, 1), s), 1 + lo + hi)
+    sizes = dims[:2] + [E.addi(E.muli(E.subi(d, 1), s), 1 + lo + hi)
                         for d, s, lo, hi in zip(dims[2:], strides, lows, highs)]
     init = _typed(E.empty(sizes, x.mlir_elt), sizes, x)
 
@@ -200,14 +186,13 @@ def _spread_gather(E: Emitter, x: T, strides, lows, highs) -> T:
         zero, one = E.index(0), E.index(1)
         at, ok = [], E.const(True, "i1")
         for p, d, s, lo in zip(pos, dims[2:], strides, lows):
-            i = E.op(f"arith.subi {p}, {E.index(lo)} : index")
-            q = E.op(f"arith.divsi {i}, {E.index(s)} : index")
+            i = E.subi(p, lo)
+            q = E.divsi(i, s)
             on_grid = E.op(f"arith.cmpi eq, {E.op(f'arith.remsi {i}, {E.index(s)} : index')}, {zero} : index")
             inside = E.op(f"arith.andi {E.op(f'arith.cmpi sge, {i}, {zero} : index')}, "
                           f"{E.op(f'arith.cmpi slt, {q}, {E.as_index(d)} : index')} : i1")
             ok = E.op(f"arith.andi {ok}, {E.op(f'arith.andi {on_grid}, {inside} : i1')} : i1")
-            last = E.op(f"arith.subi {E.as_index(d)}, {one} : index")
-            at.append(E.op(f"arith.maxsi {E.op(f'arith.minsi {q}, {last} : index')}, {zero} : index"))
+            at.append(E.maxsi(E.minsi(q, E.subi(d, one)), zero))
         v = E.op(f"tensor.extract {x.name}[{_csv([n, c, *at])}] : {x.mlir}")
         return [E.op(f"arith.select {ok}, {v}, {E.const(0.0, x.mlir_elt)} : {x.mlir_elt}")]
     r = E.generic([], [(init.name, init.mlir)], [affine_map(x.rank, range(x.rank))], ["parallel"] * x.rank, body)
@@ -223,7 +208,7 @@ def _spread(E: Emitter, x: T, strides, lows, highs) -> T:
         return t
     crop_lo, crop_hi = [max(-v, 0) for v in lows], [max(-v, 0) for v in highs]
     dims = E.dims(t)
-    sizes = dims[:2] + [_ix(E, "subi", d, lo + hi) for d, lo, hi in zip(dims[2:], crop_lo, crop_hi)]
+    sizes = dims[:2] + [E.subi(d, lo + hi) for d, lo, hi in zip(dims[2:], crop_lo, crop_hi)]
     out = _typed(E.fresh("crop"), sizes, t)
     E.emit(f"{out.name} = tensor.extract_slice {t.name}[0, 0, {_csv(crop_lo)}] [{_csv(sizes)}] "
            f"[{_csv([1] * t.rank)}] : {t.mlir} to {out.mlir}")
@@ -251,8 +236,8 @@ def _pool_input(E: Emitter, node, x: T, dilation, value):
     for i in range(x.rank - 2):
         size, k, s, (lo, hi) = E.dim(x, 2 + i), a["kernel_size"][i], a["stride"][i], a["padding"][i]
         out = symbolic.pool_size(E.ix, size, k, s, lo, hi, dilation[i], ceil=a["ceil_mode"])
-        need = _ix(E, "addi", _ix(E, "muli", _ix(E, "subi", out, 1), s), dilation[i] * (k - 1) + 1)
-        highs.append(_ix(E, "maxsi", _ix(E, "subi", need, _ix(E, "addi", size, lo)), 0))
+        need = E.addi(E.muli(E.subi(out, 1), s), dilation[i] * (k - 1) + 1)
+        highs.append(E.maxsi(E.subi(need, E.addi(size, lo)), 0))
         outs.append(out)
         reach.append(need)
     xp = _pad(E, x, [0, 0] + [p[0] for p in a["padding"]], [0, 0] + highs, value)
@@ -325,15 +310,13 @@ def window_counts(size, k, s, pads, d, n_out, include_pad) -> np.ndarray:
 def _window_count(E: Emitter, o: str, size, k, s, pads, d, include_pad) -> str:
     """window_counts for one position `o` (an index value), for sizes known only at run time: the
     taps j in [0, k) with lo <= start + j*d < hi."""
-    start = E.op(f"arith.subi {E.op(f'arith.muli {o}, {E.index(s)} : index')}, {E.index(pads[0])} : index")
-    lo, hi = (E.index(-pads[0]), E.as_index(_ix(E, "addi", size, pads[1]))) if include_pad else \
+    start = E.subi(E.muli(o, s), pads[0])
+    lo, hi = (E.index(-pads[0]), E.as_index(E.addi(size, pads[1]))) if include_pad else \
         (E.index(0), E.as_index(size))
-    first = E.op(f"arith.ceildivsi {E.op(f'arith.subi {lo}, {start} : index')}, {E.index(d)} : index")
-    first = E.op(f"arith.maxsi {first}, {E.index(0)} : index")
+    first = E.maxsi(E.op(f"arith.ceildivsi {E.subi(lo, start)}, {E.index(d)} : index"), 0)
     # j*d < hi - start, i.e. j < ceil((hi - start) / d): one past the last tap inside
-    last = E.op(f"arith.ceildivsi {E.op(f'arith.subi {hi}, {start} : index')}, {E.index(d)} : index")
-    last = E.op(f"arith.minsi {last}, {E.index(k)} : index")
-    return E.op(f"arith.maxsi {E.op(f'arith.subi {last}, {first} : index')}, {E.index(0)} : index")
+    last = E.minsi(E.op(f"arith.ceildivsi {E.subi(hi, start)}, {E.index(d)} : index"), k)
+    return E.maxsi(E.subi(last, first), 0)
 
 
 def _lower_avg_pool(E: Emitter, node, ins, ctx):
@@ -362,7 +345,7 @@ def _lower_avg_pool(E: Emitter, node, ins, ctx):
 
     def dynamic_body(E, v):
         n = [_window_count(E, E.op(f"linalg.index {2 + i} : index"), *g, include) for i, g in enumerate(geometry)]
-        count = functools.reduce(lambda p, q: E.op(f"arith.muli {p}, {q} : index"), n)
+        count = E.product(n)
         count = E.op(f"arith.index_cast {count} : index to i64")
         q = E.op(f"arith.divf {v[0]}, {E.cast_scalar(count, 'i64', acc)} : {acc}")
         return E.cast_scalar(q, acc, store)

@@ -23,7 +23,17 @@ import numpy as np
 from ...frontend.dtypes import acc_mlir
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
-from .conv import _csv, _ix, _pad, _result, _typed
+from .conv import _csv, _pad, _result, _typed
+
+# Index arithmetic on sizes (ints fold here, SSA values become arith ops), ceildivsi included.
+_FOLD = {"addi": lambda a, b: a + b, "subi": lambda a, b: a - b, "muli": lambda a, b: a * b,
+         "divsi": lambda a, b: a // b, "ceildivsi": lambda a, b: -(-a // b)}
+
+
+def _ix(E: Emitter, op: str, a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return _FOLD[op](a, b)
+    return E.op(f"arith.{op} {E.as_index(a)}, {E.as_index(b)} : index", "s")
 
 # Every kernel tap is two operands of the generic: past this many taps a kernel is left to the
 # grouped convolution (compile time and operand count grow with the taps).

@@ -39,7 +39,7 @@ def _div(E, a, b, t):
     by_minus_one = E.op(f"arith.cmpi eq, {b}, {minus_one} : {t}")
     trivial = E.op(f"arith.ori {E.op(f'arith.cmpi eq, {b}, {E.const(0, t)} : {t}')}, {by_minus_one} : i1")
     q = E.op(f"arith.divsi {a}, {E.op(f'arith.select {trivial}, {one}, {b} : {t}')} : {t}")
-    return E.op(f"arith.select {by_minus_one}, {E.op(f'arith.subi {E.const(0, t)}, {a} : {t}')}, {q} : {t}")
+    return E.op(f"arith.select {by_minus_one}, {E.sub(E.const(0, t), a, t)}, {q} : {t}")
 
 
 def _divu(E, a, b, t):
@@ -49,9 +49,9 @@ def _divu(E, a, b, t):
 
 
 BINARY = {
-    "add": _fi("arith.addf", "arith.addi"),
-    "sub": _fi("arith.subf", "arith.subi"),
-    "mul": _fi("arith.mulf", "arith.muli"),
+    "add": lambda E, a, b, t: E.add(a, b, t),
+    "sub": lambda E, a, b, t: E.sub(a, b, t),
+    "mul": lambda E, a, b, t: E.mul(a, b, t),
     "div": _div,
     "pow": lambda E, a, b, t: E.op(f"math.powf {a}, {b} : {t}"),
     "maximum": _fi("arith.maximumf", "arith.maxsi"),
@@ -136,7 +136,7 @@ def _sign(E, x, t, **a):
     if not is_float_mlir(t):
         pos = E.op(f"arith.extui {E.op(f'arith.cmpi sgt, {x}, {z} : {t}')} : i1 to {t}")
         neg = E.op(f"arith.extui {E.op(f'arith.cmpi slt, {x}, {z} : {t}')} : i1 to {t}")
-        return E.op(f"arith.subi {pos}, {neg} : {t}")
+        return E.sub(pos, neg, t)
     low = E.op(f"arith.select {E.op(f'arith.cmpf olt, {x}, {z} : {t}')}, {E.const(-1.0, t)}, {x} : {t}")
     return E.op(f"arith.select {E.op(f'arith.cmpf ogt, {x}, {z} : {t}')}, {E.const(1.0, t)}, {low} : {t}")
 
@@ -148,7 +148,7 @@ def _sign_unsigned(E, x, t, **a):
 
 UNARY = {
     "neg": lambda E, x, t, **a: (E.op(f"arith.negf {x} : {t}") if is_float_mlir(t)
-                                 else E.op(f"arith.subi {E.const(0, t)}, {x} : {t}")),
+                                 else E.sub(E.const(0, t), x, t)),
     "abs": lambda E, x, t, **a: E.op(f"math.{'absf' if is_float_mlir(t) else 'absi'} {x} : {t}"),
     "exp": _math("exp"), "log": _math("log"), "sqrt": _math("sqrt"), "rsqrt": _math("rsqrt"),
     "tanh": lambda E, x, t, **a: _tanh(E, x, t), "erf": _math("erf"),

@@ -27,14 +27,14 @@ MULTIPLES = {"cpu": 16, "rocm": 64, "cuda": 64}
 
 def multiple_for(target) -> int:
     return MULTIPLES[target.kind]
-_UMAX = 1 << 62
+ASSUMED_MAX = 1 << 62     # the upper bound given with a divisibility hint
 
 
 def padded_size(E: Emitter, d: str, multiple: int) -> str:
     """ceil(d / multiple) * multiple, with IREE told that it divides by `multiple`."""
     q = E.op(f"arith.divui {E.addi(d, multiple - 1)}, {E.index(multiple)} : index")
     p = E.muli(q, multiple)
-    return E.op(f"util.assume.int {p}<umin = 0, umax = {_UMAX}, udiv = {multiple}> : index", "d")
+    return E.op(f"util.assume.int {p}<umin = 0, umax = {ASSUMED_MAX}, udiv = {multiple}> : index", "d")
 
 
 def pad_axes(E: Emitter, t: T, axes, multiple: int, value=0) -> T:

@@ -134,7 +134,7 @@ def _lower_reshape(E: Emitter, node, ins, ctx):
 
 # ---- transpose -----------------------------------------------------------------------------
 
-# IREE 3.13 GPU workaround (seen on an H100 and an H200 with sm_80 code, 2026-11-26; bench/gpu_check.py
+# IREE 3.13 GPU workaround (seen on an H100 and an H200 with sm_80 code, 2026-11-26; tests/gpu/test_gpu_llama.py
 # shows it, turning this off): with static shapes IREE folds a transpose of a matmul result into the
 # contraction, which then writes the transposed result directly. That contraction keeps its operands in
 # their old order, so its first input carries the result's column loop: ins(x: (n, k), w: (k, m)) ->

@@ -2,12 +2,13 @@
 
 Every kernel source becomes one `hal.executable.source` per module (all of the source's kernels as
 exports, the code object inline, so the .vmfb runs without the kernel files) and each use a
-`flow.dispatch` whose operands follow the kernel's ABI: i32 push constants, then the bindings.
+`flow.dispatch` whose operands follow the kernel's ABI: i32 push constants, then the bindings, each in
+the order of its KernelFamily (kernels.py), the lowerings naming them.
 """
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ...frontend.graph import Node, TensorType
 from .. import kernels
@@ -45,19 +46,22 @@ def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObjec
     return name, obj
 
 
-def dispatch(E: Emitter, ctx: LowerContext, node: Node, symbol: str, constants: Sequence, inputs: Sequence,
+def dispatch(E: Emitter, ctx: LowerContext, node: Node, symbol: str, constants: Mapping, inputs: Mapping,
              result: TensorType, result_dims: Sequence, groups) -> T:
     """`flow.dispatch` of kernel `symbol`.
 
-    constants: i32 SSA names or Python ints; inputs: T or None (a placeholder buffer: the kernel is told
-    by a flag not to read it); result_dims: the result's sizes (ints or index SSA); groups: the grid.
+    constants: push-constant name -> i32 SSA name or Python int; inputs: read-only binding name -> T or
+    None (a placeholder buffer: the kernel is told by a flag not to read it), every one of the family's
+    named; result_dims: the result's sizes (ints or index SSA); groups: the grid.
     """
     spec = kernels.KERNELS[symbol]
+    fam = spec.family
     exe, obj = executable(ctx, spec.source)
-    assert len(constants) == spec.constants and len(inputs) == spec.inputs, symbol
-    cs = [i32(E, c) for c in constants]
+    reads = [b.name for b in fam.bindings if not b.writes]
+    assert set(constants) == set(fam.constant_names) and set(inputs) == set(reads), (symbol, constants, inputs)
+    cs = [i32(E, constants[n]) for n in fam.constant_names]
     args, types = list(cs), ["i32"] * len(cs)
-    for t in inputs:
+    for t in (inputs[n] for n in reads):
         if t is None:
             args.append(E.op(f"arith.constant dense<[0, 1, 2, 3]> : {_PLACEHOLDER}", "cst"))
             types.append(_PLACEHOLDER)

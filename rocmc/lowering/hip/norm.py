@@ -20,7 +20,7 @@ from ..registry import lowering
 from ..target import Target
 from .dispatch import dispatch, f32_bits
 
-BLOCK = 256
+BLOCK = kernels.FAMILIES["rms_norm"].block   # layer_norm's too: both are rows.h kernels
 CACHE = 8          # vectors each thread keeps in registers (C in custom_kernels/rows.h)
 SHORT_CACHE = 4    # the same for the `_short` kernels
 WIDE = {"f32": 4, "f16": 8, "bf16": 8}   # elements per 16-byte access
@@ -95,14 +95,16 @@ def _rows_cols(E: Emitter, x: T, axis: int):
 def _lower(op: str):
     def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         x, *affine = ins
+        fam = kernels.FAMILIES[op]
         dtype = x.type.dtype.name
         rows, cols = _rows_cols(E, x, node.attrs["axis"])
         suffix, cache = variant(cols, dtype)
         group = _group(E, cols, dtype, cache)
-        flags = sum(1 << i for i, t in enumerate(affine) if t is not None)
-        constants = [rows, cols, group, f32_bits(node.attrs["eps"]), flags]
-        return [dispatch(E, ctx, node, f"{op}_{dtype}{suffix}", constants, [x, *affine], x.type, E.dims(x),
-                         _grid(E, rows, group))]
+        optional = dict(zip((n for n, _ in fam.flags), affine))          # w (and b): the FLAG_* bits
+        flags = fam.flag_bits(**{n: t is not None for n, t in optional.items()})
+        constants = {"rows": rows, "cols": cols, "group": group, "eps": f32_bits(node.attrs["eps"]), "flags": flags}
+        return [dispatch(E, ctx, node, f"{op}_{dtype}{suffix}", constants, {"x": x, **optional}, x.type,
+                         E.dims(x), _grid(E, rows, group))]
     return lower
 
 

@@ -16,7 +16,8 @@ from ..registry import lowering
 from ..target import Target
 from .dispatch import dispatch
 
-BLOCK = 256
+FAMILY = kernels.FAMILIES["rope"]
+BLOCK = FAMILY.block
 WIDE = {"f32": 4, "f16": 8, "bf16": 8}
 # layout -> positions of (b, h, t) in x
 AXES = {"bhsd": (0, 1, 2), "bshd": (0, 2, 1)}
@@ -53,12 +54,15 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
     # Table rows per batch: 0 when one (T, r) table (or a batch-1 table) serves every batch.
     table_stride = 0 if cos.rank == 2 or cos.shape[0] == 1 else E.dim(cos, 1)
     pos_stride = 0 if pos is None or pos.shape[0] == 1 else t
-    flags = (a["layout"] == "bshd") | (pos is not None) << 1 | (pos is not None and pos.type.dtype.bits == 64) << 2
+    flags = FAMILY.flag_bits(bshd=a["layout"] == "bshd", pos=pos is not None,
+                             pos_i64=pos is not None and pos.type.dtype.bits == 64)
     rows = E.product([b, h, t])
     groups = E.ceildivui(E.product([rows, items_per_row(d, r, a["interleaved"], dtype)]), BLOCK)
     symbol = f"rope_{'interleaved' if a['interleaved'] else 'half'}_{dtype}"
-    constants = [b, h, t, d, r, table_stride, pos_stride, groups, flags]
-    return [dispatch(E, ctx, node, symbol, constants, [x, cos, sin, pos], x.type, dims, groups)]
+    constants = {"b": b, "h": h, "t": t, "d": d, "r": r, "table_stride": table_stride, "pos_stride": pos_stride,
+                 "nblocks": groups, "flags": flags}
+    return [dispatch(E, ctx, node, symbol, constants, {"x": x, "cs": cos, "sn": sin, "pos": pos}, x.type, dims,
+                     groups)]
 
 
 lowering("rope", impl="hip", kinds=("rocm", "cuda"), priority=10, supports=supports)(lower)

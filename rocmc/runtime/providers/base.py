@@ -1,7 +1,18 @@
 """What every provider shares: decoding the ABI's arguments and building the VM module."""
 from __future__ import annotations
 
+from ...errors import DeviceError
 from ...externs import Library
+from ...frontend import dtypes
+
+
+def dtype_of(element_type) -> dtypes.DType:
+    """The float storage type (f32, f16, bf16, f64) a HAL element type tags; the extern ABI's tensors
+    are floats, so the signless integer types sharing one HAL type never arise."""
+    for d in (dtypes.f32, dtypes.f16, dtypes.bf16, dtypes.f64):
+        if int(d.hal_element_type()) == int(element_type):
+            return d
+    raise DeviceError(f"HAL element type {element_type!r} is no float storage type of the extern ABI")
 
 
 class Provider:

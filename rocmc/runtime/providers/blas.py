@@ -31,7 +31,7 @@ from time import perf_counter
 from ...errors import DeviceError
 from ...externs import EPILOGUES
 from .cudnn import CUDART
-from .dnn import _ITEMSIZE, DnnProvider, P, Plan, Replays, _release
+from .dnn import DnnProvider, P, Plan, Replays, _release, itemsize
 from .miopen import HIP
 
 HEURISTIC_RESULTS = 8          # candidates asked of the heuristic
@@ -295,7 +295,7 @@ def _choose(p: "BlasProvider", g: Gemm, ds: _Descriptors, found: list, ptrs, ali
                 return algo, need, False
     if len(found) == 1:
         return found[0][0], found[0][1], False
-    scratch = p._malloc(g.batch * g.m * g.n * _ITEMSIZE[g.dtype])
+    scratch = p._malloc(g.batch * g.m * g.n * itemsize(g.dtype))
     try:
         times = []
         for algo, need in found:

@@ -56,6 +56,7 @@ CUDART = RuntimeTable(
         "graph_destroy": ("cudaGraphDestroy", "graph"),
     })
 
+# role -> (C function, argument names in C order), from the cuDNN 9 headers
 FUNCTIONS = {
     "create_handle": ("cudnnCreate", "out"),
     "destroy_handle": ("cudnnDestroy", "h"),
@@ -125,7 +126,7 @@ FUNCTIONS = {
     "be_execute": ("cudnnBackendExecute", "h plan vpack"),
 }
 
-# cudnnBackendDescriptorType_t
+# The backend API's enums, from cudnn_graph.h of cuDNN 9. cudnnBackendDescriptorType_t:
 DESCRIPTORS = {"pointwise": 0, "convolution": 1, "engine": 2, "engine_config": 3, "engine_heuristics": 4,
                "execution_plan": 5, "op_conv_forward": 10, "op_conv_backward_data": 12, "op_pointwise": 13,
                "operation_graph": 15, "variant_pack": 16, "tensor": 17}
@@ -161,7 +162,7 @@ ATTRS = {
 }
 HEUR_MODES = {"instant": 0, "b": 1, "fallback": 2, "a": 3}             # cudnnBackendHeurMode_t
 NUMERICAL_NOTES = {"tensor_core": 0, "down_convert_inputs": 1, "reduced_precision_reduction": 2}
-# cudnnPointwiseMode_t (cudnn_graph.h of cuDNN 9.6.0: CUDNN_POINTWISE_ADD = 0, CUDNN_POINTWISE_RELU_FWD = 100)
+# cudnnPointwiseMode_t (cudnn_graph.h of cuDNN 9.6.0): CUDNN_POINTWISE_ADD, CUDNN_POINTWISE_RELU_FWD
 POINTWISE_ADD = 0
 POINTWISE_RELU_FWD = 100
 # Engines whose numerics break rocmc's rules: f32 must not run on TF32 tensor cores (parity with
@@ -175,6 +176,7 @@ MAX_WORKSPACE = 256 << 20      # engine configs needing more are skipped (what t
 PACKS_PER_PLAN = 32            # variant packs kept per plan (one per set of device pointers)
 
 
+# Enum integers from cudnn_ops.h, cudnn_cnn.h, cudnn_adv.h, cudnn_graph.h of cuDNN 9
 CUDNN = VendorTable(
     name="cuDNN", libraries=("libcudnn.so.9", "libcudnn.so"),
     install="install cuDNN 9 (`pip install nvidia-cudnn-cu12`, or a PyTorch wheel that ships it)",
@@ -193,6 +195,8 @@ CUDNN = VendorTable(
     # op -> (cudnnActivationMode_t, attribute given as `coef`); no leaky relu: built from parts
     activations={"sigmoid": (0, None), "relu": (1, None), "tanh": (2, None), "clipped_relu": (3, "ceiling"),
                  "elu": (4, "alpha")},
+    # cudnnConvolutionFwdAlgoPerf_t: {algo, status (enums), float time, size_t memory, determinism, mathType
+    # (enums), int reserved[3]}
     perf=Perf(size=48, algo=0, status=4, time=8, memory=16),
     search_workspace=256 << 20,
     runtime=CUDART,

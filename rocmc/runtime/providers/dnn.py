@@ -41,8 +41,9 @@ from time import perf_counter as _now
 
 from ...errors import DeviceError
 from ...externs import CONV_ACTIVATIONS
+from ...frontend import dtypes
 from ...symbolic import INT, conv_size, conv_transpose_size
-from .base import Provider
+from .base import Provider, dtype_of
 
 P = ctypes.c_void_p
 ACTIVE: "weakref.WeakSet" = weakref.WeakSet()   # live providers (benchmarks read their stats)
@@ -280,7 +281,7 @@ class DnnProvider(Provider):
         from iree import runtime as rt
         buf = self.device.allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL,
                                                     allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=64)
-        view = rt.HalBufferView(buf, [16], rt.HalElementType.FLOAT_32)
+        view = rt.HalBufferView(buf, [16], dtypes.f32.hal_element_type())
         try:
             self.device.create_dlpack_capsule(view, self.table.dlpack_device, self.device_index)
         except Exception as e:
@@ -351,9 +352,9 @@ class DnnProvider(Provider):
             if plan is None:
                 if len(self._plans) >= MAX_PLANS:     # a symbolic dim can make one per call: keep the newest
                     _release(self, self._plans.pop(next(iter(self._plans))).keep)
-                dtype = _DTYPE_OF[int(x.element_type)]
+                dtype = dtype_of(x.element_type).name
                 plan = self._plans[key] = self.plan(op, dtype, [tuple(s) for s in shapes], attrs, ptrs)
-                plan.nbytes = max(_size(plan.out_shape) * _ITEMSIZE[dtype], 1)
+                plan.nbytes = max(_size(plan.out_shape) * itemsize(dtype), 1)
             t1 = _now()
             out = self._hal.HalBufferView(self._allocate(self._device_local, self._usage, plan.nbytes),
                                           plan.out_shape, x.element_type)
@@ -379,6 +380,21 @@ class DnnProvider(Provider):
     # plan-API convolution (None: the legacy calls)
     conv_builder = None
 
+    def call_stats(self, reset: bool = False) -> dict:
+        """A copy of the cumulative per-phase call timings (benchmarks read where a call's time goes);
+        reset=True zeroes them after copying, so the next reading covers what runs from here on."""
+        with self._lock:
+            out = dict(self.stats)
+            if reset:
+                self.stats.update(dict.fromkeys(self.stats, 0))
+        return out
+
+    def cached_plans(self) -> list:
+        """A snapshot of the plan cache, [(key, plan)] with key (op, element type, shapes, ...): what
+        each call chose, and the plans a benchmark launches alone to time the library kernel."""
+        with self._lock:
+            return list(self._plans.items())
+
     def plan(self, op, dtype, shapes, attrs, ptrs) -> Plan:
         plan = (self.planners or PLANNERS)[op](self, op, dtype, shapes, attrs, ptrs)
         if op in REPLAYABLE and self.table.graph_launch:
@@ -395,9 +411,11 @@ class DnnProvider(Provider):
 
 
 MAX_PLANS = 256
-_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
-# HalElementType integers (FLOAT_32, FLOAT_16, BFLOAT_16)
-_DTYPE_OF = {553648160: "f32", 553648144: "f16", 570425360: "bf16"}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a storage type (f32, f16, bf16)."""
+    return dtypes.ALL[dtype].np.itemsize
 
 
 def _size(shape):
@@ -565,7 +583,7 @@ def _conv_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     if builder is None:
         return _legacy_conv_plan(p, prob, ptrs, out_shape)
     # The search runs on the real inputs and a scratch result.
-    scratch = p._malloc(_size(getattr(prob, prob.out)) * _ITEMSIZE[dtype])
+    scratch = p._malloc(_size(getattr(prob, prob.out)) * itemsize(dtype))
     keep: list = []
     try:
         bound = {prob.out: scratch, ("x" if prob.out == "y" else "y"): ptrs[0],
@@ -706,7 +724,7 @@ def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Pla
         size = ctypes.c_size_t()
         api.call(f"{kind}_ws", h=p.handle, size_out=ctypes.byref(size), **descs)
         search_bytes = size.value
-    y_scratch = p._malloc(_size(getattr(prob, prob.out)) * _ITEMSIZE[prob.dtype])
+    y_scratch = p._malloc(_size(getattr(prob, prob.out)) * itemsize(prob.dtype))
     try:
         algo, need = _search(p, kind, descs, ptrs, y_scratch, search_bytes, transpose)
     finally:

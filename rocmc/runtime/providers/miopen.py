@@ -9,8 +9,10 @@ pooling and LRN take their extra arguments in other positions; the RNN API packs
 order (recurrent.py); multi-head attention exists only here, as a Find 2.0 problem. Convolutions run
 through Find 2.0 as well (a convolution problem, `miopenFindSolutions` on the real inputs, then
 per call only `miopenRunSolution` with the tensor arguments x, w, y), the twin of cuDNN's execution
-plans in the shared planner; the bias add stays the legacy call. tests/test_miopen_table.py
-checks this table against those facts.
+plans in the shared planner; the bias add stays the legacy call. Every value below is stated once,
+from miopen.h of MIOpen 3.3.0; tests/test_miopen_table.py checks what holds without a second copy
+(declarations parse, the shared code's roles and argument names are declared, enums that must
+differ do, the perf record's offsets are the header struct's).
 
 fused_conv2d (activation(conv + bias + residual)) runs as a fusion plan (miopenCreateFusionPlan:
 convolution, bias, activation, compiled once, executed per call) when it has no residual: MIOpen's
@@ -45,6 +47,7 @@ HIP = RuntimeTable(
         "error_string": ("hipGetErrorString", "status:int"),
     })
 
+# role -> (C function, argument names in C order), from miopen.h of MIOpen 3.3.0
 FUNCTIONS = {
     "create_handle": ("miopenCreate", "out"),
     "destroy_handle": ("miopenDestroy", "h"),
@@ -145,6 +148,8 @@ FUNCTIONS = {
     "destroy_op_args": ("miopenDestroyOperatorArgs", "desc"),
 }
 
+# Enum integers from miopen.h of MIOpen 3.3.0 (miopenDataType_t, miopenConvolutionMode_t, miopenPoolingMode_t,
+# miopenSoftmaxAlgorithm_t / Mode_t, miopenBatchNormMode_t, miopenLRNMode_t, the RNN enums below)
 MIOPEN = VendorTable(
     name="MIOpen", libraries=("libMIOpen.so.1", "libMIOpen.so"),
     install="install MIOpen (ROCm's `miopen-hip` package, usually /opt/rocm/lib)",
@@ -167,6 +172,7 @@ MIOPEN = VendorTable(
     # so it gets alpha = beta = 1 like every mode without a parameter.
     activations={"sigmoid": (1, None), "tanh": (2, None), "relu": (3, None), "clipped_relu": (7, "ceiling"),
                  "leaky_relu": (8, "negative_slope"), "elu": (9, "alpha")},
+    # miopenConvAlgoPerf_t: {union {fwd_algo, bwd_weights_algo, bwd_data_algo} (enums), float time, size_t memory}
     perf=Perf(size=16, algo=0, time=4, memory=8),
     search_workspace=None,
     runtime=HIP,
@@ -180,7 +186,7 @@ MIOPEN = VendorTable(
     conv_api="Find 2.0 (miopenRunSolution)",
 )
 
-# miopenTensorArgumentId_t of the MHA forward problem's tensors.
+# miopenTensorArgumentId_t of the MHA forward problem's tensors (miopen.h of MIOpen 3.3.0).
 MHA_TENSORS = {"k": 4, "q": 5, "v": 6, "descale_k": 7, "descale_q": 8, "descale_v": 9, "descale_s": 10,
                "scale_s": 11, "scale_o": 12, "dropout_probability": 13, "dropout_seed": 14, "dropout_offset": 15,
                "o": 16, "amax_o": 17, "amax_s": 18, "m": 19, "z_inv": 20}

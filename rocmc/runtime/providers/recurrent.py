@@ -22,7 +22,7 @@ import ctypes
 from dataclasses import dataclass
 
 from ...externs import RNN_STATES, gate_blocks
-from .dnn import _ITEMSIZE, DnnProvider, P, Plan, declared
+from .dnn import DnnProvider, P, Plan, declared, itemsize
 
 MEMCPY_DEVICE_TO_DEVICE = 3    # hipMemcpyDeviceToDevice == cudaMemcpyDeviceToDevice
 MEMCPY_HOST_TO_DEVICE = 1
@@ -123,7 +123,7 @@ def rnn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     t, api, keep, e = p.table, p.api, [], p.table.enums
     seq, batch, inp = shapes[0]
     hidden = shapes[2][1]
-    item = _ITEMSIZE[dtype]
+    item = itemsize(dtype)
     with_bias = ptrs[3] is not None or ptrs[4] is not None
     rnn = p._out(P, "create_rnn")
     keep.append(("destroy_rnn", rnn))

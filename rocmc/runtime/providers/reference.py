@@ -1,202 +1,132 @@
-"""Reference provider: numpy implementations of the extern ABI for local CPU devices.
+"""Reference provider: the extern ABI served on local CPU devices by the ops' own float64 references.
 
 This is how CI runs the import path end to end without a GPU: the compiled module calls the same
-`miopen.<op>` and `hipblaslt.matmul` imports it calls on a GPU, and these functions compute them in float64 (rounded once
-to the storage type), with the ABI's conventions (symmetric padding, (outer, axis, inner) softmax
-views, flattened activations, empty tensors for absent operands).
+`miopen.<op>` and `hipblaslt.matmul` imports it calls on a GPU, and each call here is the frontend
+op's `@reference` (rocmc/frontend/ops), computed in float64 and rounded once to the storage type.
+What this module holds is only the translation from the ABI's form (rocmc.externs: i64 scalars
+such as stride_h / pad_h, symmetric padding, (outer, axis, inner) softmax views, (N, C, spatial)
+norm views, flattened activations, empty tensors for absent operands, packed recurrent results) to
+the op's attributes and operands, so the library path and `evaluate` share one definition of each
+op. The GEMM call's own semantics (alpha, bias over columns, an epilogue) are composed from the
+matmul reference and the epilogue's activation reference.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...externs import CONV_ACTIVATIONS, EPILOGUES, gate_blocks
-from ...symbolic import INT, conv_size, conv_transpose_size
-from .base import Provider
-from .miopen import MIOPEN
-
-# The reference computes recurrences in MIOpen's packed gate order (LSTM i, f, o, g; GRU z, r, n),
-# so the repacking every library provider must do is exercised on the CPU too.
-LIBRARY_GATES = MIOPEN.gate_order
+from ...externs import CONV_ACTIVATIONS, EPILOGUES
+from ...frontend import ops as _ops  # noqa: F401  (registers every op and its reference)
+from ...frontend.graph import Node
+from ...frontend.ops.fused import LINEAR_ACTIVATIONS
+from ...frontend.registry import get_op
+from .base import Provider, dtype_of
 
 
-def _conv_nd(x, w, b, stride, pad, dil, groups):
-    """Cross-correlation of x (N, C, *S) with w (F, C/groups, *K), symmetric padding."""
-    nsp = x.ndim - 2
-    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad])
-    n, c = x.shape[:2]
-    f, kernel = w.shape[0], w.shape[2:]
-    out = [conv_size(INT, x.shape[2 + i], kernel[i], stride[i], pad[i], pad[i], dil[i]) for i in range(nsp)]
-    xg = xp.reshape(n, groups, c // groups, *xp.shape[2:])
-    wg = w.reshape(groups, f // groups, c // groups, *kernel)
-    y = np.zeros((n, groups, f // groups, *out))
-    for offs in np.ndindex(*kernel):
-        idx = tuple(slice(k * d, k * d + s * (o - 1) + 1, s) for k, d, s, o in zip(offs, dil, stride, out))
-        y += np.einsum("ngc...,gfc->ngf...", xg[(slice(None),) * 3 + idx], wg[(slice(None),) * 3 + offs])
-    y = y.reshape(n, f, *out)
-    return y if b.size == 0 else y + b.reshape(f, *[1] * nsp)
+def _call(op: str, operands: list, attrs: dict) -> list:
+    """The op's float64 reference on the given operands (None for an absent one)."""
+    return get_op(op).reference(Node(op, [None] * len(operands), attrs), operands, attrs)
+
+
+def _present(t):
+    """The ABI's empty tensor is an absent operand."""
+    return t if t.size else None
+
+
+def _conv_attrs(a: dict, nsp: int, transpose: bool) -> dict:
+    """stride_h, pad_h, ... (or stride, pad, ... in 1-D) -> the op's per-dim lists; ABI padding is symmetric."""
+    axes = ("_h", "_w") if nsp == 2 else ("",)
+    per_dim = lambda key: [a[key + s] for s in axes]   # noqa: E731
+    out = {"stride": per_dim("stride"), "padding": [[p, p] for p in per_dim("pad")],
+           "dilation": per_dim("dilation"), "groups": a["groups"]}
+    if transpose:
+        out["output_padding"] = per_dim("output_padding")
+    return out
+
+
+def _conv(op: str, nsp: int, transpose: bool = False):
+    def run(t, a):
+        x, w, b = t
+        return _call(op, [x, w, _present(b)], _conv_attrs(a, nsp, transpose))[0]
+    return run
 
 
 def _fused_conv2d(t, a):
-    """activation(conv2d(x, w, b) + residual); an empty residual is none."""
     x, w, b, r = t
-    y = _conv_nd(x, w, b, *_conv_args(a, 2, False))
-    y = y + r if r.size else y
-    return np.maximum(y, 0.0) if CONV_ACTIVATIONS[a["activation"]] == "relu" else y
+    attrs = {**_conv_attrs(a, 2, False), "activation": CONV_ACTIVATIONS[a["activation"]]}
+    return _call("fused_conv2d", [x, w, _present(b), _present(r)], attrs)[0]
 
 
-def _conv_transpose_nd(x, w, b, stride, pad, out_pad, dil, groups):
-    """The adjoint of _conv_nd (backward data): w is (C_in, F/groups, *K)."""
-    nsp = x.ndim - 2
-    n, c, *size = x.shape
-    fg, kernel = w.shape[1], w.shape[2:]
-    out = [conv_transpose_size(INT, size[i], kernel[i], stride[i], pad[i], pad[i], dil[i], out_pad[i])
-           for i in range(nsp)]
-    full = [max(o + p, (s - 1) * st + d * (k - 1) + 1)
-            for o, p, s, st, d, k in zip(out, pad, size, stride, dil, kernel)]
-    y = np.zeros((n, groups, fg, *full))
-    xg = x.reshape(n, groups, c // groups, *size)
-    wg = w.reshape(groups, c // groups, fg, *kernel)
-    for offs in np.ndindex(*kernel):
-        idx = tuple(slice(k * d, k * d + st * (s - 1) + 1, st) for k, d, st, s in zip(offs, dil, stride, size))
-        y[(slice(None),) * 3 + idx] += np.einsum("ngc...,gcf->ngf...", xg, wg[(slice(None),) * 3 + offs])
-    y = y[(slice(None),) * 3 + tuple(slice(p, p + o) for p, o in zip(pad, out))].reshape(n, groups * fg, *out)
-    return y if b.size == 0 else y + b.reshape(-1, *[1] * nsp)
+def _pool(op: str):
+    """kernel_h, stride_h, pad_h, ... -> the op's lists; the ABI's pooling has no dilation or ceil mode."""
+    def run(t, a):
+        attrs = {"kernel_size": [a["kernel_h"], a["kernel_w"]], "stride": [a["stride_h"], a["stride_w"]],
+                 "padding": [[a["pad_h"]] * 2, [a["pad_w"]] * 2], "dilation": [1, 1], "ceil_mode": False}
+        if op == "avg_pool2d":
+            attrs["count_include_pad"] = bool(a["count_include_pad"])
+        return _call(op, t, attrs)[0]
+    return run
 
 
-def _conv_args(a, nsp, transpose):
-    axes = ["_h", "_w"] if nsp == 2 else [""]
-    keys = ["stride", "pad"] + (["output_padding"] if transpose else []) + ["dilation"]
-    return [[a[k + s] for s in axes] for k in keys] + [a["groups"]]
+def _softmax(op: str):
+    """x arrives as (outer, axis, inner)."""
+    return lambda t, a: _call(op, t, {"axis": 1})[0]
 
 
-def _pool(x, a, reduce):
-    """Max or average over kh x kw windows; padded cells are -inf for max and excluded or counted for
-    average according to count_include_pad."""
-    n, c, h, w = x.shape
-    kh, kw, sh, sw, ph, pw = (a[k] for k in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w"))
-    oh, ow = conv_size(INT, h, kh, sh, ph, ph, 1), conv_size(INT, w, kw, sw, pw, pw, 1)
-    fill = -np.inf if reduce == "max" else 0.0
-    xp = np.pad(x, [(0, 0), (0, 0), (ph, ph), (pw, pw)], constant_values=fill)
-    inside = np.pad(np.ones((h, w)), [(ph, ph), (pw, pw)])
-    acc = np.full((n, c, oh, ow), fill)
-    count = np.zeros((oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            win = xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-            acc = np.maximum(acc, win) if reduce == "max" else acc + win
-            count += inside[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-    if reduce == "max":
-        return acc
-    return acc / (kh * kw if a["count_include_pad"] else count)
+def _unary(op: str):
+    """Activations see x flattened; their scalars carry the op's attribute names."""
+    return lambda t, a: _call(op, t, dict(a))[0]
 
 
-def _softmax(x, log):
-    s = x - x.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(s).sum(axis=1, keepdims=True))
-    return s - lse if log else np.exp(s - lse)
+def _batch_norm(t, a):
+    x, mean, var, weight, bias = t
+    return _call("batch_norm", [x, mean, var, _present(weight), _present(bias)], {"eps": a["eps"]})[0]
 
 
-def _batch_norm(x, mean, var, weight, bias, a):
-    col = lambda v, fill: (v if v.size else np.full(x.shape[1], fill)).reshape(1, -1, 1)  # noqa: E731
-    return (x - col(mean, 0.0)) / np.sqrt(col(var, 1.0) + a["eps"]) * col(weight, 1.0) + col(bias, 0.0)
-
-
-def _lrn(x, a):
-    """Cross-channel LRN, torch's formula: x / (k + alpha/size * sum of squares in the window)^beta."""
-    size, c = a["size"], x.shape[1]
-    sq = np.pad(x * x, [(0, 0), (size // 2, (size - 1) // 2), (0, 0)])
-    window = sum(sq[:, i:i + c] for i in range(size))
-    return x / (a["k"] + a["alpha"] / size * window) ** a["beta"]
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _by_gate(op, v, order):
-    """Torch-packed rows (or entries) of `v` -> {gate letter: block}, via the library's packing."""
-    blocks = np.split(v, len(order)) if v.size else [0.0] * len(order)
-    repacked = [blocks[b] for b in gate_blocks(op, order)]
-    return dict(zip(order, repacked))
-
-
-def _lstm_cell(gx, gh, h, c):
-    pre = {k: gx[k] + gh[k] for k in gx}
-    c = _sigmoid(pre["f"]) * c + _sigmoid(pre["i"]) * np.tanh(pre["g"])
-    return _sigmoid(pre["o"]) * np.tanh(c), c
-
-
-def _gru_cell(gx, gh, h, c):
-    r, z = _sigmoid(gx["r"] + gh["r"]), _sigmoid(gx["z"] + gh["z"])
-    n = np.tanh(gx["n"] + r * gh["n"])
-    return (1.0 - z) * n + z * h, c
-
-
-_CELLS = {"lstm": _lstm_cell, "gru": _gru_cell}
-
-
-def _rnn(op, t):
+def _rnn(op: str):
     """The ABI's packed result: y's rows, then h_n (and c_n) along the time dim."""
-    x, w_ih, w_hh, b_ih, b_hh, h0, *c0 = t
-    order = LIBRARY_GATES[op]
-    seq, batch, _ = x.shape
-    hidden = w_hh.shape[1]
-    wi, wh, bi, bh = (_by_gate(op, v, order) for v in (w_ih, w_hh, b_ih, b_hh))
-    h = h0[0] if h0.size else np.zeros((batch, hidden))
-    c = c0[0][0] if c0 and c0[0].size else np.zeros((batch, hidden))
-    rows = []
-    for step in range(seq):
-        gx = {k: x[step] @ wi[k].T + bi[k] for k in order}
-        gh = {k: h @ wh[k].T + bh[k] for k in order}
-        h, c = _CELLS[op](gx, gh, h, c)
-        rows.append(h)
-    states = [h, c][:2 if op == "lstm" else 1]
-    return np.stack(rows + states)
+    def run(t, a):
+        x, w_ih, w_hh, *optional = t
+        return np.concatenate(_call(op, [x, w_ih, w_hh, *map(_present, optional)], {}))
+    return run
 
 
-def _sdpa(q, k, v, scale):
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    return np.matmul(p / p.sum(axis=-1, keepdims=True), v)
+def _sdpa(t, a):
+    q, k, v = t
+    return _call("sdpa", [q, k, v, None], {"scale": a["scale"], "is_causal": False})[0]
 
 
-def _gemm(a, b, bias, attrs):
+def _gemm(t, a):
     """The GEMM ABI: alpha * op(a) @ op(b) over a (possibly broadcast) batch, + bias over columns, epilogue."""
-    a = np.swapaxes(a, 1, 2) if attrs["transpose_a"] else a
-    b = np.swapaxes(b, 1, 2) if attrs["transpose_b"] else b
-    d = attrs["alpha"] * np.matmul(a, b)
+    x, y, bias = t
+    d = a["alpha"] * _call("matmul", [x, y], {"transpose_a": bool(a["transpose_a"]),
+                                             "transpose_b": bool(a["transpose_b"])})[0]
     if bias.size:
         d = d + bias
-    epilogue = EPILOGUES[attrs["epilogue"]]
-    if epilogue == "relu":
-        return np.maximum(d, 0.0)
-    if epilogue == "gelu_tanh":
-        return 0.5 * d * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (d + 0.044715 * d ** 3)))
-    return d
+    epilogue = EPILOGUES[a["epilogue"]]
+    if epilogue == "none":
+        return d
+    op, attrs = LINEAR_ACTIVATIONS[epilogue]
+    return _call(op, [d], attrs)[0]
 
 
+# op -> fn(float64 operands in ABI order, decoded scalars) -> the result array
 OPS = {
-    "conv1d": lambda t, a: _conv_nd(*t, *_conv_args(a, 1, False)),
-    "conv2d": lambda t, a: _conv_nd(*t, *_conv_args(a, 2, False)),
+    "conv1d": _conv("conv1d", 1),
+    "conv2d": _conv("conv2d", 2),
     "fused_conv2d": _fused_conv2d,
-    "conv_transpose1d": lambda t, a: _conv_transpose_nd(*t, *_conv_args(a, 1, True)),
-    "conv_transpose2d": lambda t, a: _conv_transpose_nd(*t, *_conv_args(a, 2, True)),
-    "max_pool2d": lambda t, a: _pool(t[0], a, "max"),
-    "avg_pool2d": lambda t, a: _pool(t[0], a, "avg"),
-    "softmax": lambda t, a: _softmax(t[0], False),
-    "log_softmax": lambda t, a: _softmax(t[0], True),
-    "relu": lambda t, a: np.maximum(t[0], 0.0),
-    "sigmoid": lambda t, a: _sigmoid(t[0]),
-    "tanh": lambda t, a: np.tanh(t[0]),
-    "elu": lambda t, a: np.where(t[0] > 0, t[0], a["alpha"] * np.expm1(np.minimum(t[0], 0.0))),
-    "leaky_relu": lambda t, a: np.where(t[0] >= 0, t[0], a["negative_slope"] * t[0]),
-    "clipped_relu": lambda t, a: np.clip(t[0], 0.0, a["ceiling"]),
-    "batch_norm": lambda t, a: _batch_norm(*t, a),
-    "lrn": lambda t, a: _lrn(t[0], a),
-    "lstm": lambda t, a: _rnn("lstm", t),
-    "gru": lambda t, a: _rnn("gru", t),
-    "sdpa": lambda t, a: _sdpa(*t, a["scale"]),
-    "matmul": lambda t, a: _gemm(*t, a),
+    "conv_transpose1d": _conv("conv_transpose1d", 1, transpose=True),
+    "conv_transpose2d": _conv("conv_transpose2d", 2, transpose=True),
+    "max_pool2d": _pool("max_pool2d"),
+    "avg_pool2d": _pool("avg_pool2d"),
+    "softmax": _softmax("softmax"),
+    "log_softmax": _softmax("log_softmax"),
+    **{op: _unary(op) for op in ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "clipped_relu")},
+    "batch_norm": _batch_norm,
+    "lrn": lambda t, a: _call("lrn", t, dict(a))[0],
+    "lstm": _rnn("lstm"),
+    "gru": _rnn("gru"),
+    "sdpa": _sdpa,
+    "matmul": _gemm,
 }
 
 
@@ -207,18 +137,9 @@ class ReferenceProvider(Provider):
         from iree import runtime as rt
         x = tensors[0]
         y = OPS[op]([rt.DeviceArray(self.device, t).to_host().astype(np.float64) for t in tensors], attrs)
-        arr = np.ascontiguousarray(y.astype(storage_dtype(x.element_type)))
-        raw = arr if arr.dtype in (np.float32, np.float16) else arr.view(np.uint16)   # bf16 travels as raw bits
+        dtype = dtype_of(x.element_type)
+        arr = np.ascontiguousarray(np.asarray(y).astype(dtype.np))
+        raw = arr if dtype.raw is None else arr.view(dtype.raw)   # bf16 travels as its raw bits
         return self.device.allocator.allocate_buffer_copy(
             memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
             buffer=raw, element_type=x.element_type)
-
-
-def storage_dtype(element_type):
-    """numpy storage type of a HAL element type (bf16 through ml_dtypes)."""
-    from iree import runtime as rt
-    if int(element_type) == int(rt.HalElementType.BFLOAT_16):
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return {int(rt.HalElementType.FLOAT_32): np.dtype(np.float32),
-            int(rt.HalElementType.FLOAT_16): np.dtype(np.float16)}[int(element_type)]

@@ -1,0 +1,31 @@
+"""The benchmarks' one timing loop: wall-clock times of repeated calls, after warm-up calls."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def timings(fn, runs: int, warmup: int, sync=None) -> dict:
+    """Median, min and 90th percentile (ms) of `runs` calls of fn after `warmup` untimed ones. `sync`
+    (a device synchronize) runs after the warm-up and inside every timed call, so a call that only
+    queues work is timed to its completion."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t)
+    t = np.array(times) * 1e3
+    return {"median_ms": float(np.median(t)), "min_ms": float(t.min()), "p90_ms": float(np.percentile(t, 90)),
+            "runs": runs}
+
+
+def median_ms(fn, warmup: int = 5, reps: int = 50, sync=None) -> float:
+    """The median (ms) of `reps` timed calls of fn after `warmup` untimed ones."""
+    return timings(fn, reps, warmup, sync)["median_ms"]
