@@ -34,15 +34,14 @@ TARGET = "cuda:sm_80"
 # "cudnn_conv_unfused" the convolutions alone, the graph compiled as given (rewrite=False).
 # "+static" fixes the symbolic sequence length to the case's (2048): with a dynamic M, IREE 3.13 gives
 # every matmul a GEMV-style reduction strategy on CUDA instead of tensor-core MMA (BENCHMARKS.md).
-# "kernels" is the default: hand-written kernels, the GEMMs and attention's two GEMMs through the vendor
-# library (cuBLASLt on CUDA, hipBLASLt on ROCm); "iree_attention" keeps IREE's attention; "iree_gemm"
-# keeps the kernels but every GEMM and the attention in IREE's generated code.
-_IREE_GEMM = {"matmul": "generated", "linear": "generated"}
-_IREE_ATTENTION = {"sdpa": "generated"}
-_LLAMA = {"kernels": {}, "iree_gemm": {"impl": {**_IREE_GEMM, **_IREE_ATTENTION}},
-          "iree_attention": {"impl": _IREE_ATTENTION},
-          "kernels+static": {"static": True}, "iree_gemm+static": {"impl": {**_IREE_GEMM, **_IREE_ATTENTION}, "static": True},
-          "iree_attention+static": {"impl": _IREE_ATTENTION, "static": True}}
+# "kernels" is the default (hand-written kernels, GEMMs and attention in IREE's code); "hipblaslt" adds the
+# vendor GEMM library (cuBLASLt on CUDA, hipBLASLt on ROCm) for the projections and attention's two GEMMs;
+# "hipblaslt_iree_attention" the library for the projections only.
+_LIB = {"libraries": ["hipblaslt"]}
+_LIB_IREE_ATTENTION = {**_LIB, "impl": {"sdpa": "generated"}}
+_LLAMA = {"kernels": {}, "hipblaslt": _LIB, "hipblaslt_iree_attention": _LIB_IREE_ATTENTION,
+          "kernels+static": {"static": True}, "hipblaslt+static": {**_LIB, "static": True},
+          "hipblaslt_iree_attention+static": {**_LIB_IREE_ATTENTION, "static": True}}
 CASES = {
     "llama_h1024_s2048_f16": _LLAMA,
     "llama_h4096_s2048_f16": _LLAMA,

@@ -120,12 +120,14 @@ def _linear_graph(rows, n=128, k=128, dtype="f16"):
 def test_size_rule_keeps_small_gemms_generated_and_says_why(target):
     small, big, symbolic = _linear_graph(MIN_ROWS - 1), _linear_graph(MIN_ROWS), _linear_graph("seq")
     t = Target.parse(target)
-    assert registry.choose(_node(big, "linear"), t).impl.name == "hipblaslt"
-    assert registry.choose(_node(symbolic, "linear"), t).impl.name == "hipblaslt"
-    choice = registry.choose(_node(small, "linear"), t)
+    lib = ("hipblaslt",)
+    assert registry.choose(_node(big, "linear"), t).impl.name == "generated"      # opt-in
+    assert registry.choose(_node(big, "linear"), t, libraries=lib).impl.name == "hipblaslt"
+    assert registry.choose(_node(symbolic, "linear"), t, libraries=lib).impl.name == "hipblaslt"
+    choice = registry.choose(_node(small, "linear"), t, libraries=lib)
     assert choice.impl.name == "generated"
     assert any(n == "hipblaslt" and f"M={MIN_ROWS - 1} rows" in r for n, r in choice.skipped)
-    narrow = registry.choose(_node(_linear_graph(512, n=MIN_COLS - 1), "linear"), t)
+    narrow = registry.choose(_node(_linear_graph(512, n=MIN_COLS - 1), "linear"), t, libraries=lib)
     assert narrow.impl.name == "generated" and "N=" in narrow.skipped[0][1]
     # asked for by name, the size rule does not apply; impl="generated" turns the library off
     assert registry.choose(_node(small, "linear"), t, impl={"linear": "hipblaslt"}).impl.name == "hipblaslt"
@@ -139,7 +141,7 @@ def test_summary_lists_the_gemms_passed_over_with_the_reason():
     w = np.ones((96, 64), np.float16)
     g.output(ops.linear(x, w))
     g.output(ops.linear(x1, w))
-    summary = rocmc.compile(g, "gfx942").summary()
+    summary = rocmc.compile(g, "gfx942", libraries=["hipblaslt"]).summary()
     assert re.search(r"hipblaslt\.matmul\.f16 +extern call +hipblaslt", summary)
     passed = summary.split("passed over:")[1]
     assert "linear" in passed and f"M=1 rows, below the {MIN_ROWS}-row rule" in passed
@@ -165,7 +167,7 @@ def test_gemm_imports_compile_for_gpu_targets(tmp_path, target):
     x = g.input("x", ("seq", 256), "f16")
     h = ops.linear(x, np.full((512, 256), 0.01, np.float16), np.zeros(512, np.float16))
     g.output(ops.matmul(h, np.full((512, 128), 0.01, np.float16)))
-    art = rocmc.compile(g, target)
+    art = rocmc.compile(g, target, libraries=["hipblaslt"])
     imports = dict(re.findall(r"vm\.import @(hipblaslt\.[\w.]+) cconv \"(\w+)\"", _dump_imports(art.vmfb, tmp_path)))
     assert imports == {"hipblaslt.matmul.f16": HIPBLASLT.signatures["matmul"].cconv} == {"hipblaslt.matmul.f16": "0rrrIIII_r"}
     assert {x["node"] for x in _externs(art)} == {f"%{n.outputs[0].id}" for n in g.nodes if n.op in ("linear", "matmul")}
@@ -273,6 +275,9 @@ class _FakeBlas:
         self._set(self.table.preference, desc, attr, buf, size)
 
     def _on_heuristic(self, h, desc, aD, bD, cD, dD, pref, requested, results, n_out):
+        # the alignment the library may assume of every matrix (cuBLASLt's default is 256 bytes)
+        self.promised = min([self.objects[pref].get(k, 256) for k in ("align_a", "align_b", "align_c", "align_d")
+                             if k in self.table.preference] or [1])
         r = self.table.result
         base = ctypes.addressof(results)
         for i, ws in enumerate((0, 4096)):      # two algorithms, the second needing a workspace
@@ -290,10 +295,19 @@ class _FakeBlas:
     def _on_free(self, ptr):
         self.buffers.pop(ptr)
 
+    def _aligned(self, layout, ptr, item):
+        """Every column (row of the row-major matrix) of every batch matrix starts where promised."""
+        lay = self.objects[layout]
+        starts = [ptr + (i * lay["batch_offset"] + c * lay["ld"]) * item
+                  for i in range(lay["batch_count"]) for c in range(lay["cols"])]
+        bad = [s for s in starts if s % self.promised]
+        assert not bad, f"a matrix starts at {bad[0]:#x}, not {self.promised}-byte aligned as promised"
+
     def _read(self, layout, ptr, np_dtype):
         lay = self.objects[layout]
         rows, cols, ld, batch, stride = (lay[k] for k in ("rows", "cols", "ld", "batch_count", "batch_offset"))
         item = np.dtype(np_dtype).itemsize
+        self._aligned(layout, ptr, item)
         n = ((batch - 1) * stride + (cols - 1) * ld + rows) * item
         flat = np.frombuffer((ctypes.c_byte * n).from_address(ptr), np_dtype)
         return np.stack([flat[i * stride + np.arange(cols)[None, :] * ld + np.arange(rows)[:, None]]
@@ -343,6 +357,7 @@ class _FakeBlas:
                            "epilogue": EPILOGUES.index(act if act in EPILOGUES else "none")})
         D = np.swapaxes(D, 1, 2)
         lay = self.objects[dD]
+        self._aligned(dD, d, np.dtype(np_dtype).itemsize)
         for i in range(lay["batch_count"]):
             out = np.frombuffer((ctypes.c_byte * (lay["rows"] * lay["cols"] * np.dtype(np_dtype).itemsize))
                                 .from_address(d + i * lay["batch_offset"] * np.dtype(np_dtype).itemsize), np_dtype)
@@ -357,6 +372,7 @@ class _FakeBlas:
     (1, 4, 9, 5, 12, True, False, False, "relu", "f32"),
     (2, 2, 6, 11, 7, True, True, True, "gelu_tanh", "f32"),
     (2, 2, 6, 11, 7, False, True, True, "relu", "bf16"),
+    (3, 3, 13, 17, 513, False, True, False, "none", "f16"),   # attention-like: odd rows and batch strides
 ], ids=lambda c: "-".join(map(str, c)))
 def test_binding_computes_the_row_major_gemm(rng, table, case):
     ba, bb, m, n, k, ta, tb, has_bias, epilogue, dtype = case

@@ -12,8 +12,10 @@ When to call the library (`supports`): the library's kernels win on large GEMMs,
 the result), more than IREE's own code takes for a small GEMM or a decode step's GEMV. So a GEMM
 calls the library only when its row count M is at least MIN_ROWS (or symbolic: a prefill's sequence)
 and its N and K at least MIN_COLS; the reason a node stays generated is in `art.summary()`.
-`impl={"matmul": "hipblaslt"}` asks for the library regardless of size; `impl={"matmul":
-"generated"}` or `impl="generated"` turns it off.
+The implementation is opt-in: `libraries=["hipblaslt"]` uses it for every GEMM the rule lets through,
+`impl={"matmul": "hipblaslt"}` for one op regardless of size. (It was on by default on rocm and cuda
+targets, where it is faster; a 7B prefill through cuBLASLt then hit an illegal memory access at new
+sequence lengths in some runs, which CUDA_LAUNCH_BLOCKING=1 hides: a race not yet found. BENCHMARKS.md.)
 
 `fused_linear` (activation(linear(x, w, b)), put in place of the chain by rocmc.rewrite) is linear's
 call with the library's epilogue set: relu, or GELU, which both libraries compute as the tanh
@@ -164,7 +166,7 @@ def _gemm(E: Emitter, ctx, node, a: str, b: str, dtype: str, elt: str, transpose
                        [0, int(transpose_b), EPILOGUES.index("none"), to_bits(alpha)], 3, elt, op="matmul")
 
 
-lowering("matmul", *LINEARS, impl="hipblaslt", kinds=("cpu", "rocm", "cuda"), default_on=("rocm", "cuda"),
+lowering("matmul", *LINEARS, impl="hipblaslt", kinds=("cpu", "rocm", "cuda"), default_on=(),
          library="hipblaslt", priority=20, supports=supports, rule=size_rule)(lower_gemm)
 
 
@@ -270,5 +272,5 @@ def _softmax(E: Emitter, node, scores: str, scores_ty: str, mask: T | None, dims
     return p
 
 
-lowering("sdpa", impl="hipblaslt", kinds=("cpu", "rocm", "cuda"), default_on=("rocm", "cuda"), library="hipblaslt",
+lowering("sdpa", impl="hipblaslt", kinds=("cpu", "rocm", "cuda"), default_on=(), library="hipblaslt",
          priority=20, supports=sdpa_supports, rule=sdpa_rule)(lower_sdpa)

@@ -3,8 +3,8 @@
 The llama block (hidden 1024, 8 heads, 2 kv heads, f16, sequence 2048 static) grows one stage at a time,
 with the hand-written kernels (default) and the generated implementations, so the smallest failing
 piece stands out; then sdpa in many forms (symbolic query/key lengths, GQA, causal, boolean and additive
-masks, f32, operands transposed in the graph that IREE folds into the attention op), with the default
-implementation (the GEMM library) and IREE's own attention, and that one also with its run-time switch
+masks, f32, operands transposed in the graph that IREE folds into the attention op), through the GEMM
+library (`libraries=["hipblaslt"]`) and IREE's own attention (the default), and that one also with its run-time switch
 forced to the fused attention (the branch long sequences take); and contractions with symbolic M, N, K.
 Outputs are allocated by IREE, so they cannot be poisoned: every module runs twice (a result that moves
 between calls is a race) and a non-finite element fails. Weights are inputs, fresh random on each run."""
@@ -184,7 +184,8 @@ def _sdpa_inputs(name):
 def _sdpa_case(name: str, impl: str) -> Case:
     symbolic = any(isinstance(x, str) for x in SDPA[name][2:4])
     return Case(f"sdpa.{name}.{impl}", lambda: _sdpa_graph(name), _sdpa_inputs(name), TOL[SDPA[name][5]], rel_l2,
-                sizes=SEQS if symbolic else (None,), runs=2, compile=IREE_ATTENTION if impl != "default" else {},
+                sizes=SEQS if symbolic else (None,), runs=2,
+                compile=IREE_ATTENTION if impl != "library" else {"libraries": ["hipblaslt"]},
                 variant=_fused_attention if impl == "iree_fused" else None)
 
 
@@ -213,7 +214,7 @@ def _mm_case(name: str) -> Case:
 
 CASES = ([_stage_case(s, impl) for s in STAGES for impl in ("kernels", "generated")]
          + [_stage_case(s, "generated", fused=True) for s in WITH_ATTENTION]
-         + [_sdpa_case(n, impl) for n in SDPA for impl in ("default", "iree", "iree_fused")]
+         + [_sdpa_case(n, impl) for n in SDPA for impl in ("library", "iree", "iree_fused")]
          + [_mm_case(n) for n in MM])
 
 

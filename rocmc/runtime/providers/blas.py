@@ -233,6 +233,18 @@ def _candidates(p: "BlasProvider", ds: _Descriptors) -> list:
     return out
 
 
+def _alignment(g: Gemm, ptrs, cap: int) -> int:
+    """The byte alignment the library may assume of every matrix it reads or writes: of the base
+    pointers, and of each row (the leading dimensions) and each batch matrix (the batch strides) from
+    there. With an odd length, such as an attention's 513 keys, rows and batch matrices start at 2-byte
+    offsets; an alignment hint of 16 then lets the library pick vector loads that fault."""
+    item = itemsize(g.dtype)
+    lds = [g.k if g.trans_b else g.n, g.m if g.trans_a else g.k, g.n]
+    strides = [g.n * g.k * g.b_batched, g.m * g.k * g.a_batched, g.m * g.n] if g.batch > 1 else []
+    sizes = [q for q in ptrs if q] + [x * item for x in lds + strides if x]
+    return min([cap] + [x & -x for x in sizes])
+
+
 def _gemm_plan(p: "BlasProvider", op, dtype, shapes, attrs, ptrs) -> Plan:
     g = Gemm.of(dtype, shapes, attrs)
     keep: list = []
@@ -240,7 +252,7 @@ def _gemm_plan(p: "BlasProvider", op, dtype, shapes, attrs, ptrs) -> Plan:
         return Plan(g.out_shape, lambda ptrs, y: None, keep, {"algo": "empty result"})
     if g.k == 0:
         raise DeviceError(f"{p.table.name}: matmul with K=0 ({shapes}); compile it with impl={{'matmul': 'generated'}}")
-    align = min(p.alignment_cap, min((q & -q for q in ptrs if q), default=p.alignment_cap))
+    align = _alignment(g, ptrs, p.alignment_cap)
     try:
         ds = _Descriptors(p, g, align, keep)
         if g.bias:
