@@ -107,28 +107,43 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     cases = [(f, e, s == "dynamic") for f in a.families.split(",") for e in a.exporters.split(",")
              for s in a.shapes.split(",")]
-    # A fresh interpreter per worker: torch's threads do not survive a fork.
-    with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = []
-        for r in pool.map(run_case, *zip(*cases)):
-            print(f"{r['family']} {r['exporter']} {'dynamic' if r['dynamic'] else 'static'}: {r['status']}", flush=True)
-            results.append(r)
+    results = run_all(run_case, cases, a.jobs, ("family", "exporter", "shapes"))
     ok = sum(r["status"] == "ok" for r in results)
     exported = sum(r["status"] != "torch export failed" for r in results)
-    lines = [f"**{ok} of the {exported} exports torch made import, compile and match torch at 1e-4 relative** "
-             f"({len(results) - exported} of {len(results)} cases failed in torch's exporter)", "",
-             "| family | exporter | shapes | status | max rel. error | recognised by the rewrite stage |", "|---|---|---|---|---|---|"]
+    report(a.out, HEADER, f"**{ok} of the {exported} exports torch made import, compile and match torch at 1e-4 "
+           f"relative** ({len(results) - exported} of {len(results)} cases failed in torch's exporter)",
+           results, ("family", "exporter", "shapes"))
+    return 0 if ok == exported else 1
+
+
+def _column(r: dict, key: str) -> str:
+    return ("dynamic" if r["dynamic"] else "static") if key == "shapes" else str(r[key])
+
+
+def run_all(run_case, cases, jobs: int, keys) -> list:
+    """run_case(*case) for every case in `jobs` fresh interpreters (torch's threads do not survive a
+    fork), printing each outcome as it comes."""
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = []
+        for r in pool.map(run_case, *zip(*cases)):
+            print(f"{' '.join(_column(r, k) for k in keys)}: {r['status']}", flush=True)
+            results.append(r)
+    return results
+
+
+def report(out, header: str, summary: str, results, keys) -> None:
+    """The results as a markdown table under `summary`, printed and, with `out`, written after `header`."""
+    lines = [summary, "", "| " + " | ".join(keys) + " | status | max rel. error | recognised by the rewrite stage |",
+             "|---" * (len(keys) + 3) + "|"]
     for r in results:
         err = f"{r['error']:.1e}" if "error" in r else ""
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {' / '.join(r.get('why', []))[:300]}"
-        lines.append(f"| {r['family']} | {r['exporter']} | {'dynamic' if r['dynamic'] else 'static'} | {status} | "
-                     f"{err} | {r.get('rewrites', '')} |")
+        lines.append("| " + " | ".join([_column(r, k) for k in keys] + [status, err, r.get("rewrites", "")]) + " |")
     text = "\n".join(lines)
     print(text)
-    if a.out:
+    if out:
         import datetime
-        Path(a.out).write_text(HEADER.format(date=datetime.date.today().isoformat()) + "\n" + text + "\n")
-    return 0 if ok == exported else 1
+        Path(out).write_text(header.format(date=datetime.date.today().isoformat()) + "\n" + text + "\n")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,8 @@ rewrite stage recognised.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 import traceback
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ for p in (ROOT, ROOT / "tests", ROOT / "bench"):
         sys.path.insert(0, str(p))
 
 import export_models as zoo  # noqa: E402
-from onnx_exports import SIZES, against_torch  # noqa: E402
+from onnx_exports import SIZES, against_torch, report, run_all  # noqa: E402
 
 HEADER = """# torch.export programs through rocmc
 
@@ -62,25 +60,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     cases = [(f, s == "dynamic") for f in a.families.split(",") for s in a.shapes.split(",")]
-    # A fresh interpreter per worker: torch's threads do not survive a fork.
-    with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = []
-        for r in pool.map(run_case, *zip(*cases)):
-            print(f"{r['family']} {'dynamic' if r['dynamic'] else 'static'}: {r['status']}", flush=True)
-            results.append(r)
+    results = run_all(run_case, cases, a.jobs, ("family", "shapes"))
     ok = sum(r["status"] == "ok" for r in results)
-    lines = [f"**{ok} of {len(results)} imports compile and match the eager module at 1e-4 relative**", "",
-             "| family | shapes | status | max rel. error | recognised by the rewrite stage |", "|---|---|---|---|---|"]
-    for r in results:
-        err = f"{r['error']:.1e}" if "error" in r else ""
-        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {' / '.join(r.get('why', []))[:300]}"
-        lines.append(f"| {r['family']} | {'dynamic' if r['dynamic'] else 'static'} | {status} | {err} | "
-                     f"{r.get('rewrites', '')} |")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        import datetime
-        Path(a.out).write_text(HEADER.format(date=datetime.date.today().isoformat()) + "\n" + text + "\n")
+    report(a.out, HEADER, f"**{ok} of {len(results)} imports compile and match the eager module at 1e-4 relative**",
+           results, ("family", "shapes"))
     return 0 if ok == len(results) else 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import rocmc
+from rocmc import ops
 
 # (rtol, atol) per dtype, for results compared with the float64 reference.
 TOL = {"f32": (2e-5, 2e-5), "f16": (4e-3, 4e-3), "bf16": (2.5e-2, 2.5e-2)}
@@ -46,3 +47,26 @@ def compile_gpu(graph, targets=GPU_TARGETS, **kw):
     for t in targets:
         art = rocmc.compile(graph, t, **kw)
         assert len(art.vmfb) > 0
+
+
+def resnet_block(rng, cin, cout, groups, dtype="f32", h=9, w=11):
+    """ResNet's basic block with a downsampling shortcut (stride 2, a grouped first conv), batch norms
+    after every conv, and a second output conv(x) + r with neither bias nor relu."""
+    g = rocmc.Graph("block")
+    np_t = rocmc.dtype(dtype).np
+    x = g.input("x", ("n", cin, h, w), dtype)
+    r = g.input("r", ("n", cout, h, w), dtype)
+
+    def conv_bn(v, cin, k, stride, padding, groups=1, bias=False):
+        wt = rng.uniform(-1, 1, (cout, cin // groups, k, k)) / np.sqrt(cin * k * k)
+        b = rng.uniform(-0.5, 0.5, cout).astype(np_t) if bias else None
+        y = ops.conv2d(v, wt.astype(np_t), b, stride=stride, padding=padding, groups=groups)
+        stats = [rng.uniform(-0.5, 0.5, cout), rng.uniform(0.5, 2.0, cout), rng.uniform(-1.5, 1.5, cout),
+                 rng.uniform(-0.5, 0.5, cout)]
+        return ops.batch_norm(y, *(s.astype(np_t) for s in stats), eps=1e-5)
+
+    hid = ops.relu(conv_bn(x, cin, 3, 2, 1, groups=groups))
+    main = conv_bn(hid, cout, 3, 1, 1, bias=True)
+    plain = ops.conv2d(x, (rng.uniform(-1, 1, (cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np_t), padding=1)
+    g.output(ops.relu(main + conv_bn(x, cin, 1, 2, 0)), plain + r)
+    return g

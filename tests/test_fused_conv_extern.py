@@ -14,39 +14,16 @@ from rocmc.errors import DeviceError
 from rocmc.externs import MIOPEN as ABI
 from rocmc.runtime.providers.dnn import _conv_plan, declared
 
-from helpers import TOL, rand
+from helpers import TOL, rand, resnet_block
 from test_extern import _dump_imports
 from test_rnn_extern import _CONV_ATTRS, _FakeLibrary, _backend_sets
 
 N, H, W = 3, 9, 11                 # run-time batch of the symbolic dim "n"; odd spatial sizes
 
 
-def _block(rng, cin, cout, groups, dtype="f32"):
-    """ResNet's basic block with a downsampling shortcut (stride 2, a grouped first conv), batch norms
-    after every conv, and a second output conv(x) + r with neither bias nor relu."""
-    g = rocmc.Graph("block")
-    np_t = rocmc.dtype(dtype).np
-    x = g.input("x", ("n", cin, H, W), dtype)
-    r = g.input("r", ("n", cout, H, W), dtype)
-
-    def conv_bn(v, cin, k, stride, padding, groups=1, bias=False):
-        w = rng.uniform(-1, 1, (cout, cin // groups, k, k)) / np.sqrt(cin * k * k)
-        b = rng.uniform(-0.5, 0.5, cout).astype(np_t) if bias else None
-        y = ops.conv2d(v, w.astype(np_t), b, stride=stride, padding=padding, groups=groups)
-        stats = [rng.uniform(-0.5, 0.5, cout), rng.uniform(0.5, 2.0, cout), rng.uniform(-1.5, 1.5, cout),
-                 rng.uniform(-0.5, 0.5, cout)]
-        return ops.batch_norm(y, *(s.astype(np_t) for s in stats), eps=1e-5)
-
-    h = ops.relu(conv_bn(x, cin, 3, 2, 1, groups=groups))
-    main = conv_bn(h, cout, 3, 1, 1, bias=True)
-    plain = ops.conv2d(x, (rng.uniform(-1, 1, (cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np_t), padding=1)
-    g.output(ops.relu(main + conv_bn(x, cin, 1, 2, 0)), plain + r)
-    return g
-
-
 @pytest.mark.parametrize("cin, cout, groups, dtype", [(9, 15, 3, "f32"), (5, 7, 1, "f16")])
 def test_resnet_block_runs_fused_calls_through_the_reference_provider(cin, cout, groups, dtype, rng):
-    g = _block(rng, cin, cout, groups, dtype)
+    g = resnet_block(rng, cin, cout, groups, dtype)
     art = rocmc.compile(g, "cpu", libraries=["miopen"])
     calls = [(c["op"], c["import"], c["attrs"]["activation"] if c["op"] == "fused_conv2d" else None)
              for c in art.metadata["externs"]]
@@ -64,7 +41,7 @@ def test_resnet_block_runs_fused_calls_through_the_reference_provider(cin, cout,
 @pytest.mark.parametrize("target", ["gfx942", "cuda:sm_80"])
 def test_gpu_modules_import_the_fused_call(target, tmp_path, rng):
     """gfx942 calls MIOpen for convolutions by default, fused ones too; cuda modules when asked."""
-    g = _block(rng, 6, 10, 2)
+    g = resnet_block(rng, 6, 10, 2)
     art = rocmc.compile(g, target, **({} if target == "gfx942" else {"libraries": ["miopen"]}))
     imports = dict(re.findall(r"vm\.import @(miopen\.[\w.]+) cconv \"(\w+)\"", _dump_imports(art.vmfb, tmp_path)))
     assert imports == {"miopen.fused_conv2d": ABI.signatures["fused_conv2d"].cconv,

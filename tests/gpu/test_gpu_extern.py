@@ -14,6 +14,7 @@ import pytest
 import rocmc
 from rocmc import ops
 
+from helpers import resnet_block
 from gpu_harness import Case, ids, max_rel1
 
 SEED = 1234
@@ -82,23 +83,7 @@ def _resnet_block(cin, cout, groups, dtype) -> Case:
     h, w = 9, 11
 
     def graph():
-        rng, npt = _consts(name), rocmc.dtype(dtype).np
-        g = rocmc.Graph("block")
-        x = g.input("x", ("n", cin, h, w), dtype)
-        r = g.input("r", ("n", cout, h, w), dtype)
-
-        def conv_bn(v, cin, k, stride, padding, groups=1, bias=False):
-            wt = (rng.uniform(-1, 1, (cout, cin // groups, k, k)) / np.sqrt(cin * k * k)).astype(npt)
-            b = rng.uniform(-0.5, 0.5, cout).astype(npt) if bias else None
-            y = ops.conv2d(v, wt, b, stride=stride, padding=padding, groups=groups)
-            stats = [rng.uniform(-0.5, 0.5, cout), rng.uniform(0.5, 2.0, cout), rng.uniform(-1.5, 1.5, cout),
-                     rng.uniform(-0.5, 0.5, cout)]
-            return ops.batch_norm(y, *(s.astype(npt) for s in stats), eps=1e-5)
-        hid = ops.relu(conv_bn(x, cin, 3, 2, 1, groups=groups))
-        main = conv_bn(hid, cout, 3, 1, 1, bias=True)
-        plain = ops.conv2d(x, (rng.uniform(-1, 1, (cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(npt), padding=1)
-        g.output(ops.relu(main + conv_bn(x, cin, 1, 2, 0)), plain + r)
-        return g
+        return resnet_block(_consts(name), cin, cout, groups, dtype, h, w)
 
     def inputs(rng, n):
         npt = rocmc.dtype(dtype).np
