@@ -59,12 +59,21 @@ def check_gfx942_kernel():
     print(f"ok: gfx942 module embeds {art.metadata['kernels'][0]['symbol']} (hand-written)")
 
 
+def check_collective_bootstrap():
+    """The tensor-parallel bootstrap's C source ships in the wheel and builds."""
+    from rocmc.runtime import native
+    assert native.SOURCE.resolve().is_relative_to(SITE), native.SOURCE
+    lib = native.build(Path(tempfile.mkdtemp(prefix="rocmc-wheel-native-")))
+    print(f"ok: collective bootstrap built from the installed source ({lib.stat().st_size} bytes)")
+
+
 def main():
     seed = int(os.environ.get("ROCMC_TEST_SEED") or secrets.randbits(32))
     print(f"wheel smoke test: python {sys.version.split()[0]}, seed {seed} (replay with ROCMC_TEST_SEED={seed})")
     check_installed()
     check_cpu_run(np.random.default_rng(seed))
     check_gfx942_kernel()
+    check_collective_bootstrap()
 
 
 if __name__ == "__main__":

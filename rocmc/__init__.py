@@ -1,8 +1,8 @@
 """rocmc: ML graphs -> IREE -> .vmfb for AMD GPUs (ROCm), NVIDIA GPUs (CUDA) and the host CPU."""
 from ._version import __version__
 from .artifact import Artifact
-from .errors import (ArtifactError, CacheWarning, CompileError, DeviceError, GraphError, InputError, LoweringError,
-                     ModelImportError, RocmcError, TargetError)
+from .errors import (ArtifactError, CacheWarning, CompileError, DeviceError, DistributedError, GraphError, InputError,
+                     LoweringError, ModelImportError, RocmcError, TargetError)
 from .frontend import Graph, TensorType, Value, dtype
 from .frontend.dtypes import bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
 from . import ops
@@ -26,7 +26,7 @@ def import_torch(model, args=(), **kwargs):
     from .frontend.torch import import_torch as _imp
     return _imp(model, args, **kwargs)
 
-__all__ = ["Artifact", "ArtifactError", "CacheWarning", "CompileError", "DeviceError", "Graph", "GraphError", "InputError",
+__all__ = ["Artifact", "ArtifactError", "CacheWarning", "CompileError", "DeviceError", "DistributedError", "Graph", "GraphError", "InputError",
            "LoweringError", "ModelImportError", "RocmcError", "Target", "TargetError", "TensorType", "Value",
            "__version__", "compile", "dtype", "evaluate", "import_onnx", "import_torch", "known_targets", "llm", "load", "ops", "Parameters", "save_parameters",
            "f32", "f16", "bf16", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool_"]

@@ -243,7 +243,7 @@ class Artifact:
                 lines.append(f"  {p['name']:<48} {p['dtype']}[{','.join(map(str, p['shape']))}] {n} bytes")
         for st in self.metadata.get("states", []):
             lines.append(f"state: {st['name']} {st['dtype']}[{','.join(map(str, st['shape']))}] (on the device)")
-        lines += rewrite_lines(self.metadata)
+        lines += rewrite_lines(self.metadata) + _collective_lines(self.metadata)
         if self._stage_dir is None:
             lines.append("dispatches: (listed for artifacts made by rocmc.compile; this one was loaded)")
             lines += [f"  {c['node']:<6} {c['op']:<16} {c['impl']}" for f in functions(self.metadata)
@@ -254,6 +254,24 @@ class Artifact:
             extra = f" [{d['arch']}]" if "arch" in d else ""
             lines.append(f"  {d['name']:<60} {d['kind']:<12} {d['impl']:<10}{extra} {' '.join(d['nodes'])} ({', '.join(d['ops'])})")
         return "\n".join(lines + _passed_over(self.metadata))
+
+
+def _collective_lines(meta: dict) -> list[str]:
+    """A tensor-parallel rank's program: how many ranks, and each function's collectives by implementation."""
+    world = meta.get("world_size", 1)
+    if world == 1:
+        return []
+    how = {"iree": "NCCL/RCCL enqueued by IREE on the device stream", "host": "the host process group"}
+    lines = [f"tensor parallel: one of {world} ranks (run with `rocmc launch -n {world}`); collectives per call:"]
+    for f in functions(meta):
+        counts: dict = {}
+        for c in f["implementations"]:
+            if c["op"] in ("all_reduce", "all_gather"):
+                counts[(c["op"], c["impl"])] = counts.get((c["op"], c["impl"]), 0) + 1
+        if counts:
+            lines.append(f"  {f['name']}: " + ", ".join(f"{n} {op} ({impl}: {how.get(impl, impl)})"
+                                                      for (op, impl), n in sorted(counts.items())))
+    return lines
 
 
 def _passed_over(meta: dict) -> list[str]:

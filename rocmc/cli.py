@@ -191,12 +191,17 @@ def cmd_targets(args) -> int:
 def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (text, or comma-separated token ids) as it is made."""
     from . import llm
-    kw = dict(device=args.device, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    kw = dict(device=args.device, max_seq_len=args.max_seq_len, dtype=args.dtype, tensor_parallel=args.tp)
     if args.module:
-        lm = llm.load(args.module, args.checkpoint, device=args.device)
+        lm = llm.load(args.module, args.checkpoint, device=args.device, tensor_parallel=args.tp)
     else:
         lm = llm.load_hf(args.checkpoint, args.target, **kw)
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if lm.rank != 0:        # every rank computes the same tokens; rank 0 streams them
+        for _ in (lm.stream(_token_ids(args.prompt), args.max_new_tokens, **_sampling(args)) if args.ids
+                  else lm.text_stream(args.prompt, args.max_new_tokens, **_sampling(args))):
+            pass
+        return 0
+    sampling = _sampling(args)
     ids = _token_ids(args.prompt) if args.ids else None
     if ids is not None:
         for tok in lm.stream(ids, args.max_new_tokens, **sampling):
@@ -208,11 +213,22 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _sampling(args) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
 def _token_ids(text: str) -> list:
     try:
         return [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
         raise RocmcError(f"--ids: the prompt {text!r} is not a list of token ids (e.g. '1, 450, 7483')") from None
+
+
+def cmd_launch(args) -> int:
+    """Start the command as ranks 0..n-1 of a tensor-parallel run (one process per GPU)."""
+    from .runtime.launch import launch
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return launch(args.nproc, command, port=args.master_port)
 
 
 NO_VERIFY = "skip the integrity check (a trusted module with no rocmc trailer)"
@@ -267,7 +283,15 @@ def main(argv=None) -> int:
     gn.add_argument("--top-k", type=int)
     gn.add_argument("--top-p", type=float, default=1.0)
     gn.add_argument("--seed", type=int)
+    gn.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel over N GPUs: one of N ranks "
+                    "started by `rocmc launch -n N` (the module compiled with tensor_parallel=N)")
     gn.set_defaults(fn=cmd_generate)
+    la = sub.add_parser("launch", help="run a command as N ranks of a tensor-parallel run, one process per GPU "
+                        "(sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as torchrun does)")
+    la.add_argument("-n", "--nproc", type=int, required=True, help="number of processes (GPUs)")
+    la.add_argument("--master-port", type=int, help="rank 0's rendezvous port (default: a free one)")
+    la.add_argument("command", nargs=argparse.REMAINDER, help="e.g. rocmc generate CKPT --module m.vmfb --tp 2 ...")
+    la.set_defaults(fn=cmd_launch)
     t = sub.add_parser("targets", help="list the known compile targets")
     t.set_defaults(fn=cmd_targets)
     args = ap.parse_args(argv)

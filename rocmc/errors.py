@@ -42,6 +42,11 @@ class InputError(RocmcError, ValueError):
 
 
 
+class DistributedError(RocmcError):
+    """The processes of a tensor-parallel run can't form or keep their group: a missing or dead rank,
+    a bad launcher environment, ranks that loaded different things, an absent collective library."""
+
+
 class ModelImportError(RocmcError):
     """A model file (ONNX) could not be imported; lists every unsupported node."""
 

@@ -113,7 +113,16 @@ HIPBLASLT = Library(
                          ("alpha",))},
 )
 
-LIBRARIES = {lib.name: lib for lib in (MIOPEN, HIPBLASLT)}
+# Collectives of a tensor-parallel module on the CPU, which has no collective library: the runtime's
+# process group serves them on the host. x is the rank's tensor flattened; all_reduce returns the sum
+# over ranks, all_gather the ranks' x concatenated in rank order. On GPUs the collectives are IREE's own
+# (flow.collective on NCCL/RCCL, lowering/collective.py), not extern calls.
+COLLECTIVES = Library(
+    "collectives", {"cpu": "rocmc's process group"}, ("f32", "f16", "bf16"),
+    {"all_reduce": Signature("all_reduce", (("x", 1),)), "all_gather": Signature("all_gather", (("x", 1),))},
+)
+
+LIBRARIES = {lib.name: lib for lib in (MIOPEN, HIPBLASLT, COLLECTIVES)}
 
 # Packed gate order of torch's recurrent weights (rows of w_ih / w_hh, entries of the biases).
 TORCH_GATES = {"lstm": "ifgo", "gru": "rzn"}

@@ -1,5 +1,6 @@
 """rocmc.ops: every op builder, one namespace (keyword names follow torch.nn.functional, axes numpy's)."""
 from .frontend.ops.attention import *  # noqa: F401,F403
+from .frontend.ops.collective import *  # noqa: F401,F403
 from .frontend.ops.conv import *  # noqa: F401,F403
 from .frontend.ops.elementwise import *  # noqa: F401,F403
 from .frontend.ops.fused import *  # noqa: F401,F403

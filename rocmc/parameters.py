@@ -92,6 +92,7 @@ class _Entry:
     offset: int = 0
     array: np.ndarray | None = None    # in memory
     splat: bytes | None = None         # an .irpa splat: this pattern repeated to nbytes
+    part: bool = False                 # a range of a tensor of its file (a rank's slice): served mapped
 
 
 class Parameters:
@@ -160,6 +161,37 @@ class Parameters:
             raise ArtifactError(f"{e.path}: cannot read tensor {name!r} ({e.nbytes} bytes at offset "
                                 f"{e.offset}): {err}") from None
 
+    def shard(self, shards: dict, rank: int, parts: int) -> "Parameters":
+        """Rank `rank`'s slices: {name: (source tensor, axis)} -> a Parameters holding under each name the
+        rank-th of `parts` equal slices of the source along `axis` (None: the whole source). A slice along
+        axis 0 is a range of the source's file, served mapped (no copy); along another axis it is
+        gathered once into host memory (one copy per rank)."""
+        if not (isinstance(parts, int) and isinstance(rank, int) and 0 <= rank < parts):
+            raise InputError(f"parameters shard: rank {rank!r} of {parts!r}: expected 0 <= rank < parts")
+        out = {}
+        for name, (source, axis) in shards.items():
+            e = self._entry(source)
+            if axis is None or parts == 1:
+                out[name] = e
+                continue
+            if e.shape is None or e.dtype is None or not 0 <= axis < len(e.shape):
+                raise InputError(f"parameter {source!r}: can't split along axis {axis}: its shape is "
+                                 f"{_dims(e.shape) if e.shape is not None else 'not recorded'} in {e.origin}")
+            if e.shape[axis] % parts:
+                raise InputError(f"parameter {source!r}: axis {axis} of {_dims(e.shape)} does not split into "
+                                 f"{parts} equal parts")
+            step = e.shape[axis] // parts
+            shape = tuple(step if i == axis else d for i, d in enumerate(e.shape))
+            nbytes = math.prod(shape) * _NUMPY[e.dtype].itemsize
+            if axis == 0 and e.path is not None and e.splat is None:
+                out[name] = _Entry(shape, e.dtype, nbytes, e.origin, e.path, e.format, e.offset + rank * nbytes,
+                                   part=True)
+                continue
+            index = tuple(slice(rank * step, (rank + 1) * step) if i == axis else slice(None)
+                          for i in range(len(e.shape)))
+            out[name] = _Entry(shape, e.dtype, nbytes, e.origin, array=np.ascontiguousarray(self.array(source)[index]))
+        return Parameters(out)
+
     def provider(self, instance, scope: str = "model", specs=None):
         """An IREE VM module serving these tensors under `scope`; place it between the HAL module and
         the program in the VmContext. With `specs`, they are checked first (see `check`), only the
@@ -181,9 +213,10 @@ class Parameters:
                 _add_entry(index, name, e)
             else:
                 files.setdefault((e.path, e.format), []).append(name)
-        converted_files = {self._entries[name].path for name in conversions}
+        mapped_files = {self._entries[name].path for name in conversions} | \
+            {e.path for name, e in self._entries.items() if e.part and name in needed}
         for (path, fmt), names in files.items():
-            if path in converted_files:
+            if path in mapped_files:
                 handle = _map_file(rt, path)
                 for name in names:
                     _add_entry(index, name, self._entries[name], handle)
@@ -226,6 +259,29 @@ class Parameters:
                                  f"{e.origin}{why}; only {', '.join(_CONVERTIBLE)} convert into one another")
             conversions[s.name] = (e.dtype, s.dtype)
         return conversions
+
+
+def fingerprint(source) -> str:
+    """A digest of a checkpoint that ranks compare before each reads its own slices: config.json, every
+    tensor's name, shape, dtype and place, each file's size, and the first and last MiB of each file's
+    data (reading no more: ranks each hold a different part of the tensors)."""
+    import hashlib
+    path = Path(source)
+    h = hashlib.sha256()
+    if path.is_dir() and (path / "config.json").is_file():
+        h.update((path / "config.json").read_bytes())
+    entries = _open_path(path)
+    files = sorted({str(e.path) for e in entries.values() if e.path is not None})
+    for name in sorted(entries):
+        e = entries[name]
+        h.update(f"{name}|{e.shape}|{e.dtype}|{e.offset}|{e.nbytes}|{Path(e.path).name if e.path else ''}".encode())
+    for f in files:
+        size = os.path.getsize(f)
+        with open(f, "rb") as fh:
+            h.update(str(size).encode() + fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()
 
 
 def save_parameters(path, source) -> Path:

@@ -27,6 +27,7 @@ from .. import ops
 from ..frontend.graph import Graph, Value
 from ..frontend.dtypes import dtype as _dtype
 from .config import LlmConfig, param_names, rope_tables
+from .sharding import EMBED, LM_HEAD, Plan
 
 
 @dataclass(frozen=True)
@@ -43,36 +44,39 @@ class Shape:
 CACHE = "kv_cache"
 
 
-def cache_shape(cfg: LlmConfig, shape: "Shape") -> tuple[int, int]:
+def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, int]:
+    """The KV cache of one rank (of `degree`, which holds 1/degree of the kv heads)."""
     return (2 * cfg.num_hidden_layers * shape.max_seq_len,
-            shape.max_batch * cfg.num_key_value_heads * cfg.head_dim)
+            shape.max_batch * cfg.num_key_value_heads // degree * cfg.head_dim)
 
 
-def build(cfg: LlmConfig, shape: Shape, functions=None) -> dict:
-    """{function name: Graph} for `rocmc.compile` (every function of FUNCTIONS, or those named)."""
-    return {name: _BUILDERS[name](cfg, shape) for name in functions or FUNCTIONS}
+def build(cfg: LlmConfig, shape: Shape, functions=None, plan: Plan | None = None) -> dict:
+    """{function name: Graph} for `rocmc.compile` (every function of FUNCTIONS, or those named); with a
+    tensor-parallel `plan` of degree > 1, the graphs of one rank (rocmc.llm.sharding)."""
+    plan = plan if plan is not None and plan.degree > 1 else None
+    return {name: _BUILDERS[name](cfg, shape, plan) for name in functions or FUNCTIONS}
 
 
-def _prefill(cfg: LlmConfig, shape: Shape) -> Graph:
+def _prefill(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     """Prompt of `s` tokens per row -> the next token (greedy), the last position's logits, and the logits of
     every position (f32, as transformers returns them; a caller that wants only the token leaves them on
     the device: the lm_head over every position is a few percent of a prefill)."""
-    g, w, h = _forward(cfg, shape, "prefill", "s", "s")
+    g, w, h = _forward(cfg, shape, "prefill", "s", "s", plan)
     every = _lm_head(cfg, w, h)                                            # (b, s, vocab)
     logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), (shape.max_batch, cfg.vocab_size))
     g.output(ops.argmax(logits, axis=-1), logits, every)
     return g
 
 
-def _decode(cfg: LlmConfig, shape: Shape) -> Graph:
+def _decode(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     """One token per row at cache slot kv-1 -> the next token (greedy) and its logits."""
-    g, w, h = _forward(cfg, shape, "decode", 1, "kv")
+    g, w, h = _forward(cfg, shape, "decode", 1, "kv", plan)
     logits = ops.reshape(_lm_head(cfg, w, h), (shape.max_batch, cfg.vocab_size))
     g.output(ops.argmax(logits, axis=-1), logits)
     return g
 
 
-def _sample(cfg: LlmConfig, shape: Shape) -> Graph:
+def _sample(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     """Logits (left on the device by decode) -> one token per row, drawn as transformers' sampling does:
     temperature, then top_k, then top_p (the smallest set of most likely tokens whose probability reaches
     it), then a draw (the Gumbel-max trick with counter-based noise from `key`, so a seed reproduces a
@@ -104,12 +108,21 @@ FUNCTIONS = tuple(_BUILDERS)
 
 
 class _Weights:
-    """The checkpoint's tensors as graph parameters, by their own names."""
+    """The checkpoint's tensors as graph parameters, by their own names (a rank's slices of them with a
+    tensor-parallel plan: `n` ranks, each holding the plan's local shape)."""
 
-    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str):
-        self.g, self.dtype = g, dtype
-        self.shapes = dict(param_names(cfg))
+    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str, plan: Plan | None = None):
+        self.g, self.dtype, self.plan = g, dtype, plan
+        self.n = plan.degree if plan else 1
+        self.shapes = {k: s.local(self.n) for k, s in plan.shards.items()} if plan else dict(param_names(cfg))
         self.values: dict = {}
+        self.positions = 1          # the most tokens per row a call takes (set by _forward)
+
+    def most(self, x: Value) -> int:
+        """The most elements of an activation (b, t, k) of a call: what a collective is padded to on a GPU
+        when t is symbolic (one collective, not a loop of pieces)."""
+        b, _, k = x.shape
+        return b * self.positions * k
 
     def __call__(self, name: str) -> Value:
         if name not in self.values:      # a tied embedding is read twice, as one parameter
@@ -117,7 +130,7 @@ class _Weights:
         return self.values[name]
 
 
-def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv):
+def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv, plan: Plan | None = None):
     """The decoder stack over `t` new tokens per row whose keys go to cache slots [kv - t, kv): returns
     the graph, its weights and the final hidden states (b, t, hidden)."""
     b, dt = shape.max_batch, shape.dtype
@@ -127,15 +140,16 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv):
     masks = {"full_attention": g.input("mask", (b, 1, t, kv), "bool")}
     if "sliding_attention" in cfg.layer_types:
         masks["sliding_attention"] = g.input("window_mask", (b, 1, t, kv), "bool")
-    w = _Weights(g, cfg, dt)
+    w = _Weights(g, cfg, dt, plan)
+    w.positions = shape.max_seq_len if t == "s" else t
     cos, sin = (np.asarray(a, dtype=np.float32) for a in rope_tables(cfg, shape.max_seq_len))
     cos, sin = g.constant("rope_cos", cos), g.constant("rope_sin", sin)
     # The first cache slot this call writes: 0 for a prompt, kv - 1 for one decoded token (a size expression:
     # the host knows it from the mask's shape, so nothing is read back from the device to place the write).
     start = 0 if t == "s" else f"{kv}-1"
 
-    cache = [g.state(CACHE, cache_shape(cfg, shape), dt)]     # the latest value, updated layer by layer
-    h = ops.embedding(tokens, w("model.embed_tokens.weight"))
+    cache = [g.state(CACHE, cache_shape(cfg, shape, w.n), dt)]     # the latest value, updated layer by layer
+    h = _gather_last(ops.embedding(tokens, w(EMBED)), w)
     if cfg.embed_scale != 1.0:
         h = h * np.asarray(cfg.embed_scale, dtype=_dtype(dt).np)
     for i in range(cfg.num_hidden_layers):
@@ -156,14 +170,28 @@ def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
     return ops.rms_norm(x, weight, eps=cfg.rms_norm_eps)
 
 
-def _linear(w: _Weights, name: str, x: Value, bias: bool) -> Value:
+def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False) -> Value:
+    """x @ W^T + b. A row-parallel projection (`row`, split along its input features) gives each rank a
+    partial sum: the ranks' partials are added (all_reduce) before the bias, which is added once."""
     y = ops.matmul(x, w(name + ".weight"), transpose_b=True)
+    if row and w.n > 1:
+        y = ops.all_reduce(y, w.n, max_size=w.most(y))
     return y + w(name + ".bias") if bias else y
+
+
+def _gather_last(x: Value, w: "_Weights") -> Value:
+    """The ranks' (b, t, k) slices of a last axis joined in rank order: (b, t, n * k)."""
+    n = w.n
+    if n == 1:
+        return x
+    b, t, k = x.shape
+    parts = ops.reshape(ops.all_gather(x, n, max_size=w.most(x)), (n, b, t, k))
+    return ops.reshape(ops.permute(parts, (1, 2, 0, 3)), (b, t, n * k))
 
 
 def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv, t, max_seq_len):
     b = x.shape[0]
-    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    hq, hkv, d = cfg.num_attention_heads // w.n, cfg.num_key_value_heads // w.n, cfg.head_dim
     q = ops.reshape(_linear(w, p + "q_proj", x, cfg.attention_bias), (b, t, hq, d))
     k = ops.reshape(_linear(w, p + "k_proj", x, cfg.attention_bias), (b, t, hkv, d))
     v = ops.reshape(_linear(w, p + "v_proj", x, cfg.attention_bias), (b, t, hkv, d))
@@ -187,15 +215,15 @@ def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv,
     keys, values = read or (ops.permute(k, (0, 2, 1, 3)), ops.permute(v, (0, 2, 1, 3)))
     a = ops.sdpa(q, keys, values, mask=mask, scale=cfg.attention_scale)
     a = ops.reshape(ops.permute(a, (0, 2, 1, 3)), (b, t, hq * d))
-    return _linear(w, p + "o_proj", a, cfg.o_proj_bias)
+    return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True)
 
 
 def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value) -> Value:
     gate = _linear(w, p + "gate_proj", x, cfg.mlp_bias)
     act = ops.silu(gate) if cfg.hidden_act == "silu" else ops.gelu(gate, approximate="tanh")
-    return _linear(w, p + "down_proj", act * _linear(w, p + "up_proj", x, cfg.mlp_bias), cfg.mlp_bias)
+    return _linear(w, p + "down_proj", act * _linear(w, p + "up_proj", x, cfg.mlp_bias), cfg.mlp_bias, row=True)
 
 
 def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:
-    name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    return ops.cast(ops.matmul(h, w(name), transpose_b=True), "f32")
+    name = EMBED if cfg.tie_word_embeddings and w.n == 1 else LM_HEAD     # a rank's tied head: its own slice
+    return _gather_last(ops.cast(ops.matmul(h, w(name), transpose_b=True), "f32"), w)

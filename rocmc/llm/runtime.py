@@ -14,6 +14,7 @@ import numpy as np
 from .. import compile as _compile, load as _load
 from ..artifact import Artifact
 from ..errors import InputError, ModelImportError
+from . import sharding
 from .config import LlmConfig, default_max_seq_len, load_config, param_names
 from .model import CACHE, FUNCTIONS, Shape, build, cache_shape
 
@@ -23,18 +24,24 @@ _CHECKPOINT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 def compile_hf(config, target: str = "cpu", *, dtype: str | None = None, max_seq_len: int | None = None,
-               max_batch: int = 1, sample_k: int = 64, functions=FUNCTIONS, **compile_kwargs) -> Artifact:
+               max_batch: int = 1, sample_k: int = 64, functions=FUNCTIONS, tensor_parallel: int = 1,
+               **compile_kwargs) -> Artifact:
     """Compile a causal LM from its config.json alone (a file, its directory, or an LlmConfig): no weight
     is read, and the module holds none (they are parameters named as in the checkpoint).
 
     max_seq_len: positions of the KV cache (default: the config's max_position_embeddings, capped so the
     cache fits KV_CACHE_BUDGET); max_batch: prompts per call; sample_k: sampling draws from this many most
-    likely tokens."""
+    likely tokens. tensor_parallel=N: the program of one of N ranks, each on its own GPU holding 1/N of
+    the weights and KV cache (rocmc.llm.sharding); run it with `load(..., tensor_parallel=N)` in N
+    processes (`rocmc launch -n N`)."""
     cfg = config if isinstance(config, LlmConfig) else load_config(config)
+    plan = sharding.plan(cfg, tensor_parallel)
     shape = model_shape(cfg, target, dtype, max_seq_len, max_batch, sample_k)
     info = {"llm": {"max_seq_len": shape.max_seq_len, "max_batch": shape.max_batch, "dtype": shape.dtype,
                     "sample_k": shape.sample_k, "family": cfg.family}}
-    return _compile(build(cfg, shape, functions), target, info=info, **compile_kwargs)
+    if plan.degree > 1:
+        info["llm"]["tensor_parallel"] = plan.to_json()
+    return _compile(build(cfg, shape, functions, plan), target, info=info, **compile_kwargs)
 
 
 def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch, sample_k: int = 64) -> Shape:
@@ -58,18 +65,27 @@ def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch, samp
     return Shape(max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype, sample_k=min(sample_k, cfg.vocab_size))
 
 
-def load_hf(directory, target: str = "cpu", *, device: str | None = None, **compile_kwargs) -> "LanguageModel":
+def load_hf(directory, target: str = "cpu", *, device: str | None = None, tensor_parallel: int = 1,
+            **compile_kwargs) -> "LanguageModel":
     """Compile the checkpoint in `directory` (config.json + *.safetensors [+ tokenizer.json]) and load it;
     compile_kwargs as for `compile_hf` (dtype, max_seq_len, max_batch, sample_k, ...)."""
     directory = _checkpoint_dir(directory)
-    art = compile_hf(directory, target, **compile_kwargs)
-    return LanguageModel(art, directory, device=device)
+    art = compile_hf(directory, target, tensor_parallel=tensor_parallel, **compile_kwargs)
+    return LanguageModel(art, directory, device=device, tensor_parallel=tensor_parallel)
 
 
-def load(artifact, checkpoint, *, device: str | None = None) -> "LanguageModel":
-    """A saved artifact (from compile_hf) with a checkpoint directory: needs no compiler."""
+def load(artifact, checkpoint, *, device: str | None = None, tensor_parallel: int = 1,
+         parameters=None) -> "LanguageModel":
+    """A saved artifact (from compile_hf) with a checkpoint directory: needs no compiler.
+
+    tensor_parallel=N: this process is one of N ranks started by `rocmc launch -n N` (or torchrun): each
+    loads the same artifact (compiled with tensor_parallel=N), reads only its slices of the checkpoint and
+    runs on its own GPU (cuda:LOCAL_RANK); every rank runs the same calls and gets the same tokens.
+    parameters: the checkpoint's tensors from elsewhere than its directory (a dict of arrays, an .irpa, or
+    a Parameters; with tensor_parallel, this rank's own slices named as the artifact's parameters)."""
     art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
-    return LanguageModel(art, _checkpoint_dir(checkpoint), device=device)
+    return LanguageModel(art, _checkpoint_dir(checkpoint), device=device, tensor_parallel=tensor_parallel,
+                         parameters=parameters)
 
 
 def _checkpoint_dir(directory) -> Path:
@@ -82,12 +98,20 @@ def _checkpoint_dir(directory) -> Path:
 class LanguageModel:
     """A compiled causal LM loaded with its weights on a device."""
 
-    def __init__(self, artifact: Artifact, checkpoint: Path, device: str | None = None):
+    def __init__(self, artifact: Artifact, checkpoint: Path, device: str | None = None, tensor_parallel: int = 1,
+                 parameters=None):
         self.config = load_config(checkpoint)
         self.artifact = artifact
-        self.sizes = _sizes_of(artifact, self.config)
-        _check_artifact(artifact, self.config)
-        self.module = _load(artifact, device, parameters=checkpoint)
+        self.plan = _plan_of(artifact, self.config, tensor_parallel)
+        self.sizes = _sizes_of(artifact, self.config, self.plan.degree)
+        _check_artifact(artifact, self.config, self.plan)
+        self.group, self.rank = None, 0
+        if self.plan.degree > 1:
+            self.group, params = _rank_parameters(artifact, checkpoint, self.plan, parameters)
+            self.rank = self.group.rank
+        else:
+            params = checkpoint if parameters is None else parameters
+        self.module = _load(artifact, device, parameters=params)
         self.tokenizer = _tokenizer(checkpoint)
 
     # ---- public API -----------------------------------------------------------------------
@@ -97,7 +121,10 @@ class LanguageModel:
         notes = self.module.parameter_notes
         head = (f"{self.config.family} model, {self.sizes.max_batch} x {self.sizes.max_seq_len} positions of KV "
                 f"cache, checkpoint tensors " + (f"converted at load ({len(notes)}):" if notes else "used as stored"))
-        return "\n".join([head, *[f"  {n}" for n in notes[:8]], *(["  ..."] if len(notes) > 8 else []),
+        plan = self.plan.describe() if self.plan.degree > 1 else []
+        if plan:
+            plan[0] += f" this is rank {self.rank}"
+        return "\n".join([head, *[f"  {n}" for n in notes[:8]], *(["  ..."] if len(notes) > 8 else []), *plan,
                           self.artifact.summary()])
 
     def logits(self, ids) -> np.ndarray:
@@ -181,6 +208,8 @@ class LanguageModel:
             raise InputError(f"top_p={top_p!r}: expected a number in (0, 1]")
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (1 << 62))
+            if self.group is not None:          # every rank draws with rank 0's seed: the same tokens
+                seed = int(self.group.broadcast(str(seed).encode()).decode())
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 62:
             raise InputError(f"seed={seed!r}: expected an int in [0, 2**62)")
         if "sample" not in self.module.functions:
@@ -276,7 +305,34 @@ class _Batch:
         return feeds
 
 
-def _sizes_of(art: Artifact, cfg: LlmConfig) -> Shape:
+def _plan_of(art: Artifact, cfg: LlmConfig, tensor_parallel: int) -> "sharding.Plan":
+    """The artifact's tensor-parallel plan (degree 1 when it has none), which must be what the caller asked."""
+    meta = art.metadata.get("info", {}).get("llm", {}).get("tensor_parallel")
+    plan = sharding.from_json(meta, cfg) if meta is not None else sharding.plan(cfg, 1)
+    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        raise InputError(f"tensor_parallel={tensor_parallel!r}: expected a number of GPUs >= 1")
+    if plan.degree != tensor_parallel:
+        raise InputError(f"the artifact was compiled for tensor_parallel={plan.degree}, not {tensor_parallel}: "
+                         f"recompile with compile_hf(..., tensor_parallel={tensor_parallel}) or load it with "
+                         f"tensor_parallel={plan.degree}")
+    return plan
+
+
+def _rank_parameters(art: Artifact, checkpoint: Path, plan, given):
+    """This rank's group (every rank checked to run the same artifact on the same checkpoint) and its
+    slices of the checkpoint."""
+    from ..parameters import Parameters, fingerprint
+    from ..runtime import distributed
+    group = distributed.init(plan.degree)
+    group.agree("artifacts", art.metadata.get("graph_hash", "") + art.metadata.get("target", ""))
+    if given is not None:
+        return group, given
+    group.agree("checkpoints", fingerprint(checkpoint))
+    source = Parameters.open(checkpoint)
+    return group, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
+
+
+def _sizes_of(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:
     """What the artifact was compiled for (compile_hf records it), checked against its KV cache."""
     info = art.metadata.get("info", {}).get("llm")
     states = {s["name"]: s for s in art.metadata.get("states", [])}
@@ -286,16 +342,20 @@ def _sizes_of(art: Artifact, cfg: LlmConfig) -> Shape:
     if not ok or CACHE not in states:
         raise ModelImportError("the artifact is not a causal LM compiled by rocmc.llm.compile_hf")
     sizes = Shape(info["max_seq_len"], info["max_batch"], info["dtype"], info["sample_k"])
-    shape = cache_shape(cfg, sizes)
+    shape = cache_shape(cfg, sizes, degree)
     if tuple(states[CACHE]["shape"]) != shape:
         raise ModelImportError(f"the artifact's KV cache is {states[CACHE]['shape']}, not the {list(shape)} of this "
                                f"config with max_seq_len={sizes.max_seq_len}, max_batch={sizes.max_batch}")
     return sizes
 
 
-def _check_artifact(art: Artifact, cfg: LlmConfig) -> None:
-    """The artifact must be the model of this config: the same parameter names and shapes."""
-    want = {name: list(shape) for name, shape in param_names(cfg)}
+def _check_artifact(art: Artifact, cfg: LlmConfig, plan=None) -> None:
+    """The artifact must be the model of this config: the same parameter names and shapes (a rank's
+    slices of them under a tensor-parallel plan)."""
+    if plan is not None and plan.degree > 1:
+        want = {n: list(s.local(plan.degree)) for n, s in plan.shards.items()}
+    else:
+        want = {name: list(shape) for name, shape in param_names(cfg)}
     got = {p["name"]: p["shape"] for p in art.parameters}
     if got != {k: v for k, v in want.items() if k in got} or not set(got) <= set(want):
         diff = sorted(set(got) ^ set(want) | {k for k in set(got) & set(want) if got[k] != want[k]})

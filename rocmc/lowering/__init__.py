@@ -13,7 +13,7 @@ from ..artifact import Artifact, seal
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
 from . import hip  # noqa: F401
 from . import kernels
-from . import blas, miopen  # noqa: F401
+from . import blas, collective, miopen  # noqa: F401
 from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_stale
 from .compiler import compile_bytecode, iree_version, owned_tempdir
 from .module import lower, program_hash, program_of

@@ -399,6 +399,9 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
     }
     if main["name"] != "main":
         meta["function"] = main["name"]
+    world = _world(program)
+    if world > 1:
+        meta["world_size"] = world      # the ranks the runtime must start it as (tensor parallelism)
     if info is not None:
         meta["info"] = info
     if records is not None:
@@ -524,3 +527,14 @@ def _bind_resources(ir, module, resources: dict, keep: list) -> None:
                                 memoryview(raw), name, a.type)
                     walk(o)
     walk(module.operation)
+
+
+def _world(program: dict) -> int:
+    """The number of ranks a program's collectives were built for (1: none); one number per program."""
+    worlds = {(n.describe(), n.attrs["world"]) for g in program.values() for n in g.nodes
+              if n.op in ("all_reduce", "all_gather")}
+    sizes = {w for _, w in worlds}
+    if len(sizes) > 1:
+        raise LoweringError(f"the program's collectives were built for different numbers of ranks: "
+                            f"{', '.join(f'{d} world={w}' for d, w in sorted(worlds)[:4])}")
+    return sizes.pop() if sizes else 1

@@ -48,6 +48,20 @@ class Module:
         if dev_kind != target_kind:
             raise DeviceError(f"artifact was compiled for {meta['target']} but device {device!r} runs "
                               f"{dev_kind} code; recompile with the matching target or pick another device")
+        # A tensor-parallel rank's program: join the run's group before the device opens, so that IREE's
+        # collective channel spans the ranks (runtime/native); each rank takes its own GPU.
+        self.world_size = int(meta.get("world_size", 1))
+        self.rank = 0
+        if self.world_size > 1:
+            from . import distributed
+            group = distributed.init(self.world_size)
+            self.rank = group.rank
+            if target_kind != "cpu":
+                from . import native
+                native.collective_library(target_kind)
+                native.install(group)
+                if ":" not in device:
+                    device = f"{device}:{group.local_rank}"
         self.device_name = device
         self.device = get_device(device)
         self._lock = threading.Lock()

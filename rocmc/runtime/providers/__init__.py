@@ -1,7 +1,7 @@
 """Providers of the extern-call imports (`<library>.<op>`) a compiled module may call.
 
 Each library of rocmc.externs has a provider per device kind: numpy (reference) on local CPU
-devices; on cuda devices cuDNN for `miopen` calls and cuBLASLt for `hipblaslt` calls; on hip devices
+devices (and rocmc's process group for the CPU's `collectives` calls); on cuda devices cuDNN for `miopen` calls and cuBLASLt for `hipblaslt` calls; on hip devices
 MIOpen and hipBLASLt themselves. A device has one provider per library it is asked for; which
 vendor serves a call is a load-time choice, so a module compiled for a GPU target never needs
 recompiling to change vendors' binding code.
@@ -19,6 +19,7 @@ from .base import Provider
 # (library, device base name) -> (module, class) of its provider, imported only when used
 _PROVIDERS = {
     **{(lib, cpu): ("reference", "ReferenceProvider") for lib in LIBRARIES for cpu in ("local-task", "local-sync")},
+    **{("collectives", cpu): ("collectives", "HostCollectivesProvider") for cpu in ("local-task", "local-sync")},
     ("miopen", "cuda"): ("cudnn", "CudnnProvider"), ("miopen", "hip"): ("miopen", "MiopenProvider"),
     ("hipblaslt", "cuda"): ("blas", "CublasLtProvider"), ("hipblaslt", "hip"): ("blas", "HipblasLtProvider"),
 }
