@@ -194,6 +194,6 @@ def lower_host(E: Emitter, node, ins: list, ctx) -> list:
 
 
 lowering("all_reduce", "all_gather", impl="iree", kinds=("rocm", "cuda"), priority=10,
-         supports=_iree_supports, fallback=True)(lower_iree)
+         supports=_iree_supports)(lower_iree)
 lowering("all_reduce", "all_gather", impl="host", kinds=("cpu",), priority=10,
-         supports=_host_supports, fallback=True)(lower_host)
+         supports=_host_supports)(lower_host)
