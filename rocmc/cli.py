@@ -196,25 +196,18 @@ def cmd_generate(args) -> int:
         lm = llm.load(args.module, args.checkpoint, device=args.device, tensor_parallel=args.tp)
     else:
         lm = llm.load_hf(args.checkpoint, args.target, **kw)
-    if lm.rank != 0:        # every rank computes the same tokens; rank 0 streams them
-        for _ in (lm.stream(_token_ids(args.prompt), args.max_new_tokens, **_sampling(args)) if args.ids
-                  else lm.text_stream(args.prompt, args.max_new_tokens, **_sampling(args))):
-            pass
-        return 0
-    sampling = _sampling(args)
-    ids = _token_ids(args.prompt) if args.ids else None
-    if ids is not None:
-        for tok in lm.stream(ids, args.max_new_tokens, **sampling):
-            print(tok, end=" ", flush=True)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if args.ids:
+        pieces, sep = (str(tok) for tok in lm.stream(_token_ids(args.prompt), args.max_new_tokens, **sampling)), " "
     else:
-        for piece in lm.text_stream(args.prompt, args.max_new_tokens, **sampling):
-            print(piece, end="", flush=True)
-    print()
+        pieces, sep = lm.text_stream(args.prompt, args.max_new_tokens, **sampling), ""
+    show = lm.rank == 0           # every rank computes the same tokens; rank 0 streams them
+    for piece in pieces:
+        if show:
+            print(piece, end=sep, flush=True)
+    if show:
+        print()
     return 0
-
-
-def _sampling(args) -> dict:
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
 def _token_ids(text: str) -> list:

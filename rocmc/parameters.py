@@ -192,6 +192,25 @@ class Parameters:
             out[name] = _Entry(shape, e.dtype, nbytes, e.origin, array=np.ascontiguousarray(self.array(source)[index]))
         return Parameters(out)
 
+    def fingerprint(self, config: bytes = b"") -> str:
+        """A digest that ranks compare before each reads its own slices: `config` (the checkpoint's
+        config.json), every tensor's name, shape, dtype and place, and each file's size and first and last
+        MiB (reading no more: each rank holds a different part of the tensors; in-memory arrays in full)."""
+        import hashlib
+        h = hashlib.sha256(config)
+        for name in sorted(self._entries):
+            e = self._entries[name]
+            h.update(f"{name}|{e.shape}|{e.dtype}|{e.offset}|{e.nbytes}|{e.path.name if e.path else ''}".encode())
+            if e.path is None:
+                h.update(_flat_bytes(self.array(name)).tobytes())
+        for f in sorted({e.path for e in self._entries.values() if e.path is not None}):
+            size = os.path.getsize(f)
+            with open(f, "rb") as fh:
+                h.update(str(size).encode() + fh.read(1 << 20))
+                fh.seek(max(0, size - (1 << 20)))
+                h.update(fh.read(1 << 20))
+        return h.hexdigest()
+
     def provider(self, instance, scope: str = "model", specs=None):
         """An IREE VM module serving these tensors under `scope`; place it between the HAL module and
         the program in the VmContext. With `specs`, they are checked first (see `check`), only the
@@ -259,29 +278,6 @@ class Parameters:
                                  f"{e.origin}{why}; only {', '.join(_CONVERTIBLE)} convert into one another")
             conversions[s.name] = (e.dtype, s.dtype)
         return conversions
-
-
-def fingerprint(source) -> str:
-    """A digest of a checkpoint that ranks compare before each reads its own slices: config.json, every
-    tensor's name, shape, dtype and place, each file's size, and the first and last MiB of each file's
-    data (reading no more: ranks each hold a different part of the tensors)."""
-    import hashlib
-    path = Path(source)
-    h = hashlib.sha256()
-    if path.is_dir() and (path / "config.json").is_file():
-        h.update((path / "config.json").read_bytes())
-    entries = _open_path(path)
-    files = sorted({str(e.path) for e in entries.values() if e.path is not None})
-    for name in sorted(entries):
-        e = entries[name]
-        h.update(f"{name}|{e.shape}|{e.dtype}|{e.offset}|{e.nbytes}|{Path(e.path).name if e.path else ''}".encode())
-    for f in files:
-        size = os.path.getsize(f)
-        with open(f, "rb") as fh:
-            h.update(str(size).encode() + fh.read(1 << 20))
-            fh.seek(max(0, size - (1 << 20)))
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()
 
 
 def save_parameters(path, source) -> Path:

@@ -111,12 +111,12 @@ class _Weights:
     """The checkpoint's tensors as graph parameters, by their own names (a rank's slices of them with a
     tensor-parallel plan: `n` ranks, each holding the plan's local shape)."""
 
-    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str, plan: Plan | None = None):
+    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str, plan: Plan | None = None, positions: int = 1):
         self.g, self.dtype, self.plan = g, dtype, plan
         self.n = plan.degree if plan else 1
         self.shapes = {k: s.local(self.n) for k, s in plan.shards.items()} if plan else dict(param_names(cfg))
         self.values: dict = {}
-        self.positions = 1          # the most tokens per row a call takes (set by _forward)
+        self.positions = positions      # the most tokens per row a call takes
 
     def most(self, x: Value) -> int:
         """The most elements of an activation (b, t, k) of a call: what a collective is padded to on a GPU
@@ -140,8 +140,7 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv, plan: Plan | None =
     masks = {"full_attention": g.input("mask", (b, 1, t, kv), "bool")}
     if "sliding_attention" in cfg.layer_types:
         masks["sliding_attention"] = g.input("window_mask", (b, 1, t, kv), "bool")
-    w = _Weights(g, cfg, dt, plan)
-    w.positions = shape.max_seq_len if t == "s" else t
+    w = _Weights(g, cfg, dt, plan, positions=shape.max_seq_len if t == "s" else t)
     cos, sin = (np.asarray(a, dtype=np.float32) for a in rope_tables(cfg, shape.max_seq_len))
     cos, sin = g.constant("rope_cos", cos), g.constant("rope_sin", sin)
     # The first cache slot this call writes: 0 for a prompt, kv - 1 for one decoded token (a size expression:

@@ -321,14 +321,14 @@ def _plan_of(art: Artifact, cfg: LlmConfig, tensor_parallel: int) -> "sharding.P
 def _rank_parameters(art: Artifact, checkpoint: Path, plan, given):
     """This rank's group (every rank checked to run the same artifact on the same checkpoint) and its
     slices of the checkpoint."""
-    from ..parameters import Parameters, fingerprint
+    from ..parameters import Parameters
     from ..runtime import distributed
     group = distributed.init(plan.degree)
     group.agree("artifacts", art.metadata.get("graph_hash", "") + art.metadata.get("target", ""))
     if given is not None:
         return group, given
-    group.agree("checkpoints", fingerprint(checkpoint))
     source = Parameters.open(checkpoint)
+    group.agree("checkpoints", source.fingerprint((checkpoint / "config.json").read_bytes()))
     return group, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
 
 

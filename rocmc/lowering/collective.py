@@ -10,6 +10,8 @@ has no collective library, and IREE's CPU devices implement no channel).
 """
 from __future__ import annotations
 
+import math
+
 from ..externs import COLLECTIVES
 from . import extern
 from .emitter import Emitter, T, tensor_type
@@ -55,11 +57,9 @@ def lower_iree(E: Emitter, node, ins: list, ctx) -> list:
         x = T(_bitcast(E, x, "i8"), x.type, "i8")
     elt = x.mlir_elt
     dims = E.dims(x)
-    inner = 1
-    for d in dims:
-        inner *= d if isinstance(d, int) else 1
-    rows = E.product([d for d in dims if not isinstance(d, int)])
     src_dyn = [d for d in dims if not isinstance(d, int)]
+    inner = math.prod(d for d in dims if isinstance(d, int))
+    rows = E.product(src_dyn)
     view_ty = tensor_type([rows if isinstance(rows, int) else "?", inner], elt)
     view = E.op(f"flow.tensor.reshape {x.name} : {x.mlir}{extern._dyn_dims(src_dyn)} -> {view_ty}"
                 f"{extern._dyn_dims([] if isinstance(rows, int) else [rows])}", "xv")
@@ -74,8 +74,7 @@ def lower_iree(E: Emitter, node, ins: list, ctx) -> list:
     else:
         res, res_ty = _pieces(E, ctx, view, view_ty, rows, inner, elt, world)
         res_dyn = [rows]
-    out_dims = ([E.muli(E.dim(x, 0), world)] + dims[1:]) if world else dims
-    dst = [E.as_index(d) for d in out_dims if not isinstance(d, int)]
+    dst = [E.as_index(d) for d in _out_sizes(E, node, x) if not isinstance(d, int)]
     y = E.op(f"flow.tensor.reshape {res} : {res_ty}{extern._dyn_dims(res_dyn)} -> {tensor_type(out.shape, elt)}"
              f"{extern._dyn_dims(dst)}", "y")
     if elt == out.type.dtype.mlir:
@@ -83,6 +82,31 @@ def lower_iree(E: Emitter, node, ins: list, ctx) -> list:
     if world is None:                                        # bf16 summed in f32
         return [E.convert(T(y, out.type, elt), out.type.dtype.mlir)]
     return [T(_bitcast(E, T(y, out.type, elt), out.type.dtype.mlir), out.type)]
+
+
+def _out_sizes(E: Emitter, node, x: T) -> list:
+    """The result's sizes: x's, or x's with the leading one times the ranks (all_gather)."""
+    dims = E.dims(x)
+    return dims if node.op == "all_reduce" else [E.muli(dims[0], node.attrs["world"])] + dims[1:]
+
+
+def _pad_rows(E: Emitter, view: str, view_ty: str, high, out_ty: str, elt: str) -> str:
+    """The (rows, inner) view with `high` zero rows after it."""
+    zero = E.const(0, elt)
+    padded = E.fresh("pad")
+    with E.region(f"{padded} = tensor.pad {view} low[0, 0] high[{high}, 0]", f": {view_ty} to {out_ty}",
+                  args=("index", "index")):
+        E.emit(f"tensor.yield {zero} : {elt}")
+    return padded
+
+
+def _cut(E: Emitter, res: str, res_ty: str, lead: list, rows: str, inner: int, elt: str) -> tuple[str, str]:
+    """The first `rows` rows of a padded result ((rows, inner), or (world, rows, inner) gathered)."""
+    n = len(lead) + 2
+    cut_ty = tensor_type(lead + ["?", inner], elt)
+    cut = E.op(f"tensor.extract_slice {res}[{', '.join(['0'] * n)}] [{', '.join(map(str, lead + [rows, inner]))}] "
+               f"[{', '.join(['1'] * n)}] : {res_ty} to {cut_ty}", "cut")
+    return cut, cut_ty
 
 
 def _bitcast(E: Emitter, x: T, elt: str) -> str:
@@ -126,18 +150,11 @@ def _bounded(E: Emitter, ctx, node, view: str, view_ty: str, rows: str, most: in
     one static collective, the padding cut from the result. The module checks the bound."""
     ok = E.op(f"arith.cmpi ule, {rows}, {E.index(most)} : index", "fits")
     E.check(ok, f"{node.op} {node.describe()}: more than its max_size={node.attrs['max_size']} elements")
-    zero = E.const(0, elt)
-    padded = E.fresh("pad")
-    with E.region(f"{padded} = tensor.pad {view} low[0, 0] high[{E.subi(most, rows)}, 0]",
-                  f": {view_ty} to {tensor_type([most, inner], elt)}", args=("index", "index")):
-        E.emit(f"tensor.yield {zero} : {elt}")
+    static_ty = tensor_type([most, inner], elt)
+    padded = _pad_rows(E, view, view_ty, E.subi(most, rows), static_ty, elt)
     lead = [world] if world else []
-    res = _piece(E, ctx, padded, tensor_type([most, inner], elt), 0, most, inner, elt, world)
-    n = len(lead) + 2
-    res_ty = tensor_type(lead + ["?", inner], elt)
-    cut = E.op(f"tensor.extract_slice {res}[{', '.join(['0'] * n)}] [{', '.join(map(str, lead + [rows, inner]))}] "
-               f"[{', '.join(['1'] * n)}] : {tensor_type(lead + [most, inner], elt)} to {res_ty}", "cut")
-    return cut, res_ty
+    res = _piece(E, ctx, padded, static_ty, 0, most, inner, elt, world)
+    return _cut(E, res, tensor_type(lead + [most, inner], elt), lead, rows, inner, elt)
 
 
 def _pieces(E: Emitter, ctx, view: str, view_ty: str, rows: str, inner: int, elt: str, world):
@@ -148,11 +165,7 @@ def _pieces(E: Emitter, ctx, view: str, view_ty: str, rows: str, inner: int, elt
     big = 1 << max(0, (CHUNK_ELEMENTS // inner).bit_length() - 1)
     small = max(1, big // 16)
     padded_rows = E.muli(E.op(f"arith.ceildivui {rows}, {E.index(small)} : index", "n"), small)
-    zero = E.const(0, elt)
-    padded = E.fresh("pad")
-    with E.region(f"{padded} = tensor.pad {view} low[0, 0] high[{E.subi(padded_rows, rows)}, 0]",
-                  f": {view_ty} to {view_ty}", args=("index", "index")):
-        E.emit(f"tensor.yield {zero} : {elt}")
+    padded = _pad_rows(E, view, view_ty, E.subi(padded_rows, rows), view_ty, elt)
     acc_ty = tensor_type(lead + ["?", inner], elt)
     acc = E.empty(lead + [padded_rows, inner], elt)
 
@@ -172,11 +185,7 @@ def _pieces(E: Emitter, ctx, view: str, view_ty: str, rows: str, inner: int, elt
     done = E.muli(full, big)
     acc = loop(acc, full, E.index(0), big)
     acc = loop(acc, E.op(f"arith.divui {E.subi(padded_rows, done)}, {E.index(small)} : index", "trips"), done, small)
-    res_ty = tensor_type(lead + ["?", inner], elt)
-    sizes = ", ".join(map(str, lead + [rows, inner]))
-    cut = E.op(f"tensor.extract_slice {acc}[{', '.join(['0'] * (len(lead) + 2))}] [{sizes}] "
-               f"[{', '.join(['1'] * (len(lead) + 2))}] : {acc_ty} to {res_ty}", "cut")
-    return cut, res_ty
+    return _cut(E, acc, acc_ty, lead, rows, inner, elt)
 
 
 def _host_supports(node, target) -> str | None:
@@ -189,8 +198,7 @@ def lower_host(E: Emitter, node, ins: list, ctx) -> list:
     elt = x.mlir_elt
     arg = extern.operand(E, ctx, node, 0, x, 1, elt, lambda t: [E.product(E.dims(t))])
     r, r_ty = extern.call(E, ctx, node, COLLECTIVES, node.inputs[0].dtype.name, [arg], [], 1, elt)
-    sizes = E.dims(x) if node.op == "all_reduce" else [E.muli(E.dim(x, 0), node.attrs["world"])] + E.dims(x)[1:]
-    return [T(extern.reshaped_to(E, r, r_ty, sizes, tensor_type(out.shape, elt)), out.type)]
+    return [T(extern.reshaped_to(E, r, r_ty, _out_sizes(E, node, x), tensor_type(out.shape, elt)), out.type)]
 
 
 lowering("all_reduce", "all_gather", impl="iree", kinds=("rocm", "cuda"), priority=10,

@@ -4,6 +4,8 @@ from __future__ import annotations
 import ctypes.util
 import threading
 
+import numpy as np
+
 from ..archs import DEVICES
 from ..errors import DeviceError
 
@@ -55,3 +57,13 @@ def _loadable(lib: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def upload(device, arr, dtype, element_type):
+    """A host array of storage type `dtype` as a new device buffer view tagged `element_type`."""
+    from iree import runtime as rt
+    arr = np.ascontiguousarray(arr)
+    raw = arr if dtype.raw is None else arr.view(dtype.raw)   # bf16 travels as its raw bits
+    return device.allocator.allocate_buffer_copy(
+        memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=device,
+        buffer=raw, element_type=element_type)

@@ -15,9 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from ..errors import InputError
 from .distributed import GRACE
@@ -37,13 +35,6 @@ def rank_env(rank: int, n: int, port: int, key: str, base=None) -> dict:
     return env
 
 
-def _library_path(env: dict) -> None:
-    from ..lowering.cache import cache_root
-    from .native import library_dir
-    root = cache_root() or Path(tempfile.gettempdir()) / f"rocmc-{os.getuid()}"
-    d = library_dir("cuda", root)
-    if d is not None:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(d), env.get("LD_LIBRARY_PATH", "")) if p)
 
 
 def launch(n: int, command: list, *, port: int | None = None, grace: float = GRACE) -> int:
@@ -56,10 +47,13 @@ def launch(n: int, command: list, *, port: int | None = None, grace: float = GRA
         command = [sys.executable, "-m", "rocmc.cli", *command[1:]]
     port = port or free_port()
     key = secrets.token_hex(16)
+    from .native import library_dir
+    libs = library_dir("cuda")          # a pip-installed NCCL, linked under the name IREE loads
     procs = []
     for r in range(n):
         env = rank_env(r, n, port, key)
-        _library_path(env)
+        if libs is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
         procs.append(subprocess.Popen(command, env=env, start_new_session=True))
 
     def stop(sig=signal.SIGTERM):

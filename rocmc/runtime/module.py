@@ -13,7 +13,7 @@ from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
 from ..frontend.dtypes import ALL as DTYPES, DType
 from ..signature import bind
-from .devices import get_device
+from .devices import get_device, upload
 
 
 class _Entry:
@@ -138,10 +138,7 @@ class Module:
         if d.raw is None:
             return v if v.dtype == d.abi_np else v.view(d.abi_np)
         from iree import runtime as rt
-        bv = self.device.allocator.allocate_buffer_copy(
-            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
-            buffer=v.view(d.raw), element_type=d.hal_element_type())
-        return rt.DeviceArray(self.device, bv, override_dtype=d.np)
+        return rt.DeviceArray(self.device, upload(self.device, v, d, d.hal_element_type()), override_dtype=d.np)
 
     def __call__(self, *args, **kwargs):
         """Run the module's (first) function on inputs given by position or by name.

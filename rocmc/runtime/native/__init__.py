@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ...errors import DistributedError
+from ..devices import _loadable
 
 SOURCE = Path(__file__).with_name("mpi_bootstrap.c")
 # What IREE's drivers dlopen, and where the field installs it.
@@ -34,13 +35,16 @@ _BROADCAST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctype
 _installed: dict = {}
 
 
+def work_dir() -> Path:
+    """Where the native pieces are made: the compile cache, or a per-user temporary directory."""
+    from ...lowering.cache import cache_root
+    return (cache_root() or Path(tempfile.gettempdir()) / f"rocmc-{os.getuid()}") / "native"
+
+
 def build(out_dir: Path | None = None) -> Path:
     """The bootstrap library, built once per source (cached beside the compiled kernels)."""
-    from ...lowering.cache import cache_root
-    src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src).hexdigest()[:16]
-    root = out_dir or cache_root() or Path(tempfile.gettempdir()) / f"rocmc-{os.getuid()}"
-    lib = Path(root) / "native" / digest / "libmpi.so"
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    lib = (Path(out_dir) / "native" if out_dir else work_dir()) / digest / "libmpi.so"
     if lib.is_file():
         return lib
     cc = next((c for c in (os.environ.get("CC"), *_COMPILERS[1:]) if c and shutil.which(c)), None)
@@ -87,11 +91,8 @@ def collective_library(kind: str) -> None:
     if kind not in LIBRARIES:
         return
     name, what, how = LIBRARIES[kind]
-    try:
-        ctypes.CDLL(name)
+    if _loadable(name):
         return
-    except OSError:
-        pass
     found = find_pip_library(kind)
     where = (f" ({what} is at {found}, but not under the name {name}: `rocmc launch` links it for its ranks; "
              f"with another launcher put a directory holding {name} -> {found.name} on LD_LIBRARY_PATH)"
@@ -111,20 +112,15 @@ def find_pip_library(kind: str) -> Path | None:
     return None
 
 
-def library_dir(kind: str, root: Path) -> Path | None:
+def library_dir(kind: str, root: Path | None = None) -> Path | None:
     """A directory to put on the ranks' LD_LIBRARY_PATH so that IREE finds a pip-installed collective
     library under the name it loads (None when the loader finds it already, or it is not installed)."""
-    if kind not in LIBRARIES:
+    if kind not in LIBRARIES or _loadable(LIBRARIES[kind][0]):
         return None
-    try:
-        ctypes.CDLL(LIBRARIES[kind][0])
-        return None
-    except OSError:
-        pass
     found = find_pip_library(kind)
     if found is None:
         return None
-    d = Path(root) / "native" / "collective-libs"
+    d = (Path(root) / "native" if root else work_dir()) / "collective-libs"
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     link = d / LIBRARIES[kind][0]
     if link.is_symlink() or link.exists():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..devices import upload
 from .base import Provider, dtype_of
 
 
@@ -26,8 +27,4 @@ class HostCollectivesProvider(Provider):
             y = group.all_reduce(np.asarray(host).astype(acc)).astype(dtype.np)
         else:
             y = group.all_gather(np.asarray(host).astype(dtype.np)).reshape(-1)
-        arr = np.ascontiguousarray(y)
-        raw = arr if dtype.raw is None else arr.view(dtype.raw)   # bf16 travels as its raw bits
-        return self.device.allocator.allocate_buffer_copy(
-            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
-            buffer=raw, element_type=x.element_type)
+        return upload(self.device, y, dtype, x.element_type)

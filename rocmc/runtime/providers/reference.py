@@ -19,6 +19,7 @@ from ...frontend import ops as _ops  # noqa: F401  (registers every op and its r
 from ...frontend.graph import Node
 from ...frontend.ops.fused import LINEAR_ACTIVATIONS
 from ...frontend.registry import get_op
+from ..devices import upload
 from .base import Provider, dtype_of
 
 
@@ -138,8 +139,4 @@ class ReferenceProvider(Provider):
         x = tensors[0]
         y = OPS[op]([rt.DeviceArray(self.device, t).to_host().astype(np.float64) for t in tensors], attrs)
         dtype = dtype_of(x.element_type)
-        arr = np.ascontiguousarray(np.asarray(y).astype(dtype.np))
-        raw = arr if dtype.raw is None else arr.view(dtype.raw)   # bf16 travels as its raw bits
-        return self.device.allocator.allocate_buffer_copy(
-            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
-            buffer=raw, element_type=x.element_type)
+        return upload(self.device, np.asarray(y).astype(dtype.np), dtype, x.element_type)
