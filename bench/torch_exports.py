@@ -31,6 +31,28 @@ the eager module at (batch, seq) = (2, 7) and, for dynamic imports, also at (3, 
 attention mask keeps. The last column is what the rewrite stage recognised. torch 2.13.0, transformers 5.24.0;
 {date}. Regenerate with `python bench/torch_exports.py --out docs/torch-exports.md -j 2`; CI compiles all but
 three CNNs (`tests/test_torch_import.py`).
+
+How each model was exported and imported: `tests/export_models.py` builds the family's transformers (or
+torch.nn) model and wraps it in a small `Wrapped` module whose `forward` takes the example inputs
+positionally — `(input_ids, attention_mask)` for the text families, `pixels` for the vision ones, `features`
+for Whisper's encoder — calls the model with keyword arguments (text: `input_ids=`, `attention_mask=`, plus
+`use_cache=False` where the model's config has `use_cache`; vision: `pixel_values=`; Whisper:
+`input_features=`) and returns one tensor
+field of its output: `logits` for the causal LMs (Llama, Qwen2, Mistral, Gemma, Phi, GPT-2),
+`last_hidden_state` for BERT, DistilBERT, T5's encoder, ViT, CLIP's vision tower and Whisper's encoder,
+`pooler_output` for MobileNetV2, ResNet and ConvNeXt (SqueezeNet is plain torch.nn, unwrapped). The table's
+call is `rocmc.import_torch(wrapped, tuple_of_tensors)` for static shapes and adds
+`dynamic_shapes=export_models.torch_dynamic_shapes(family, wrapped)` for dynamic ones: one
+`torch.export.Dim(name, min=1, max=64)` per axis name (`batch`, `seq`), shared by the inputs that have the
+axis (for the text families, whose `forward` takes `*args`, nested in a 1-tuple). No `kwargs=` were passed.
+
+The wrapper is not needed: `rocmc.import_torch` takes a transformers model as loaded
+(`AutoModelForCausalLM.from_config(...)` or `.from_pretrained(dir)`), binds keyword arguments that hold no
+tensor (`use_cache=False`) into the export as constants and drops outputs that are not tensors (the
+`DynamicCache`, `None` fields), so a causal LM's graph returns its logits. That path is checked by
+`tests/test_torch_import.py::test_hf_causal_lm_as_loaded` (Llama from `from_config`, Qwen2 through
+`save_pretrained`/`from_pretrained`, an unbounded `Dim("seq")`, odd lengths, against the float64 eager model),
+not by this table.
 """
 
 

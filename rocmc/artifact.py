@@ -233,6 +233,8 @@ class Artifact:
 
     def summary(self) -> str:
         lines = [repr(self)]
+        if self.metadata.get("compile_note"):
+            lines.append(f"note: {self.metadata['compile_note']}")
         if len(self.functions) > 1:
             lines.append(f"functions: {', '.join(self.functions)}")
         if self.parameters:

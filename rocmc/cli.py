@@ -1,9 +1,10 @@
-"""The rocmc command: compile, run, inspect, kernels, targets."""
+"""The rocmc command: compile, run, inspect, kernels, targets, ops, models, generate, launch."""
 from __future__ import annotations
 
 import argparse
 import inspect
 import json
+import os
 import runpy
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .archs import DRIVERS
 from .errors import RocmcError
 
 
@@ -189,18 +191,45 @@ def cmd_targets(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    """Stream a continuation of --prompt (text, or comma-separated token ids) as it is made."""
+    """Stream a continuation of --prompt (text, or comma-separated token ids) as it is made; with --chat,
+    the reply to --prompt as a user message, by the checkpoint's chat template."""
     from . import llm
+    from .llm.generation import DEFAULT_MAX_NEW_TOKENS
+    if args.chat and args.ids:
+        raise RocmcError("--chat takes a text prompt (the user's message), not --ids")
+    if args.system is not None and not args.chat:
+        raise RocmcError("--system is the system message of a --chat conversation: add --chat")
+    ids = _token_ids(args.prompt) if args.ids else None
+    # The checkpoint is checked (config, tensors' headers, tokenizer, template) before anything compiles.
+    llm.check_checkpoint(args.checkpoint, tokenizer=not args.ids, chat_template=args.chat)
     kw = dict(device=args.device, max_seq_len=args.max_seq_len, dtype=args.dtype, tensor_parallel=args.tp)
     if args.module:
         lm = llm.load(args.module, args.checkpoint, device=args.device, tensor_parallel=args.tp)
     else:
         lm = llm.load_hf(args.checkpoint, args.target, **kw)
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    if args.ids:
-        pieces, sep = (str(tok) for tok in lm.stream(_token_ids(args.prompt), args.max_new_tokens, **sampling)), " "
+    settings = dict(do_sample=True if args.do_sample else None, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop_strings=args.stop or None,
+                    seed=args.seed)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
+            [{"role": "user", "content": args.prompt}]
+        prompt = lm.encode_chat(messages)
+    elif args.truncate and ids is None:
+        prompt = lm.tokenizer.encode(args.prompt)
     else:
-        pieces, sep = lm.text_stream(args.prompt, args.max_new_tokens, **sampling), ""
+        prompt = ids if ids is not None else args.prompt
+    if args.truncate:
+        cfg = lm.generation_config(max_new_tokens=args.max_new_tokens, **settings)
+        reserve = cfg.max_new_tokens if cfg.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
+        keep = lm.sizes.max_seq_len - reserve
+        if keep < 1:
+            raise RocmcError(f"--truncate: {reserve} new tokens leave no room for the prompt in the KV cache of "
+                             f"{lm.sizes.max_seq_len} positions (--max-seq-len)")
+        prompt = prompt[-keep:]
+    if args.ids:
+        pieces, sep = (str(tok) for tok in lm.stream(prompt, args.max_new_tokens, **settings)), " "
+    else:
+        pieces, sep = lm.text_stream(prompt, args.max_new_tokens, **settings), ""
     show = lm.rank == 0           # every rank computes the same tokens; rank 0 streams them
     for piece in pieces:
         if show:
@@ -224,11 +253,114 @@ def cmd_launch(args) -> int:
     return launch(args.nproc, command, port=args.master_port)
 
 
+def op_table() -> list[dict]:
+    """Every graph op with its implementations (the lowering registry's) and, per target kind, the ones
+    that can lower it in the order they are preferred: the default ones, then those a vendor library
+    switch turns on (`libraries=`), then those used only when asked for by name (`impl=`)."""
+    from .frontend.registry import OPS
+    from .lowering.registry import REGISTRY
+    rows = []
+    for op in sorted(set(OPS) | set(REGISTRY)):
+        impls = REGISTRY.get(op, {})
+        doc = OPS[op].doc.strip().splitlines()[0] if op in OPS and OPS[op].doc.strip() else ""
+        targets = {}
+        for kind in DRIVERS:
+            usable = sorted((i for i in impls.values() if kind in i.kinds),
+                            key=lambda i: (0 if kind in i.default_on else 1 if i.library else 2, i.priority))
+            targets[kind] = [{"name": i.name, "use": "default" if kind in i.default_on else
+                              f"libraries=[{i.library!r}]" if i.library else "by name"} for i in usable]
+        rows.append({"op": op, "targets": targets} | ({"doc": doc} if doc else {}))
+    return rows
+
+
+_MARK = {"default": "", "by name": "?"}
+
+
+def cmd_ops(args) -> int:
+    rows = op_table()
+    if args.json:
+        print(json.dumps({"ops": rows}, indent=2))
+        return 0
+    print(f"{len(rows)} ops; per target kind, the implementations in the order they are preferred "
+          f"(+: opt-in with libraries=[...], ?: only when asked for with impl=)")
+    table = [["op", *DRIVERS]] + [[r["op"], *(", ".join(i["name"] + _MARK.get(i["use"], "+") for i in r["targets"][k])
+                                              or "-" for k in DRIVERS)] for r in rows]
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def model_table() -> list[dict]:
+    """The language-model families rocmc.llm builds: the config.json `model_type` and `architectures`
+    each accepts, and what the family's model does differently (from rocmc.llm.config's family table)."""
+    from .llm import config as C
+    rows = []
+    for name, fam in C._FAMILIES.items():
+        notes = []
+        for what, how in (("q/k/v bias", fam.qkv_bias), ("o_proj bias", fam.o_bias), ("MLP bias", fam.mlp_bias)):
+            notes.append(f"{what}: {'always' if how is True else 'none' if how is False else f'when {how}'}")
+        if fam.sliding == "all":
+            notes.append("sliding attention window on every layer (sliding_window)")
+        elif fam.sliding == "qwen2":
+            notes.append("sliding window when use_sliding_window, on the layers from max_window_layers "
+                         "(or as layer_types says)")
+        else:
+            notes.append("no sliding window")
+        if fam.gemma_style:
+            notes.append("embeddings scaled by sqrt(hidden_size), RMSNorm weight used as (1 + w)")
+        act = fam.defaults.get("hidden_act", "silu")
+        notes.append(f"activation: {act} by default (read from {' or '.join(fam.activation_keys)})")
+        rows.append({"family": name, "model_type": name, "architectures": [fam.architecture], "notes": notes})
+    return rows
+
+
+def cmd_models(args) -> int:
+    from .llm import config as C
+    rows = model_table()
+    common = {"rope_types": list(C.SUPPORTED_ROPE_TYPES), "dtypes": list(C.SUPPORTED_DTYPES),
+              "activations": list(C.SUPPORTED_ACTIVATIONS)}
+    if args.json:
+        print(json.dumps({"families": rows, "all_families": common}, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['family']}: model_type {r['model_type']!r}, architectures {', '.join(r['architectures'])}")
+        for n in r["notes"]:
+            print(f"  - {n}")
+    print(f"all families: RoPE {', '.join(common['rope_types'])}; weights in {', '.join(common['dtypes'])}; "
+          f"a config with anything else is a ModelImportError naming the field")
+    return 0
+
+
 NO_VERIFY = "skip the integrity check (a trusted module with no rocmc trailer)"
+QUIET = "no progress display on the terminal (also: ROCMC_QUIET=1)"
+VERBOSE = "log each step (import, rewrite, lowering, iree-compile, loading) with its time to stderr"
+
+
+def _common_options(sub) -> None:
+    """-q/-v on every parser of the subcommands `sub`, nested ones too, so that they may also follow the
+    subcommand (the top-level parser has them, with their defaults)."""
+    for sp in sub.choices.values():
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET)
+        sp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE)
+        for action in sp._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _common_options(action)
+
+
+def _apply_common_options(args) -> None:
+    from . import progress
+    if args.quiet:
+        progress.set_quiet(True)
+        os.environ["ROCMC_QUIET"] = "1"          # the ranks `rocmc launch` starts are quiet too
+    if args.verbose:
+        progress.log_to_stderr()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rocmc", description="Compile ML graphs to AMD GPUs (and CUDA, CPU) through IREE.")
+    ap.add_argument("-q", "--quiet", action="store_true", help=QUIET)
+    ap.add_argument("-v", "--verbose", action="store_true", help=VERBOSE)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile a model (.py with build_graph(), .onnx, or a torch.export .pt2) to a "
                        ".vmfb; a .py runs as code and a .pt2 is unpickled: trust both as code")
@@ -265,16 +397,27 @@ def main(argv=None) -> int:
     gn.add_argument("checkpoint", help="directory with config.json, *.safetensors (and tokenizer.json for text)")
     gn.add_argument("--prompt", "-p", required=True)
     gn.add_argument("--ids", action="store_true", help="the prompt is token ids ('1, 450, 7483'); print ids")
-    gn.add_argument("-n", "--max-new-tokens", type=int, default=32)
+    gn.add_argument("-n", "--max-new-tokens", type=int, help="new tokens at most (default: the checkpoint's "
+                    "generation_config.json, else 32)")
+    gn.add_argument("--chat", action="store_true", help="the prompt is a user message: render it with the "
+                    "checkpoint's chat template and print the reply")
+    gn.add_argument("--system", help="with --chat: a system message before the user's")
+    gn.add_argument("--truncate", action="store_true", help="keep the end of a prompt too long for the KV cache "
+                    "(its last max-seq-len minus max-new-tokens tokens)")
     gn.add_argument("-t", "--target", default="cpu", help="compile for this target (cpu, gfx942, cuda:sm_80, ...)")
     gn.add_argument("--module", help="a .vmfb from rocmc.llm.compile_hf to run instead of compiling")
     gn.add_argument("--device", help="local-task, hip, cuda (default: the target's)")
     gn.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="compute dtype (default: f32 on the CPU, "
                     "the checkpoint's on a GPU)")
     gn.add_argument("--max-seq-len", type=int, help="positions of the KV cache")
-    gn.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
-    gn.add_argument("--top-k", type=int)
-    gn.add_argument("--top-p", type=float, default=1.0)
+    gn.add_argument("--do-sample", action="store_true", help="sample (default: the checkpoint's "
+                    "generation_config.json, else greedy; a --temperature > 0 also samples)")
+    gn.add_argument("--temperature", type=float, help="0: greedy; > 0: sample at this temperature")
+    gn.add_argument("--top-k", type=int, help="sample among the k most likely tokens (0: all)")
+    gn.add_argument("--top-p", type=float)
+    gn.add_argument("--repetition-penalty", type=float, help="> 1 makes tokens already in the text less likely")
+    gn.add_argument("--stop", action="append", metavar="TEXT", help="stop once the new text contains TEXT "
+                    "(repeatable)")
     gn.add_argument("--seed", type=int)
     gn.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel over N GPUs: one of N ranks "
                     "started by `rocmc launch -n N` (the module compiled with tensor_parallel=N)")
@@ -287,7 +430,15 @@ def main(argv=None) -> int:
     la.set_defaults(fn=cmd_launch)
     t = sub.add_parser("targets", help="list the known compile targets")
     t.set_defaults(fn=cmd_targets)
+    o = sub.add_parser("ops", help="list the graph ops and each one's implementations per target kind")
+    o.add_argument("--json", action="store_true")
+    o.set_defaults(fn=cmd_ops)
+    m = sub.add_parser("models", help="list the language-model families rocmc.llm builds (rocmc generate)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_models)
+    _common_options(sub)
     args = ap.parse_args(argv)
+    _apply_common_options(args)
     try:
         return args.fn(args)
     except RocmcError as e:

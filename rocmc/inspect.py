@@ -12,6 +12,7 @@ import re
 import subprocess
 import tempfile
 
+from . import children
 from .artifact import Artifact, functions, rewrite_lines
 from .frontend.dtypes import ALL as DTYPES
 from .errors import ArtifactError
@@ -26,7 +27,7 @@ def _dump_module(vmfb: bytes, what: str) -> str:
         f.write(vmfb)
         f.flush()
         try:
-            proc = subprocess.run([tool, f.name], capture_output=True, text=True, errors="replace",
+            proc = children.run([tool, f.name], capture_output=True, text=True, errors="replace",
                                   timeout=DUMP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise ArtifactError(f"{what}: iree-dump-module did not finish in {DUMP_TIMEOUT_S} s") from None

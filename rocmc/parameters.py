@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import mmap
 import os
@@ -36,9 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .arrays import as_numpy
 from .artifact import _umask
 from .errors import ArtifactError, InputError
 from .frontend.dtypes import ALL as DTYPES, DType
+from .progress import byte_progress, format_bytes, step
 
 # Element types a parameter file may hold, by rocmc name; rocmc's own types come from its dtype table.
 _NUMPY = {"f64": np.dtype(np.float64), "i16": np.dtype(np.int16), "i8": np.dtype(np.int8),
@@ -104,8 +107,9 @@ class Parameters:
     @classmethod
     def open(cls, source) -> "Parameters":
         """Parameters from a path (.irpa, .safetensors, a sharded checkpoint's index .json, or a directory
-        holding model.safetensors[.index.json]), a dict name -> array, a Parameters, or a list/tuple of
-        these. A name defined by two sources is an InputError."""
+        holding model.safetensors[.index.json]), a dict name -> array (numpy, or a CPU torch tensor: its
+        memory is shared, not copied), a Parameters, or a list/tuple of these. A name defined by two
+        sources is an InputError."""
         if isinstance(source, Parameters):
             return source
         if isinstance(source, dict):
@@ -113,7 +117,11 @@ class Parameters:
         if isinstance(source, (list, tuple)):
             return cls(_merge([cls.open(s)._entries for s in source]))
         if isinstance(source, (str, os.PathLike)):
-            return cls(_open_path(Path(source)))
+            with step(f"reading the checkpoint headers of {source}", logger=__name__):
+                opened = cls(_open_path(Path(source)))
+            logging.getLogger(__name__).info("%s: %d tensors, %s", source, len(opened),
+                                             format_bytes(sum(e.nbytes for e in opened._entries.values())))
+            return opened
         raise InputError(f"parameters: unsupported source {type(source).__name__}: expected a path, a dict "
                          f"of arrays, a Parameters or a list of these")
 
@@ -168,7 +176,7 @@ class Parameters:
         gathered once into host memory (one copy per rank)."""
         if not (isinstance(parts, int) and isinstance(rank, int) and 0 <= rank < parts):
             raise InputError(f"parameters shard: rank {rank!r} of {parts!r}: expected 0 <= rank < parts")
-        out = {}
+        out, copies = {}, []
         for name, (source, axis) in shards.items():
             e = self._entry(source)
             if axis is None or parts == 1:
@@ -180,16 +188,25 @@ class Parameters:
             if e.shape[axis] % parts:
                 raise InputError(f"parameter {source!r}: axis {axis} of {_dims(e.shape)} does not split into "
                                  f"{parts} equal parts")
-            step = e.shape[axis] // parts
-            shape = tuple(step if i == axis else d for i, d in enumerate(e.shape))
+            part = e.shape[axis] // parts
+            shape = tuple(part if i == axis else d for i, d in enumerate(e.shape))
             nbytes = math.prod(shape) * _NUMPY[e.dtype].itemsize
             if axis == 0 and e.path is not None and e.splat is None:
                 out[name] = _Entry(shape, e.dtype, nbytes, e.origin, e.path, e.format, e.offset + rank * nbytes,
                                    part=True)
                 continue
-            index = tuple(slice(rank * step, (rank + 1) * step) if i == axis else slice(None)
+            index = tuple(slice(rank * part, (rank + 1) * part) if i == axis else slice(None)
                           for i in range(len(e.shape)))
-            out[name] = _Entry(shape, e.dtype, nbytes, e.origin, array=np.ascontiguousarray(self.array(source)[index]))
+            copies.append((name, source, index, _Entry(shape, e.dtype, nbytes, e.origin)))
+        # Slices along another axis are read from the checkpoint into host memory, one copy per rank.
+        if not copies:
+            return Parameters(out)
+        with byte_progress(f"reading rank {rank}'s slices of {len(copies)} tensors", sum(c[3].nbytes for c in copies),
+                           logger=__name__) as progress:
+            for name, source, index, e in copies:
+                out[name] = _Entry(e.shape, e.dtype, e.nbytes, e.origin,
+                                   array=np.ascontiguousarray(self.array(source)[index]))
+                progress.update(e.nbytes)
         return Parameters(out)
 
     def fingerprint(self, config: bytes = b"") -> str:
@@ -224,11 +241,18 @@ class Parameters:
             needed = list(dict.fromkeys(s.name for s in specs))
         index = rt.ParameterIndex()
         files: dict[tuple[Path, str], list[str]] = {}
+        converting = byte_progress(f"reading and converting {len(conversions)} parameters",
+                                   sum(self._entries[n].nbytes for n in conversions), logger=__name__) \
+            if conversions else contextlib.nullcontext()
+        with converting as progress:
+            for name in conversions:
+                index.add_buffer(name, _flat_bytes(self.array(name).astype(_NUMPY[conversions[name][1]])))
+                progress.update(self._entries[name].nbytes)
         for name in needed:
             e = self._entries[name]
             if name in conversions:
-                index.add_buffer(name, _flat_bytes(self.array(name).astype(_NUMPY[conversions[name][1]])))
-            elif e.path is None:
+                continue
+            if e.path is None:
                 _add_entry(index, name, e)
             else:
                 files.setdefault((e.path, e.format), []).append(name)
@@ -299,7 +323,9 @@ def save_parameters(path, source) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        index.create_archive_file(tmp)
+        with step(f"writing {len(params)} parameters ({format_bytes(sum(e.nbytes for e in params._entries.values()))}) "
+                  f"to {path}", logger=__name__):
+            index.create_archive_file(tmp)
         os.chmod(tmp, 0o644 & ~_umask())       # a weights file is shared like a saved model
         os.replace(tmp, path)
     except BaseException:
@@ -334,7 +360,9 @@ def _from_arrays(arrays: dict) -> dict[str, _Entry]:
         if not isinstance(name, str) or not name:
             raise InputError(f"parameters: array names must be non-empty strings, got {name!r}")
         try:
-            a = np.asarray(value)
+            a = np.asarray(as_numpy(value, f"parameter {name!r}"))
+        except InputError:
+            raise
         except Exception as err:
             raise InputError(f"parameter {name!r}: not an array: {err}") from None
         dtype = _dtype_name(a.dtype, f"parameter {name!r}")

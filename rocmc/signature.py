@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import symbolic
+from .arrays import as_numpy
 from .errors import InputError
 from .frontend.dtypes import ALL as DTYPES
 
@@ -33,7 +34,8 @@ def bind(specs: list, args, kwargs: dict, constraints=(), *, arrays=(np.ndarray,
     """The inputs in signature order and the size of each symbol; InputError for anything else.
 
     exact_dtype=False accepts any dtype of the input's kind (float, int or bool), as a float64
-    reference does. `constraints` (symbolic.Constraint) must hold at the bound sizes.
+    reference does. `constraints` (symbolic.Constraint) must hold at the bound sizes. A torch tensor is
+    taken as the numpy array sharing its memory (rocmc.arrays.as_numpy).
     """
     names = [s["name"] for s in specs]
     if len(args) > len(specs):
@@ -49,11 +51,12 @@ def bind(specs: list, args, kwargs: dict, constraints=(), *, arrays=(np.ndarray,
     missing = [n for n, v in zip(names, values) if v is None]
     if missing:
         raise InputError(f"missing input(s) {', '.join(missing)}; expected {len(specs)}: {', '.join(names)}")
+    values = [as_numpy(v, f"input {n!r}") for n, v in zip(names, values)]
     symbols: dict = {}
     for spec, v in zip(specs, values):
         _check_input(spec, v, symbols, arrays, exact_dtype, what)
-    sizes = {d: n for d, (n, _) in symbols.items()}
-    symbolic.check(constraints, sizes)
+    sizes = {d: n for d, (n, _, _) in symbols.items()}
+    symbolic.check(constraints, sizes, {d: f"input {name!r} dim {axis}" for d, (_, name, axis) in symbols.items()})
     return values, sizes
 
 
@@ -62,7 +65,7 @@ def _check_input(spec: dict, v, symbols: dict, arrays, exact_dtype: bool, what: 
     if want not in DTYPES:
         raise InputError(f"input {name!r}: the signature's dtype {want!r} is not one of {', '.join(DTYPES)}")
     if not isinstance(v, arrays):
-        raise InputError(f"input {name!r}: expected a numpy array, got {type(v).__name__}")
+        raise InputError(f"input {name!r}: expected a numpy array or a CPU torch tensor, got {type(v).__name__}")
     if exact_dtype and v.dtype != np_dtype(want):
         raise InputError(f"input {name!r}: dtype {v.dtype} but the {what} expects {want} ({np_dtype(want)})")
     if not exact_dtype and _kind(np.dtype(v.dtype)) not in _NP_KINDS[DTYPES[want].kind]:
@@ -77,7 +80,8 @@ def _check_input(spec: dict, v, symbols: dict, arrays, exact_dtype: bool, what: 
                 raise InputError(f"input {name!r}: dim {axis} is {got}, expected {d} "
                                  f"(shape {list(shape)} vs {spec['shape']})")
         elif d in symbols and symbols[d][0] != got:
-            raise InputError(f"input {name!r}: dim {axis} ({d}) is {got}, but {d}={symbols[d][0]} "
-                             f"from input {symbols[d][1]!r}")
+            first, other, other_axis = symbols[d]
+            raise InputError(f"input {name!r}: dim {axis} ({d}) is {got}, but {d}={first} "
+                             f"from input {other!r} dim {other_axis}")
         else:
-            symbols.setdefault(d, (int(got), name))
+            symbols.setdefault(d, (int(got), name, axis))

@@ -403,16 +403,38 @@ class Constraint:
     lhs: Expr
     rhs: Expr
 
-    def failure(self, sizes: dict) -> str | None:
-        """Why `sizes` break it, or None when they don't."""
-        a, b = self.lhs.evaluate(sizes), self.rhs.evaluate(sizes)
-        rhs = bare(self.rhs) + ("" if isinstance(self.rhs, Int) else f" = {b}")
-        at = f"({_show(sizes, self.lhs.symbols() | self.rhs.symbols())})"
-        if self.kind == "divisible" and (b <= 0 or a % b):
-            return f"{self.node}: {bare(self.lhs)} = {a} is not divisible by {rhs} {at}"
-        if self.kind == "at_least" and a < b:
-            return f"{self.node}: size {bare(self.lhs)} = {a}, expected at least {rhs} {at}"
+    def bound(self) -> tuple[str, str, int] | None:
+        """(symbol, "least" or "most", n) when this is a bound of one symbol by a number, else None."""
+        if self.kind != "at_least":
+            return None
+        if isinstance(self.lhs, Sym) and isinstance(self.rhs, Int):
+            return self.lhs.name, "least", self.rhs.value
+        if isinstance(self.lhs, Int) and isinstance(self.rhs, Sym):
+            return self.rhs.name, "most", self.lhs.value
         return None
+
+    def failure(self, sizes: dict, where: dict | None = None, ranges: dict | None = None) -> str | None:
+        """Why `sizes` break it, or None when they don't. `where` names the input dim each symbol was
+        read from ({symbol: "input 'ids' dim 1"}); `ranges` ({symbol: (least, most)}, `ranges_of`) gives
+        a bounded symbol's whole allowed range rather than this constraint's half of it."""
+        a, b = self.lhs.evaluate(sizes), self.rhs.evaluate(sizes)
+        broken = (b <= 0 or a % b) if self.kind == "divisible" else a < b
+        if not broken:
+            return None
+        where = where or {}
+        bound = self.bound()
+        if bound is not None:
+            sym = bound[0]
+            least, most = (ranges or {}).get(sym) or ranges_of([self])[sym]
+            return (f"{_dim(sym, where)} is {sizes[sym]}; allowed range is "
+                    f"[{least}, {'inf)' if most is None else f'{most}]'} ({self.node})")
+        at = ", ".join(f"{_dim(n, where)} = {sizes[n]}" for n in sorted(self.lhs.symbols() | self.rhs.symbols()))
+        at = f" with {at}" if at else ""
+        lhs, rhs = bare(self.lhs), bare(self.rhs)
+        rhs_is = "" if isinstance(self.rhs, Int) else f" and {rhs} = {b}"
+        if self.kind == "divisible":
+            return f"{self.node}: {lhs} = {a} is not divisible by {rhs}{rhs_is}{at}"
+        return f"{self.node}: needs {lhs} >= {rhs}, but {lhs} = {a}{rhs_is}{at}"
 
     def describe(self) -> str:
         """The fact itself, without values (what the module's assert says)."""
@@ -472,10 +494,36 @@ def constraints(node_dims: Iterable, error=GraphError) -> list[Constraint]:
     return out
 
 
-def check(cs: Iterable[Constraint], sizes: dict) -> None:
-    """Raise InputError for the first constraint `sizes` break."""
+def _dim(sym: str, where: dict) -> str:
+    """A symbol as messages name it: the input dim it was read from, when known."""
+    return f"{where[sym]} ({sym!r})" if sym in where else f"size {sym}"
+
+
+def ranges_of(cs: Iterable[Constraint]) -> dict:
+    """{symbol: (least, most)} over the constraints that bound one symbol by a number (least 0 when
+    only bounded above: a size; most None when unbounded)."""
+    out: dict = {}
     for c in cs:
-        why = c.failure(sizes)
+        bound = c.bound()
+        if bound is None:
+            continue
+        sym, side, n = bound
+        least, most = out.get(sym, (0, None))
+        if side == "least":
+            least = max(least, n)
+        else:
+            most = n if most is None else min(most, n)
+        out[sym] = (least, most)
+    return out
+
+
+def check(cs: Iterable[Constraint], sizes: dict, where: dict | None = None) -> None:
+    """Raise InputError for the first constraint `sizes` break; `where` ({symbol: "input 'x' dim 1"})
+    lets the message name the input dim a size came from."""
+    cs = list(cs)
+    ranges = ranges_of(cs)
+    for c in cs:
+        why = c.failure(sizes, where, ranges)
         if why:
             raise InputError(why)
 

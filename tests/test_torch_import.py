@@ -204,16 +204,48 @@ def test_dims_are_named_and_size_arithmetic_stays_symbolic(rng):
 
 
 def test_dim_range_is_checked_at_call_time(rng):
+    """A call outside a Dim's range names the input, the dim, its size and the whole allowed range."""
     x = rng.standard_normal((2, 6)).astype(np.float32)
     graph = rocmc.import_torch(_Fn(lambda x: x * 2), (torch.from_numpy(x),),
                                dynamic_shapes=(({1: Dim("seq", min=4, max=16)},),))
     module = rocmc.load(rocmc.compile(graph, "cpu"))
     np.testing.assert_allclose(module(x), x * 2)
+    name = graph.inputs[0].name
     for bad in (3, 17):
-        with pytest.raises(rocmc.InputError, match="seq"):
+        want = rf"^input '{name}' dim 1 \('seq'\) is {bad}; allowed range is \[4, 16\] \(torch.export range of seq\)$"
+        with pytest.raises(rocmc.InputError, match=want):
             module(rng.standard_normal((2, bad)).astype(np.float32))
-        with pytest.raises(rocmc.InputError, match="seq"):
+        with pytest.raises(rocmc.InputError, match=want):
             rocmc.evaluate(graph, rng.standard_normal((2, bad)).astype(np.float32))
+
+
+@pytest.mark.parametrize("dim", ["named", "auto", "dynamic"])
+def test_dims_without_max_have_no_upper_bound(dim, rng):
+    """Dim("seq") (no max), Dim.AUTO and Dim.DYNAMIC: symbolic dims with torch's lower bound (none for a
+    named Dim, 2 for the others: torch specializes 0 and 1) and no upper one, checked on every call."""
+    spec = {"named": Dim("seq"), "auto": Dim.AUTO, "dynamic": Dim.DYNAMIC}[dim]
+
+    def fn(x):
+        return torch.tanh(x) * 3 + x.mean(1, keepdim=True)
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    graph = rocmc.import_torch(_Fn(fn), (torch.from_numpy(x),), dynamic_shapes=(({1: spec},),))
+    (sym,) = graph.symbols()
+    assert graph.inputs[0].shape == (2, sym)
+    assert [c.describe() for c in graph.assumptions] == \
+        ([] if dim == "named" else [f"torch.export range of {sym}: {sym} >= 2"])
+    module = rocmc.load(rocmc.compile(graph, "cpu"))
+    for seq in (3, 301, 4099):
+        xs = rng.standard_normal((2, seq)).astype(np.float32)
+        want = fn(torch.from_numpy(xs.astype(np.float64))).numpy()
+        np.testing.assert_allclose(module(xs), want, rtol=TOL["f32"][0], atol=TOL["f32"][1])
+        np.testing.assert_allclose(rocmc.evaluate(graph, xs), want, rtol=1e-12)
+    x1 = rng.standard_normal((2, 1)).astype(np.float32)
+    if dim == "named":
+        np.testing.assert_allclose(module(x1), fn(torch.from_numpy(x1)).numpy(), rtol=1e-5)
+    else:
+        want = rf"^input '{graph.inputs[0].name}' dim 1 \('{sym}'\) is 1; allowed range is \[2, inf\)"
+        with pytest.raises(rocmc.InputError, match=want):
+            module(x1)
 
 
 def test_derived_dim_divisibility_is_a_constraint(rng):
@@ -232,6 +264,82 @@ def test_derived_dim_divisibility_is_a_constraint(rng):
     np.testing.assert_allclose(module(x3), fn(torch.from_numpy(x3.astype(np.float64))).numpy(), rtol=rtol, atol=atol)
     with pytest.raises(rocmc.InputError, match="divisible by 8"):
         module(rng.standard_normal((2, 20, 4)).astype(np.float32))
+
+
+# ---- transformers models as loaded, constant keyword arguments, outputs that are not tensors -------------
+
+def _hf_causal_lm(config_name: str, seed: int, tmp_path=None):
+    """A tiny random transformers causal LM, straight from from_config, or saved and read back with
+    from_pretrained when tmp_path is given: the model as a user has it (ModelOutput with a DynamicCache)."""
+    import transformers
+    cfg = getattr(transformers, config_name)(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    if tmp_path is not None:
+        model.save_pretrained(tmp_path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    return model
+
+
+@pytest.mark.parametrize("config_name, loaded", [("LlamaConfig", "from_config"), ("Qwen2Config", "from_pretrained")])
+def test_hf_causal_lm_as_loaded(config_name, loaded, tmp_path, rng):
+    """The model itself, not a wrapper: its ModelOutput's cache is dropped and the graph returns the
+    logits, over an unbounded Dim("seq"); compared with the float64 eager model at odd lengths."""
+    import copy
+    model = _hf_causal_lm(config_name, int(rng.integers(1 << 31)), tmp_path if loaded == "from_pretrained" else None)
+    ids = torch.from_numpy(rng.integers(0, 128, (1, 9)))
+    graph = rocmc.import_torch(model, (ids,), dynamic_shapes=({1: Dim("seq")},))
+    assert [v.name for v in graph.inputs] == ["input_ids"] and len(graph.outputs) == 1
+    assert graph.outputs[0].shape == (1, "seq", 128) and graph.outputs[0].dtype.name == "f32"
+    # use_cache=False is a constant of the export, not an input; dynamic_shapes by name needs no entry for it
+    no_cache = rocmc.import_torch(model, (ids,), kwargs={"use_cache": False, "output_attentions": False},
+                                  dynamic_shapes={"input_ids": {1: Dim("seq")}})
+    assert [v.name for v in no_cache.inputs] == ["input_ids"] and len(no_cache.outputs) == 1
+    module = rocmc.load(rocmc.compile(graph, "cpu"))
+    ref64 = copy.deepcopy(model).double()
+    for seq in (5, 13):
+        x = rng.integers(0, 128, (1, seq)).astype(np.int64)
+        with torch.no_grad():
+            want = ref64(torch.from_numpy(x)).logits.numpy()
+        # the model computes its rotary tables in f32 even in float64: the float64 reference is that close
+        assert _rel(rocmc.evaluate(graph, x), want) < 1e-6
+        assert _rel(rocmc.evaluate(no_cache, x), want) < 1e-6
+        assert _rel(module(torch.from_numpy(x)), want) < TOL["f32"][0]
+    names = set(rocmc.import_torch(model, (ids,), parameters="external").parameters)
+    assert names == set(dict(model.named_parameters()))          # the state-dict names, as in the checkpoint
+
+
+class _Structured(torch.nn.Module):
+    """Returns a dict with None, a number and a string among the tensors; takes non-tensor keywords."""
+
+    def forward(self, x, mask=None, *, scale: float = 1.0, flag: bool = False, mode: str = "sum", bias=None):
+        y = x * scale + (0 if bias is None else bias)
+        if flag:
+            y = -y
+        s = y.sum(1) if mode == "sum" else y.amax(1)
+        if mask is not None:
+            s = s * mask
+        return {"none": None, "y": y, "count": 3, "stats": (s, "note", torch.tanh(s)), "mode": mode}
+
+
+def test_constant_kwargs_and_non_tensor_outputs(rng):
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    mask = (rng.random(2) > 0.5).astype(np.float32)
+    kwargs = {"scale": 2.5, "flag": True, "mode": "max", "bias": None, "mask": torch.from_numpy(mask)}
+    graph = rocmc.import_torch(_Structured(), (torch.from_numpy(x),), kwargs=kwargs,
+                               dynamic_shapes={"x": {1: Dim("n")}, "mask": None, "scale": None})
+    assert [v.name for v in graph.inputs] == ["x", "mask"] and len(graph.outputs) == 3
+    x7 = rng.standard_normal((2, 7)).astype(np.float32)
+    got = rocmc.evaluate(graph, x7, mask)
+    want = _Structured()(torch.from_numpy(x7.astype(np.float64)), torch.from_numpy(mask.astype(np.float64)),
+                         scale=2.5, flag=True, mode="max")
+    for g, w in zip(got, (want["y"], *want["stats"][::2])):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(rocmc.ModelImportError, match=r"dynamic_shapes gives a shape for 'scale'"):
+        rocmc.import_torch(_Structured(), (torch.from_numpy(x),), kwargs={"scale": 2.0},
+                           dynamic_shapes={"x": {1: Dim("n")}, "scale": {0: Dim("m")}})
 
 
 # ---- weights, errors, packaging -------------------------------------------------------------------------
@@ -266,16 +374,23 @@ def test_bad_arguments_are_import_errors():
         rocmc.import_torch(_Fn(torch.exp), (torch.randn(2),), parameters="weights")
 
 
-def test_cli_compiles_a_saved_program(tmp_path, rng):
+@pytest.mark.parametrize("dim", ["max_32", "named", "auto"])
+def test_cli_compiles_a_saved_program(dim, tmp_path, rng):
     from rocmc.cli import main
+    spec = {"max_32": Dim("seq", max=32), "named": Dim("seq"), "auto": Dim.AUTO}[dim]
     x = rng.standard_normal((2, 6)).astype(np.float32)
-    ep = torch.export.export(_Fn(lambda x: torch.tanh(x) * 3), (torch.from_numpy(x),),
-                             dynamic_shapes=(({1: Dim("seq", max=32)},),))
+    ep = torch.export.export(_Fn(lambda x: torch.tanh(x) * 3), (torch.from_numpy(x),), dynamic_shapes=(({1: spec},),))
     torch.export.save(ep, str(tmp_path / "m.pt2"))
     assert main(["compile", str(tmp_path / "m.pt2"), "-o", str(tmp_path / "m.vmfb")]) == 0
     module = rocmc.load(str(tmp_path / "m.vmfb"))
     x9 = rng.standard_normal((2, 9)).astype(np.float32)
     np.testing.assert_allclose(module(x9), np.tanh(x9) * 3, rtol=1e-5)
+    x_long = rng.standard_normal((2, 77)).astype(np.float32)
+    if dim == "max_32":
+        with pytest.raises(rocmc.InputError, match=r"dim 1 \('\w+'\) is 77; allowed range is \[0, 32\]"):
+            module(x_long)
+    else:
+        np.testing.assert_allclose(module(x_long), np.tanh(x_long) * 3, rtol=1e-5)
 
 
 def test_import_rocmc_does_not_import_torch():

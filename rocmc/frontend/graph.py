@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
+from ..arrays import as_numpy
 from ..errors import GraphError
 from . import dtypes as _dt
 from .dtypes import DType
@@ -236,8 +237,9 @@ class Graph:
         return v
 
     def constant(self, name: str | None, array, dtype=None) -> Value:
-        """A constant tensor; the array is copied, so later changes to it don't leak in."""
-        arr = np.asarray(array)
+        """A constant tensor; the array (numpy, a CPU torch tensor, or what np.asarray takes) is copied,
+        so later changes to it don't leak in."""
+        arr = np.asarray(as_numpy(array, f"constant {name!r}"))
         if dtype is not None:
             arr = arr.astype(_dt.dtype(dtype).np)
         elif arr.dtype == np.float64:

@@ -5,6 +5,7 @@ import contextvars
 
 import numpy as np
 
+from ..arrays import as_numpy, is_tensor
 from ..errors import GraphError, InputError
 from ..signature import bind, input_specs
 from .graph import Graph
@@ -18,8 +19,9 @@ _SYMBOLS: contextvars.ContextVar = contextvars.ContextVar("rocmc_symbol_sizes", 
 
 
 def _array(x):
-    """Scalars and lists as arrays (a float64 reference takes them); None stays missing."""
-    return x if x is None or isinstance(x, np.ndarray) else np.asarray(x)
+    """Scalars and lists as arrays (a float64 reference takes them); None stays missing, a torch tensor
+    stays for `bind` to take under the input's name."""
+    return x if x is None or isinstance(x, np.ndarray) or is_tensor(x) else np.asarray(x)
 
 
 def symbol_sizes() -> dict:
@@ -29,6 +31,7 @@ def symbol_sizes() -> dict:
 
 def evaluate(graph: Graph, *args, **feeds):
     """Run `graph` on numpy inputs in float64 (integers stay integers). Returns one array or a tuple.
+    Inputs, parameters and states may be CPU torch tensors too (rocmc.arrays.as_numpy).
 
     Inputs are checked as a compiled module checks them (InputError), except that any float dtype
     is accepted for a float input and any integer dtype for an integer one (converted to the input's
@@ -40,6 +43,8 @@ def evaluate(graph: Graph, *args, **feeds):
     round_to_dtype = _option(feeds, "round_to_dtype", False)
     parameters = _option(feeds, "parameters", None) or {}
     state = _option(feeds, "state", None)
+    parameters = _leaves("parameter", parameters)
+    state = _leaves("state", state)
     _check_leaves(graph, "parameter", graph.parameters, parameters)
     if graph.states:
         _check_leaves(graph, "state", graph.states, state if state is not None else {})
@@ -87,9 +92,17 @@ def _input(v, a):
 
 def _option(feeds: dict, key: str, default):
     """A keyword option of evaluate, unless an array of that name is a graph input."""
-    if key in feeds and not isinstance(feeds[key], np.ndarray):
+    if key in feeds and not isinstance(feeds[key], np.ndarray) and not is_tensor(feeds[key]):
         return feeds.pop(key)
     return default
+
+
+def _leaves(kind: str, given):
+    """parameters= or state= with torch tensors taken as numpy arrays (anything not a dict is left for
+    _check_leaves to refuse)."""
+    if not isinstance(given, dict):
+        return given
+    return {k: as_numpy(v, f"evaluate: {kind} {k!r}") for k, v in given.items()}
 
 
 def _check_leaves(graph: Graph, kind: str, declared: dict, given) -> None:

@@ -6,6 +6,7 @@ a row's positions count from its first real token, and the masks hide the paddin
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -13,9 +14,13 @@ import numpy as np
 
 from .. import compile as _compile, load as _load
 from ..artifact import Artifact
+from ..arrays import as_numpy
 from ..errors import InputError, ModelImportError
-from . import sharding
+from ..frontend.dtypes import f32
+from ..runtime.module import host_copy
+from . import chat, generation, sharding
 from .config import LlmConfig, default_max_seq_len, load_config, param_names
+from .generation import GenerationConfig, GenerationResult, HostSampler, StopTracker
 from .model import CACHE, FUNCTIONS, Shape, build, cache_shape
 
 # The compute dtype of each target kind when the caller names none: the CPU runs f32 (fast and exact
@@ -112,6 +117,7 @@ class LanguageModel:
         else:
             params = checkpoint if parameters is None else parameters
         self.module = _load(artifact, device, parameters=params)
+        self.checkpoint = checkpoint
         self.tokenizer = _tokenizer(checkpoint)
 
     # ---- public API -----------------------------------------------------------------------
@@ -133,55 +139,97 @@ class LanguageModel:
         prompts, _ = _prompts(ids)
         rows, batch = self._batch(prompts, 0)
         out = self.module.prefill(**batch.prefill_inputs(), output="device")
-        return out[2].to_host()[:len(rows)]
+        return host_copy(out[2], f32)[:len(rows)]
 
-    def generate(self, prompt, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float = 1.0, seed: int | None = None, stop_tokens=None):
-        """Continue `prompt`: a str (needs tokenizer.json) gives the new text; a list of token ids gives the
-        new ids; a list of prompts gives a list of results. Greedy unless temperature > 0; then top_k (at
-        most the sample_k the model was compiled with; None: all of those), top_p and seed (same seed,
-        same tokens) shape the draw, which runs on the device. Stops at the config's eos tokens."""
+    def generation_config(self, **settings) -> GenerationConfig:
+        """The settings of a generation (rocmc.llm.generation.GenerationConfig): those given (None: not
+        given), then the checkpoint's generation_config.json, then transformers' defaults."""
+        return generation.resolve(settings, self.generation_defaults)
+
+    @functools.cached_property
+    def generation_defaults(self) -> dict:
+        """The settings the checkpoint's generation_config.json gives (do_sample, temperature, top_k, top_p,
+        repetition_penalty, max_new_tokens/max_length)."""
+        return generation.checkpoint_defaults(self.checkpoint)
+
+    @functools.cached_property
+    def chat_templates(self) -> dict:
+        """{name: Jinja source} of the checkpoint's chat templates (rocmc.llm.chat)."""
+        return chat.load_templates(self.checkpoint)
+
+    def generate(self, prompt, max_new_tokens: int | None = None, *, do_sample: bool | None = None,
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 max_length: int | None = None, repetition_penalty: float | None = None,
+                 num_return_sequences: int = 1, stop_strings=None, stop_tokens=None, seed: int | None = None,
+                 return_logprobs: bool = False):
+        """Continue `prompt`, with transformers' meaning of each setting.
+
+        prompt: a str (needs tokenizer.json; gives the new text), a list of token ids (gives the new ids), a
+        list of prompts, a 2-D numpy int array or a torch CPU int tensor (1-D: one prompt, 2-D: a row per
+        prompt); several prompts give a list. num_return_sequences=n repeats each prompt n times (a list of
+        len(prompts) * n results, each prompt's n together, as transformers orders them). More rows than the
+        module's max_batch run in chunks of max_batch, one after the other.
+
+        Settings left None come from the checkpoint's generation_config.json, then transformers' defaults
+        (greedy, temperature 1, top_k 50, top_p 1, no repetition penalty), except the length: without
+        max_new_tokens or max_length from the caller or the checkpoint, rocmc makes 32 new tokens
+        (transformers: 20), and a length the caller did not give is capped at the KV cache.
+        do_sample=False is greedy whatever the temperature; when do_sample is not given, a temperature > 0
+        from the caller means sampling (0: greedy). max_length counts the longest prompt + new tokens.
+        top_k=0 samples from the whole vocabulary. repetition_penalty applies to the ids of the prompt and
+        the tokens generated so far. stop_tokens: a row ends after one of these (default: the eos ids; the
+        stop token is kept, as transformers keeps it); stop_strings: a row ends once its generated text
+        contains one of these (the tokens up to and including the one that completes it are kept; needs
+        the tokenizer). seed: the same seed gives the same tokens.
+
+        Where it runs (rocmc.llm.generation): greedy without a repetition penalty or log-probabilities uses
+        the module's argmax; sampling whose top_k fits the compiled sample_k draws on the device; a
+        repetition penalty, a top_k beyond sample_k (or 0 over a larger vocabulary) and return_logprobs
+        bring each step's logits to the host and choose there in float64 (draws from numpy's Generator).
+
+        return_logprobs=True: GenerationResult objects (tokens, logprobs, text, finish_reason) instead of
+        text or ids; logprobs are the log-probabilities of the chosen tokens under the distribution they
+        were chosen from (log_softmax of the processed logits: after the penalty, temperature, top_k and
+        top_p), as transformers' compute_transition_scores(..., normalize_logits=True) gives them."""
+        cfg = self.generation_config(
+            max_new_tokens=max_new_tokens, max_length=max_length, do_sample=do_sample, temperature=temperature,
+            top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+            num_return_sequences=num_return_sequences, stop_strings=stop_strings, stop_tokens=stop_tokens,
+            seed=seed, return_logprobs=return_logprobs)
         prompts, many = _prompts(prompt)
-        outs = [[] for _ in prompts]
-        for step in self.stream(prompts if many else prompt, max_new_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed, stop_tokens=stop_tokens):
-            for i, tok in enumerate(step if many else [step]):
-                if tok is not None:
-                    outs[i].append(tok)
-        texts = [isinstance(p, str) for p in prompts]
-        res = [self.tokenizer.decode(o) if t else o for o, t in zip(outs, texts)]
-        return res if many else res[0]
+        rows = [self._ids(p, i) for i, p in enumerate(prompts)]
+        results = self._generate(rows, [isinstance(p, str) for p in prompts], cfg)
+        out = results if cfg.return_logprobs else [r.tokens if r.text is None else r.text for r in results]
+        return out if many or cfg.num_return_sequences > 1 else out[0]
 
-    def stream(self, prompt, max_new_tokens: int = 32, *, temperature: float = 0.0, top_k: int | None = None,
-               top_p: float = 1.0, seed: int | None = None, stop_tokens=None) -> Iterator:
-        """Yield new tokens as they are made: an id per step (a list of ids or None per row for a list of
-        prompts; None once a row has stopped). Sampling arguments as in `generate`."""
+    def stream(self, prompt, max_new_tokens: int | None = None, **settings) -> Iterator:
+        """Yield new tokens as they are made: an id per step (a list of ids or None per row for several
+        prompts or num_return_sequences > 1; None once a row has ended); with return_logprobs=True,
+        (id, logprob) pairs. Settings as in `generate`. The rows must fit one call (max_batch): unlike
+        generate, stream does not run chunks."""
+        cfg = self.generation_config(max_new_tokens=max_new_tokens, **settings)
         prompts, many = _prompts(prompt)
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-            raise InputError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
-        draw = self._sampler(temperature, top_k, top_p, seed)
-        rows, batch = self._batch(prompts, max_new_tokens)
-        stop = set(self.config.eos_token_ids if stop_tokens is None else stop_tokens)
-        done = [False] * len(rows)
-        if max_new_tokens == 0:
-            return
-        nxt = draw(self.module.prefill, batch.prefill_inputs(), 0)
-        for step in range(max_new_tokens):
-            toks = [int(t) for t in nxt[:len(rows)]]
-            out = [None if d else t for t, d in zip(toks, done)]
-            done = [d or t in stop for t, d in zip(toks, done)]
-            yield out if many else out[0]
-            if all(done) or step == max_new_tokens - 1:
-                return
-            nxt = draw(self.module.decode, batch.decode_inputs(nxt), step + 1)
+        rows = self._expand([self._ids(p, i) for i, p in enumerate(prompts)], cfg)
+        if len(rows) > self.sizes.max_batch:
+            raise InputError(f"stream: {len(rows)} rows but the model was compiled for max_batch="
+                             f"{self.sizes.max_batch} (generate() runs more prompts in chunks of max_batch)")
+        n_new = cfg.new_tokens(max(len(r) for r in rows), self.sizes.max_seq_len)
+        tracker = self._tracker(len(rows), n_new, cfg)
+        several = many or cfg.num_return_sequences > 1
+        for toks, lps in self._steps(rows, cfg, n_new, self._seed(cfg), 0, tracker):
+            item = list(zip(toks, lps)) if cfg.return_logprobs else toks
+            yield item if several else item[0]
 
-    def text_stream(self, prompt: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
-        """Yield the new text as it is made (whole characters only); arguments as for `generate`."""
+    def text_stream(self, prompt, max_new_tokens: int | None = None, **settings) -> Iterator[str]:
+        """Yield the new text as it is made (whole characters only). prompt: a str, or the token ids of one
+        prompt (chat ids from `encode_chat`, say); settings as for `generate`."""
         from .tokenizer import StreamDecoder
-        if not isinstance(prompt, str):
-            raise InputError(f"text_stream: prompt must be a str, got {type(prompt).__name__}")
+        if not isinstance(prompt, str) and (_prompts(prompt)[1] or settings.get("num_return_sequences", 1) != 1):
+            raise InputError("text_stream: expected one prompt (a str or a list of token ids) and one sequence")
+        if settings.get("return_logprobs"):
+            raise InputError("text_stream: return_logprobs is for generate() and stream()")
         dec = StreamDecoder(self._need_tokenizer())
-        for tok in self.stream(prompt, max_new_tokens, **kwargs):
+        for tok in self.stream(prompt, max_new_tokens, **settings):
             if tok is not None:
                 piece = dec.push(tok)
                 if piece:
@@ -190,44 +238,136 @@ class LanguageModel:
         if rest:
             yield rest
 
-    # ---- internals --------------------------------------------------------------------------
-    def _sampler(self, temperature, top_k, top_p, seed):
-        """step(function, inputs, step number) -> the next token of each row, as numpy: greedy from the
-        function's own argmax, or drawn on the device by `sample` from logits that stay there."""
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-            raise InputError(f"temperature={temperature!r}: expected a number >= 0 (0: greedy)")
-        if temperature == 0:      # the function's own argmax; only the tokens cross to the host
-            return lambda fn, feeds, step: fn(**feeds, output="device")[0].to_host()
-        k = self.sizes.sample_k
-        if top_k is None:
-            top_k = k
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= k:
-            raise InputError(f"top_k={top_k!r}: expected an int in [1, {k}] (the model was compiled with "
-                             f"sample_k={k}; compile_hf(..., sample_k=) for more)")
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-            raise InputError(f"top_p={top_p!r}: expected a number in (0, 1]")
-        if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (1 << 62))
-            if self.group is not None:          # every rank draws with rank 0's seed: the same tokens
-                seed = int(self.group.broadcast(str(seed).encode()).decode())
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 62:
-            raise InputError(f"seed={seed!r}: expected an int in [0, 2**62)")
-        if "sample" not in self.module.functions:
-            raise InputError("this artifact was compiled without the 'sample' function")
-        b = self.sizes.max_batch
-        fixed = {"temperature": np.full(b, temperature, np.float32), "top_k": np.full(b, top_k, np.int64),
-                 "top_p": np.full(b, top_p, np.float32)}
+    def encode_chat(self, messages, *, add_generation_prompt: bool = True, template: str | None = None,
+                    **variables) -> list:
+        """The token ids of `messages` ([{"role": "user", "content": "..."}, ...]) by the checkpoint's chat
+        template (`template`: its name; default "default"), as transformers' apply_chat_template(...,
+        tokenize=True) gives them: the template writes the special tokens it wants (a BOS, say), so the
+        text is encoded without adding any. variables: more names the template reads."""
+        tok = self._need_tokenizer()
+        source = chat.select(self.chat_templates, template, f"checkpoint {str(self.checkpoint)!r}")
+        text = chat.render(source, messages, add_generation_prompt=add_generation_prompt,
+                           special_tokens=tok.special_tokens, **variables)
+        ids = tok.encode(text, add_bos=False, add_eos=False)
+        if not ids:
+            raise InputError("messages: the chat template rendered no text")
+        return ids
 
-        def step(fn, feeds, n):
+    def chat(self, messages, max_new_tokens: int | None = None, *, template: str | None = None, **settings):
+        """The reply to `messages` (a list of {"role", "content"} dicts, rendered by the checkpoint's chat
+        template, see `encode_chat`): its text; a list of texts with num_return_sequences > 1;
+        GenerationResult objects with return_logprobs=True. Settings as for `generate`."""
+        cfg = self.generation_config(max_new_tokens=max_new_tokens, **settings)
+        results = self._generate([self.encode_chat(messages, template=template)], [True], cfg)
+        out = results if cfg.return_logprobs else [r.text for r in results]
+        return out if cfg.num_return_sequences > 1 else out[0]
+
+    # ---- internals --------------------------------------------------------------------------
+    def _generate(self, rows: list, as_text: list, cfg: GenerationConfig) -> list:
+        """GenerationResult per row (each prompt repeated num_return_sequences times), run in chunks of
+        max_batch rows."""
+        rows = self._expand(rows, cfg)
+        as_text = [t for t in as_text for _ in range(cfg.num_return_sequences)]
+        n_new = cfg.new_tokens(max(len(r) for r in rows), self.sizes.max_seq_len)
+        seed = self._seed(cfg)
+        if any(as_text):
+            self._need_tokenizer()
+        results = []
+        b = self.sizes.max_batch
+        for start in range(0, len(rows), b):
+            chunk = rows[start:start + b]
+            tracker = self._tracker(len(chunk), n_new, cfg)
+            logprobs = [[] for _ in chunk]
+            for _, lps in self._steps(chunk, cfg, n_new, seed, start, tracker):
+                for r, lp in enumerate(lps):
+                    if lp is not None:
+                        logprobs[r].append(lp)
+            for r, toks in enumerate(tracker.tokens):
+                text = self.tokenizer.decode(toks) if as_text[start + r] else None
+                results.append(GenerationResult(toks, logprobs[r] if cfg.return_logprobs else None, text,
+                                                tracker.finish_reason[r]))
+        return results
+
+    @staticmethod
+    def _expand(rows: list, cfg: GenerationConfig) -> list:
+        return [list(r) for r in rows for _ in range(cfg.num_return_sequences)]
+
+    def _tracker(self, rows: int, n_new: int, cfg: GenerationConfig) -> StopTracker:
+        stop = self.config.eos_token_ids if cfg.stop_tokens is None else cfg.stop_tokens
+        decoder = None
+        if cfg.stop_strings:
+            from .tokenizer import StreamDecoder
+            tok = self._need_tokenizer()
+            decoder = lambda: StreamDecoder(tok)          # noqa: E731
+        return StopTracker(rows, n_new, frozenset(stop), cfg.stop_strings, decoder)
+
+    def _seed(self, cfg: GenerationConfig) -> int | None:
+        """The call's seed: the caller's, or a fresh one for sampling (rank 0's on every rank)."""
+        if cfg.seed is not None or not cfg.do_sample:
+            return cfg.seed
+        seed = int(np.random.SeedSequence().entropy % generation.SEED_LIMIT)
+        if self.group is not None:          # every rank draws with rank 0's seed: the same tokens
+            seed = int(self.group.broadcast(str(seed).encode()).decode())
+        return seed
+
+    def _steps(self, rows: list, cfg: GenerationConfig, n_new: int, seed, first_row: int, tracker: StopTracker):
+        """Generate for one batch of rows (token id lists, at most max_batch): yield (tokens, logprobs) per
+        step, None for rows that have ended (logprobs None unless cfg.return_logprobs). first_row: the
+        index of rows[0] in the call, which seeds its draws (chunks draw as one batch would)."""
+        if n_new == 0:
+            return
+        _, batch = self._batch(rows, n_new)
+        choose = self._sampler(cfg, len(rows), seed, first_row)
+        histories = [list(r) for r in rows]
+        nxt, lps = choose(self.module.prefill, batch.prefill_inputs(), 0, histories)
+        for step in range(n_new):
+            toks = tracker.push(nxt[:len(rows)])
+            for h, t in zip(histories, toks):
+                if t is not None:
+                    h.append(t)
+            yield toks, [None if t is None or lps is None else float(lp)
+                         for t, lp in zip(toks, lps if lps is not None else toks)]
+            if tracker.all_done or step == n_new - 1:
+                return
+            nxt, lps = choose(self.module.decode, batch.decode_inputs(nxt), step + 1, histories)
+
+    def _sampler(self, cfg: GenerationConfig, n_rows: int, seed, first_row: int = 0):
+        """step(function, inputs, step number, histories) -> (the next token of each of the module's
+        max_batch rows, numpy; their log-probabilities or None): greedy from the function's own argmax,
+        drawn on the device by `sample` from logits that stay there, or chosen on the host from the
+        logits (GenerationConfig.path says which)."""
+        b, k = self.sizes.max_batch, self.sizes.sample_k
+        path = cfg.path(k, self.config.vocab_size)
+        if path == "argmax":      # the function's own argmax; only the tokens cross to the host
+            return lambda fn, feeds, n, hist: (np.array(fn(**feeds, output="device")[0].to_host()), None)
+        if path == "host":
+            sampler = HostSampler(cfg, range(first_row, first_row + n_rows), seed)
+
+            def host_step(fn, feeds, n, hist):
+                logits = host_copy(fn(**feeds, output="device")[1], f32)
+                toks, lps = sampler.choose(logits[:n_rows], hist)
+                full = np.zeros(b, np.int64)
+                full[:n_rows] = toks
+                return full, lps
+            return host_step
+        if "sample" not in self.module.functions:
+            raise InputError("this artifact was compiled without the 'sample' function (needed to sample on the "
+                             "device; repetition_penalty or return_logprobs sample on the host)")
+        top_k = k if cfg.top_k == 0 else min(cfg.top_k, k)
+        fixed = {"temperature": np.full(b, cfg.temperature, np.float32), "top_k": np.full(b, top_k, np.int64),
+                 "top_p": np.full(b, cfg.top_p, np.float32)}
+
+        def device_step(fn, feeds, n, hist):
             logits = fn(**feeds, output="device")[1]
             # One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate.
-            key = np.array([(((seed << 20) | n) << 16 | r) % (1 << 63) for r in range(b)], np.int64)
-            return self.module.sample(logits, key=key, **fixed)
-        return step
+            key = np.array([(((seed << 20) | n) << 16 | (first_row + r)) % (1 << 63) for r in range(b)], np.int64)
+            return np.array(self.module.sample(logits, key=key, **fixed)), None
+        return device_step
 
     def _need_tokenizer(self):
         if self.tokenizer is None:
-            raise InputError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+            raise InputError(f"checkpoint {str(self.checkpoint)!r} has no tokenizer.json: pass token ids "
+                             f"instead of text")
         return self.tokenizer
 
     def _batch(self, prompts, max_new_tokens: int):
@@ -238,18 +378,23 @@ class LanguageModel:
         longest = max(len(r) for r in rows)
         if longest + max_new_tokens > self.sizes.max_seq_len:
             raise InputError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the cache of "
-                             f"{self.sizes.max_seq_len} positions (compile with a larger max_seq_len=)")
+                             f"{self.sizes.max_seq_len} positions: compile with a larger max_seq_len= "
+                             f"(--max-seq-len on the command line; `rocmc generate --truncate` keeps the end of "
+                             f"the prompt)")
         return rows, _Batch(rows, self.sizes.max_batch, self.config)
 
     def _ids(self, prompt, i: int) -> list:
         if isinstance(prompt, str):
             ids = self._need_tokenizer().encode(prompt)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
-            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+            if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+                raise InputError(f"prompt {i}: expected a 1-D array of token ids, got shape {prompt.shape}")
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)) for t in prompt):
                 raise InputError(f"prompt {i}: expected token ids (ints), got {list(prompt)[:4]!r}")
             ids = [int(t) for t in prompt]
         else:
-            raise InputError(f"prompt {i}: expected a str or a list of token ids, got {type(prompt).__name__}")
+            raise InputError(f"prompt {i}: expected a str, a list of token ids, a numpy array or a torch tensor, "
+                             f"got {type(prompt).__name__}")
         if not ids:
             raise InputError(f"prompt {i} is empty; give at least one token")
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
@@ -259,10 +404,44 @@ class LanguageModel:
 
 
 def _prompts(prompt) -> tuple[list, bool]:
-    """(the prompts, whether several were given): a str or a list of ids is one prompt; a list of those
-    is several."""
-    many = isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], (str, list, tuple, np.ndarray))
-    return (list(prompt) if many else [prompt]), many
+    """(the prompts, whether several were given): a str, a list of ids or a 1-D array/tensor is one
+    prompt; a list of those or a 2-D array/tensor (a row per prompt) is several. Torch tensors (CPU) are
+    read with .numpy(), without importing torch."""
+    prompt = as_numpy(prompt, "prompt")
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim == 2:
+            return list(prompt), True
+        if prompt.ndim != 1:
+            raise InputError(f"prompt: expected a 1-D (one prompt) or 2-D (a row per prompt) array of token ids, "
+                             f"got shape {prompt.shape}")
+        return [prompt], False
+    if isinstance(prompt, (list, tuple)) and len(prompt) > 0:
+        items = [as_numpy(p, f"prompt {i}") for i, p in enumerate(prompt)]
+        if isinstance(items[0], (str, list, tuple, np.ndarray)):
+            return items, True
+    return [prompt], False
+
+
+def check_checkpoint(directory, *, tokenizer: bool = False, chat_template: bool = False) -> LlmConfig:
+    """Check a checkpoint directory before compiling anything: config.json parses (ModelImportError naming
+    it), the safetensors headers hold every parameter of the config with its shape (InputError naming the
+    tensor and the file; only headers are read), and with `tokenizer` a loadable tokenizer.json (with
+    `chat_template` a chat template too). Returns the config."""
+    directory = _checkpoint_dir(directory)
+    cfg = load_config(directory)
+    from ..parameters import Parameters
+    params = Parameters.open(directory)
+    dtype = _CHECKPOINT_DTYPES[cfg.dtype]
+    params.check([(name, shape, dtype) for name, shape in param_names(cfg)])
+    if tokenizer or chat_template:
+        if not (directory / "tokenizer.json").is_file():
+            raise InputError(f"{directory / 'tokenizer.json'} does not exist: a text prompt needs the checkpoint's "
+                             f"tokenizer (or pass token ids with --ids)")
+        _tokenizer(directory)
+    if chat_template:
+        chat.select(chat.load_templates(directory), None, f"checkpoint {str(directory)!r}")
+    generation.checkpoint_defaults(directory)
+    return cfg
 
 
 class _Batch:

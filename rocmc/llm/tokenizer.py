@@ -25,11 +25,13 @@ class Tokenizer:
     """Encode text to token ids and back, as transformers' tokenizer of the same checkpoint does."""
 
     def __init__(self, backend, *, bos_token_id: int | None, eos_token_id: int | None,
-                 add_bos: bool, add_eos: bool, source: str = "tokenizer"):
+                 add_bos: bool, add_eos: bool, source: str = "tokenizer", special_tokens: dict | None = None):
         self._backend = backend
         self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
         self.add_bos, self.add_eos = add_bos and bos_token_id is not None, add_eos and eos_token_id is not None
         self.source = source
+        # The named special tokens as text ({"bos_token": "<s>", ...}): what chat templates see.
+        self.special_tokens = dict(special_tokens or {})
 
     @classmethod
     def from_dir(cls, directory) -> "Tokenizer":
@@ -50,7 +52,8 @@ class Tokenizer:
         bos = _token_id(backend, config.get("bos_token"), "bos_token", path)
         eos = _token_id(backend, config.get("eos_token"), "eos_token", path)
         add_bos, add_eos = _added_specials(backend, bos, eos, path)
-        return cls(backend, bos_token_id=bos, eos_token_id=eos, add_bos=add_bos, add_eos=add_eos, source=str(path))
+        return cls(backend, bos_token_id=bos, eos_token_id=eos, add_bos=add_bos, add_eos=add_eos, source=str(path),
+                   special_tokens=_special_token_texts(config))
 
     @property
     def vocab_size(self) -> int:
@@ -127,6 +130,20 @@ def _special_tokens_config(directory: Path) -> dict:
             data = read_json(path)
             merged.update({k: v for k, v in data.items() if v is not None})
     return merged
+
+
+_SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _special_token_texts(config: dict) -> dict:
+    """{"bos_token": "<s>", ...}: the named special tokens given as strings or AddedToken dicts."""
+    out = {}
+    for name in _SPECIAL_NAMES:
+        token = config.get(name)
+        content = token.get("content") if isinstance(token, dict) else token
+        if isinstance(content, str):
+            out[name] = content
+    return out
 
 
 def _token_id(backend, token, key: str, path: Path) -> int | None:

@@ -1,6 +1,7 @@
 """Lowering: graph -> MLIR (per-node implementations from the registry) -> iree-compile -> Artifact."""
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import threading
@@ -8,6 +9,7 @@ import weakref
 from pathlib import Path
 
 from .._version import __version__
+from ..progress import step
 from ..errors import ArtifactError, CompileError, LoweringError
 from ..artifact import Artifact, seal
 from . import generated  # noqa: F401  (registers the generated implementation of every op)
@@ -21,6 +23,7 @@ from .registry import check_options
 from .target import Target, known_targets
 
 _stage_lock = threading.Lock()
+LOG = "rocmc.lowering"
 
 
 def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", cache: bool = True,
@@ -57,33 +60,47 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
                     rocmc=__version__, code=code_digest(), iree=iree_version(),
                     cpu=host_cpu() if target.kind == "cpu" else None,
                     kernels=kernels.sources_digest() if target.is_gpu else None)
+    with step(f"compiling {_names(program)} for {target}", logger=LOG):
+        art, stages = _compile(program, target, key, root, impl, libraries, external, info, list(flags), rewrite)
+    weakref.finalize(art, stages.remove_temporary)
+    if dump_ir is not None:
+        art.dump_ir(dump_ir)
+    return art
+
+
+def _names(program: dict) -> str:
+    return ", ".join(g.name for g in program.values())
+
+
+def _compile(program, target, key, root, impl, libraries, external, info, flags, rewrite):
+    """The artifact from the cache, else lowered and compiled (and put in the cache); with its stages."""
     store = Cache(root) if root is not None else None
     hit = store.get(key) if store else None
     if hit is not None:
+        logging.getLogger(LOG).info("%s for %s: from the compile cache (%s)", _names(program), target, hit.dir)
         used = _flags_used(target, list(flags), hit.tuning_dropped)
         stages = _Stages(hit.dir / "module.mlirbc", target, used, hit.dir / "stages")
         art = Artifact(None, {**hit.metadata, "compile_flags": used}, input_mlir=hit.dir / "input.mlir",
                        path=str(hit.dir / "module.vmfb"), stage_dir=stages)
         art.cached = True
     else:
-        lowered = lower(program, target, impl=impl, libraries=libraries, external=external, info=info,
-                        rewrite=rewrite)
-        vmfb, used, note = _compile_tuned(lowered.bytecode, target, list(flags))
+        with step(f"lowering {_names(program)} to MLIR for {target}", logger=LOG):
+            lowered = lower(program, target, impl=impl, libraries=libraries, external=external, info=info,
+                            rewrite=rewrite)
+        vmfb, used, tuning_note = _compile_tuned(lowered.bytecode, target, list(flags))
         vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used
+        note = "; ".join(n for n in (target.code_note, tuning_note) if n)
         if note:
             lowered.metadata["compile_note"] = note
         d = store.put(key, vmfb, lowered.metadata, lowered.text, lowered.bytecode,
-                      tuning_dropped=note is not None) if store is not None else None
+                      tuning_dropped=tuning_note is not None) if store is not None else None
         stages = _Stages(d / "module.mlirbc", target, used, d / "stages") if d else \
             _Stages(lowered.bytecode, target, used, None)
         art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=stages)
         art.cached = False
     art.parameter_arrays = _constant_parameters(program, art.metadata, rewrite)
-    weakref.finalize(art, stages.remove_temporary)
-    if dump_ir is not None:
-        art.dump_ir(dump_ir)
-    return art
+    return art, stages
 
 
 EXTERNAL_MIN_BYTES = 4096
@@ -131,11 +148,13 @@ def _compile_tuned(bytecode: bytes, target: Target, flags: list):
     note = None
     if tuned:
         try:
-            return compile_bytecode(bytecode, target, [*tuned, *flags]), [*tuned, *flags], None
+            with step(f"iree-compile for {target}", logger=LOG):
+                return compile_bytecode(bytecode, target, [*tuned, *flags]), [*tuned, *flags], None
         except CompileError as e:
             first = next((l for l in e.diagnostics.splitlines() if "error:" in l), "").strip()
             note = f"compiled without {' '.join(tuned)}: IREE failed with them ({first[:200]})"
-    return compile_bytecode(bytecode, target, flags), flags, note
+    with step(f"iree-compile for {target}{' (without the tuning flags)' if tuned else ''}", logger=LOG):
+        return compile_bytecode(bytecode, target, flags), flags, note
 
 
 def _flags_used(target: Target, flags: list, tuning_dropped: bool) -> list:
@@ -171,7 +190,8 @@ class _Stages:
         except OSError as e:
             raise ArtifactError(f"the stages of this artifact can't be produced: its cached module "
                                 f"{self.source} is gone ({e.strerror}); compile it again") from None
-        compile_bytecode(source, self.target, self.flags, dump_dir=d)
+        with step(f"iree-compile for {self.target}, writing the stage dumps", logger=LOG):
+            compile_bytecode(source, self.target, self.flags, dump_dir=d)
         (d / "done").write_text("")
         return d
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..children import run
 from ..errors import CompileError
 from .target import Target
 
@@ -45,9 +43,9 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
             cmd += [f"--dump-compilation-phases-to={d}", "--mlir-print-debuginfo",
                     f"--iree-hal-dump-executable-sources-to={d / 'sources'}",
                     f"--iree-hal-dump-executable-binaries-to={d / 'binaries'}"]
-        # run() kills the child on any exception here (KeyboardInterrupt included); the parent-death
-        # signal covers this process being killed outright.
-        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent())
+        # run() kills the child on any exception here (KeyboardInterrupt included), and the child ends
+        # with this process when it is killed outright (rocmc.children).
+        proc = run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             diag = proc.stderr.replace(str(src), "<module>")
             if proc.returncode < 0:
@@ -57,22 +55,6 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
         return out.read_bytes()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _die_with_parent():
-    """A preexec_fn that makes the child die with this process (Linux), so a killed compile leaves no
-    iree-compile running. None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    prctl = ctypes.CDLL(None, use_errno=True).prctl     # resolved here: the child only calls it
-    parent = os.getpid()
-
-    def preexec():
-        prctl(1, int(signal.SIGKILL))                   # PR_SET_PDEATHSIG
-        if os.getppid() != parent:                      # the parent died before the signal was armed
-            os._exit(1)
-    return preexec
 
 
 # Temporary directories name their owner's pid, so those left by a killed process can be found and removed.

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from .. import children
 from ..artifact import write_atomic
 from ..errors import CompileError
+from ..progress import step
 from .cache import cache_root, distrust
 
 
@@ -212,7 +214,7 @@ def _candidates() -> list[str]:
 @lru_cache(maxsize=None)
 def _clang_version(path: str) -> str:
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = children.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.splitlines()[0] if out else ""
@@ -226,7 +228,7 @@ def _clang_major(path: str) -> int | None:
 @lru_cache(maxsize=None)
 def _backends(path: str) -> str:
     try:
-        return subprocess.run([path, "--print-targets"], capture_output=True, text=True, timeout=30).stdout
+        return children.run([path, "--print-targets"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -260,7 +262,7 @@ def _arch_problem(clang: str, kind: str, arch: str) -> str | None:
     with tempfile.TemporaryDirectory(prefix="rocmc-kernel-") as tmp:
         src = Path(tmp) / "empty.hip"
         src.write_text("")
-        proc = subprocess.run([clang, *flags, "-E", str(src), "-o", os.devnull], capture_output=True, text=True)
+        proc = children.run([clang, *flags, "-E", str(src), "-o", os.devnull], capture_output=True, text=True)
     if proc.returncode == 0:
         return None
     first = next((l for l in proc.stderr.splitlines() if "error" in l), proc.stderr.strip())
@@ -323,7 +325,8 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
                     return KernelObject(source, kind, arch, data, path, res["resources"])
             except (OSError, ValueError, KeyError):
                 pass   # corrupt entry: rebuild
-    data, resources = _run_clang(clang, src, flags, ext, abi_header(source))
+    with step(f"building kernel {source} for {arch}", logger=__name__):
+        data, resources = _run_clang(clang, src, flags, ext, abi_header(source))
     obj = KernelObject(source, kind, arch, data, None, resources)
     if root is not None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -339,7 +342,7 @@ def _run_clang(clang: str, src: Path, flags: list, ext: str, header: str) -> tup
         out = Path(tmp) / ("kernel" + ext)
         (Path(tmp) / ABI_HEADER).write_text(header)
         flags = [*flags, f"-I{tmp}"]
-        proc = subprocess.run([clang, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        proc = children.run([clang, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
         if proc.returncode != 0 or not out.is_file():
             diag = "\n".join(l for l in proc.stderr.splitlines() if "remark:" not in l)
             raise CompileError(f"building kernel {src.name} failed ({Path(clang).name})", stage="kernel-build",

@@ -397,6 +397,8 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
         "kernels": ctx.kernels,
         "externs": ctx.externs,
     }
+    if target.code_note:        # kept in the module itself, so a saved artifact still says so
+        meta["compile_note"] = target.code_note
     if main["name"] != "main":
         meta["function"] = main["name"]
     world = _world(program)

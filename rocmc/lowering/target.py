@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..archs import CUDA_ARCHS, DRIVERS, ROCM_ARCHS, default_device, known_targets  # noqa: F401  (re-exported)
+from ..archs import (CUDA_ARCH_SPELLINGS, CUDA_ARCHS, CUDA_PTX_ARCHS, DRIVERS, ROCM_ARCHS,  # noqa: F401
+                     code_arch, default_device, known_targets)
 from ..errors import TargetError
 
 _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
@@ -12,7 +13,7 @@ _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
 @dataclass(frozen=True)
 class Target:
     kind: str      # "cpu", "rocm" or "cuda"
-    arch: str      # "host", "gfx942", "sm_80"
+    arch: str      # "host", "gfx942", "sm_80", "sm_90"
 
     @staticmethod
     def parse(spec) -> "Target":
@@ -26,7 +27,8 @@ class Target:
         kind, _, arch = s.rpartition(":")
         if kind in ("rocm", "hip", "amdgpu", "") and arch in ROCM_ARCHS:
             return Target("rocm", arch)
-        if kind in ("cuda", "") and arch in CUDA_ARCHS:
+        arch = CUDA_ARCH_SPELLINGS.get(arch, arch)
+        if kind in ("cuda", "") and (arch in CUDA_ARCHS or arch in CUDA_PTX_ARCHS):
             return Target("cuda", arch)
         raise TargetError(f"unknown target {spec!r}; known targets: {', '.join(known_targets())}")
 
@@ -36,6 +38,20 @@ class Target:
     @property
     def is_gpu(self) -> bool:
         return self.kind in ("rocm", "cuda")
+
+    @property
+    def code_arch(self) -> str:
+        """The architecture IREE generates code for: the target's own, or the one whose PTX runs on it
+        (sm_80 for sm_90 and sm_100, which IREE 3.13 has no tables for)."""
+        return code_arch(self.kind, self.arch)
+
+    @property
+    def code_note(self) -> str | None:
+        """What the artifact records when its code was made for another architecture than its target's."""
+        if self.code_arch == self.arch:
+            return None
+        return (f"{self.code_arch} code generated for {self.arch}: IREE {_IREE_TABLES} has no {self.arch} "
+                f"target; the driver compiles the {self.code_arch} PTX for the GPU when the module loads")
 
     @property
     def default_device(self) -> str:
@@ -59,7 +75,10 @@ class Target:
                     "--iree-llvmcpu-target-cpu=host"]
         if self.kind == "rocm":
             return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
-        return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}"]
+        return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.code_arch}"]
+
+
+_IREE_TABLES = "3.13"      # the IREE release whose target tables archs.py lists
 
 
 # iree-compile demotes f64 to f32 unless told not to: an f64 graph would compute in f32 and its

@@ -28,6 +28,7 @@ import numpy as np
 from .. import symbolic
 from ..errors import GraphError, LoweringError
 from ..frontend.graph import Graph, Node, Value
+from ..progress import step
 from ..symbolic import canonical, dim_add, dim_floordiv, dim_mul
 
 
@@ -459,9 +460,10 @@ def _dead(graph: Graph, uses: Uses, found: dict, replaced: set) -> set:
 def rewrite_program(program: dict) -> tuple[dict, list[dict]]:
     """Rewrite each function of a {name: Graph} program; the records of all, as JSON."""
     out, records = {}, []
-    for name, graph in program.items():
-        out[name], recs = rewrite(graph, name)
-        records += [r.to_json() for r in recs]
+    with step(f"rewrite: fused ops into {', '.join(g.name for g in program.values())}", logger=__name__):
+        for name, graph in program.items():
+            out[name], recs = rewrite(graph, name)
+            records += [r.to_json() for r in recs]
     return out, records
 
 

@@ -13,10 +13,10 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 
+from .. import children
 from ..errors import InputError
 from .distributed import GRACE
 
@@ -54,7 +54,9 @@ def launch(n: int, command: list, *, port: int | None = None, grace: float = GRA
         env = rank_env(r, n, port, key)
         if libs is not None:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
-        procs.append(subprocess.Popen(command, env=env, start_new_session=True))
+        # Each rank leads its own session (stop() signals its whole group) and ends with this process,
+        # even one killed with SIGKILL (rocmc.children).
+        procs.append(children.popen(command, env=env, start_new_session=True))
 
     def stop(sig=signal.SIGTERM):
         for p in procs:

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import symbolic
+from ..arrays import is_tensor
 from ..archs import DEVICES, default_device, kind_of
 from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
 from ..frontend.dtypes import ALL as DTYPES, DType
+from ..progress import format_bytes, step
 from ..signature import bind
 from .devices import get_device, upload
 
@@ -75,15 +77,17 @@ class Module:
                                           meta.get("format", 1))
             for m in self._providers:
                 self._ctx.add_vm_module(m)
-        try:
-            if self._parameters is not None:
-                self._providers.append(self._parameters.provider(self._ctx.instance, scope=PARAMETER_SCOPE,
-                                                                 specs=specs))
-                self._ctx.add_vm_module(self._providers[-1])
-            self._vm_module = _vm_module(self._ctx.instance, artifact)
-            self._ctx.add_vm_module(self._vm_module)
-        except Exception as e:
-            raise DeviceError(f"could not load the module on {device!r}: {e}") from None
+        weights = f" with {len(specs)} parameters ({format_bytes(sum(s.nbytes for s in specs))})" if specs else ""
+        with step(f"loading {meta.get('graph', 'the module')} on {device}{weights}", logger=__name__):
+            try:
+                if self._parameters is not None:
+                    self._providers.append(self._parameters.provider(self._ctx.instance, scope=PARAMETER_SCOPE,
+                                                                     specs=specs))
+                    self._ctx.add_vm_module(self._providers[-1])
+                self._vm_module = _vm_module(self._ctx.instance, artifact)
+                self._ctx.add_vm_module(self._vm_module)
+            except Exception as e:
+                raise DeviceError(f"could not load the module on {device!r}: {e}") from None
         # Each function, with a second one for inputs whose attention scores would not fit (lowering/module.py).
         self._entries = {f["name"]: _Entry(self._ctx, f) for f in functions(meta)}
         self._default = next(iter(self._entries.values()))
@@ -120,7 +124,9 @@ class Module:
         return self._call(self._entries[function], args, kwargs)
 
     def _validate(self, entry: _Entry, args, kwargs) -> tuple[list, dict]:
-        """The inputs as the module takes them, and the size of each symbolic dim."""
+        """The inputs as the module takes them, and the size of each symbolic dim. Inputs are numpy
+        arrays, the module's device arrays, or CPU torch tensors (bind reads those as numpy arrays sharing
+        their memory; a copy only where the module needs a contiguous array)."""
         from iree import runtime as rt
         values, sizes = bind(entry.sig["inputs"], args, kwargs, entry.constraints,
                              arrays=(np.ndarray, rt.DeviceArray))
@@ -143,8 +149,11 @@ class Module:
     def __call__(self, *args, **kwargs):
         """Run the module's (first) function on inputs given by position or by name.
 
-        output="numpy" (the default) copies results to host; "device" keeps them on the device. An
-        array passed as `output=` is the graph input of that name, not this option.
+        output="numpy" (the default) copies results to host arrays of the caller's own, which no later
+        call changes; "device" keeps them on the device as IREE DeviceArrays. A DeviceArray's
+        `.to_host()` may be a view of its buffer (on the CPU), valid only while that DeviceArray lives:
+        `host_copy(result, dtype)` (or `np.array(result.to_host())`) keeps the values. An array passed as
+        `output=` is the graph input of that name, not this option.
         """
         if self._ctx is None:
             raise DeviceError("module was closed; load the artifact again to call it")
@@ -154,7 +163,8 @@ class Module:
         from iree import runtime as rt
         kwargs = dict(kwargs)
         output = "numpy"
-        if "output" in kwargs and not isinstance(kwargs["output"], (np.ndarray, rt.DeviceArray)):
+        if "output" in kwargs and not (isinstance(kwargs["output"], (np.ndarray, rt.DeviceArray))
+                                       or is_tensor(kwargs["output"])):
             output = kwargs.pop("output")
         if output not in ("numpy", "device"):
             raise InputError(f"output={output!r}: expected 'numpy' or 'device'")
@@ -173,17 +183,7 @@ class Module:
         if not entry.sig["outputs"]:
             return None
         for spec, r in zip(entry.sig["outputs"], results):
-            if output == "numpy":
-                a = r.to_host() if hasattr(r, "to_host") else np.asarray(r)
-                # A view of the runtime's host buffer would change with the next call: copy. The
-                # runtime names the element type by its MLIR spelling (bool as i8, u8 as the signless
-                # i8, bf16 as raw bits): the same bytes are viewed as the signature's dtype.
-                want = DTYPES[spec["dtype"]].np
-                if a.dtype != want:
-                    a = a.view(want).copy()
-                outs.append(a)
-            else:
-                outs.append(r)
+            outs.append(host_copy(r, DTYPES[spec["dtype"]]) if output == "numpy" else r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def close(self) -> None:
@@ -194,6 +194,21 @@ class Module:
         self._vm_module = None
         self._ctx = None
         self._providers = []
+
+
+def host_copy(result, dtype: DType) -> np.ndarray:
+    """A result on the host, in an array of its own.
+
+    On a device whose memory the host can map (the CPU's), IREE's `to_host` is a view of the result's
+    buffer; once the result is dropped, the buffer goes back to IREE's pool and a later call writes into
+    it. So a result that does not own its memory is copied (once). The runtime names the element type by
+    its MLIR spelling (bool as i8, u8 as the signless i8, bf16 as raw bits): the same bytes are viewed as
+    the signature's dtype."""
+    a = result.to_host() if hasattr(result, "to_host") else np.asarray(result)
+    owned = a.flags.owndata and a.base is None
+    if a.dtype != dtype.np:
+        a = a.view(dtype.np)
+    return a if owned else a.copy()
 
 
 def _too_long(long: dict, sizes: dict) -> bool:

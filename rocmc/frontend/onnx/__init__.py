@@ -29,6 +29,7 @@ import numpy as np
 
 from ... import symbolic
 from ...errors import GraphError, ModelImportError, RocmcError
+from ...progress import step
 from ..graph import Graph, Value
 from ..importing import identifier, slice_bound
 from ..ops.shape import gather_indices
@@ -574,19 +575,22 @@ def import_onnx(model, *, name: str | None = None, dims: dict | None = None) -> 
     Raises ModelImportError listing every node that cannot be imported (op type, name, reason).
     """
     import onnx
-    if isinstance(model, (str, Path)):
-        try:
-            model = onnx.load(str(model))
-        except Exception as e:  # noqa: BLE001 - any failure to parse is an import error
-            raise ModelImportError(f"cannot read ONNX model {str(model)!r}: {e}") from None
-    elif isinstance(model, (bytes, bytearray)):
-        try:
-            model = onnx.load_from_string(bytes(model))
-        except Exception as e:  # noqa: BLE001
-            raise ModelImportError(f"cannot parse ONNX model bytes: {e}") from None
-    elif not isinstance(model, onnx.ModelProto):
-        raise ModelImportError(f"import_onnx: expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
-    return Importer(model, name, dims).run()
+    with step(f"importing ONNX model{f' {model}' if isinstance(model, (str, Path)) else ''}",
+              logger=__name__):
+        if isinstance(model, (str, Path)):
+            try:
+                model = onnx.load(str(model))
+            except Exception as e:  # noqa: BLE001 - any failure to parse is an import error
+                raise ModelImportError(f"cannot read ONNX model {str(model)!r}: {e}") from None
+        elif isinstance(model, (bytes, bytearray)):
+            try:
+                model = onnx.load_from_string(bytes(model))
+            except Exception as e:  # noqa: BLE001
+                raise ModelImportError(f"cannot parse ONNX model bytes: {e}") from None
+        elif not isinstance(model, onnx.ModelProto):
+            raise ModelImportError(f"import_onnx: expected a path, bytes or onnx.ModelProto, got "
+                                   f"{type(model).__name__}")
+        return Importer(model, name, dims).run()
 
 
 # ---- shape helpers --------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Shapes: a `torch.export.Dim` is a symbolic dim of the rocmc input named after th
 size arithmetic (`sym_size`, `operator.mul/add/floordiv` of sizes feeding `view`, `expand`, `arange`,
 `slice`) is followed node by node with rocmc.symbolic's canonical arithmetic, so `batch*seq` stays the
 product `reshape` understands. The Dims' ranges (and the divisibility a derived Dim such as `8*k`
-guarantees) become `graph.assume` constraints, checked on every call (InputError). Where a conversion
+guarantees) become `graph.assume` constraints, checked on every call (InputError); an end torch leaves
+open (a Dim without max, Dim.AUTO, Dim.DYNAMIC) bounds nothing. Where a conversion
 has to decide a comparison of sizes it assumes what torch.export assumes (symbols >= 2) and records it.
 
 Dtypes follow torch's promotion (`torch.result_type` over the operands' dtypes and dimensions), and
@@ -18,6 +19,11 @@ every result is checked against the dtype and rank torch recorded for the node.
 
 Every node that cannot be imported is collected and reported together in one ModelImportError
 (ATen op, node name, reason).
+
+An nn.Module is exported inside `_Bound`: keyword arguments that hold no tensor are bound into the call
+(constants of the export, not inputs) and the result is reduced to its tensors, so a transformers model
+exports as loaded (its DynamicCache and None fields dropped). Non-tensor inputs torch.export specialized
+(a bool, int, float, str or None placeholder) are constants too, and so are non-tensor outputs dropped.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import torch
 
 from ... import symbolic
 from ...errors import GraphError, ModelImportError, RocmcError
+from ...progress import step
 from ..graph import Graph, Value
 from ..importing import identifier
 
@@ -207,8 +214,9 @@ def promote(fx_operands, what: str) -> str:
 # ---- the importer -----------------------------------------------------------------------------------
 
 class Importer:
-    def __init__(self, ep, name: str, parameters: str):
+    def __init__(self, ep, name: str, parameters: str, prefix: str = ""):
         self.ep = ep
+        self.prefix = prefix                   # of the state-dict names of a module exported inside _Bound
         self.graph = Graph(name)
         self.parameters = parameters
         self.env: dict = {}                    # fx node -> Value | size | scalar | list | Missing | None
@@ -336,6 +344,8 @@ class Importer:
     def _placeholder(self, fx, spec, InputKind):
         if spec.kind == InputKind.USER_INPUT:
             val = fx.meta.get("val")
+            if val is None or isinstance(val, (bool, int, float, str)):
+                return val           # torch.export specialized the program to this value: a constant
             if not isinstance(val, torch.Tensor):
                 raise Unsupported(f"input {fx.name!r} is a {type(val).__name__}; only tensor inputs are supported")
             shape = [self._input_dim(fx, axis, d) for axis, d in enumerate(val.shape)]
@@ -346,18 +356,19 @@ class Importer:
             return v
         if not fx.users:
             return None
+        target = spec.target.removeprefix(self.prefix) if spec.target else spec.target
         if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
             t = self.ep.state_dict[spec.target]
             if self.parameters == "external":
-                return self.graph.parameter(spec.target, tuple(t.shape), rocmc_dtype(t.dtype, spec.target))
-            return self.graph.constant(self._const_name(spec.target), to_numpy(t, spec.target))
+                return self.graph.parameter(target, tuple(t.shape), rocmc_dtype(t.dtype, target))
+            return self.graph.constant(self._const_name(target), to_numpy(t, target))
         if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             t = self.ep.constants.get(spec.target)
             if t is None:
                 t = self.ep.state_dict[spec.target]
             if not isinstance(t, torch.Tensor):
-                raise Unsupported(f"constant {spec.target!r} is a {type(t).__name__}, not a tensor")
-            return self.graph.constant(self._const_name(spec.target), to_numpy(t, spec.target))
+                raise Unsupported(f"constant {target!r} is a {type(t).__name__}, not a tensor")
+            return self.graph.constant(self._const_name(target), to_numpy(t, target))
         raise Unsupported(f"input kind {spec.kind.name} is not supported")
 
     def _outputs(self, fx, OutputKind) -> None:
@@ -367,14 +378,13 @@ class Importer:
                 self.problems.append(("(output)", spec.arg.name, f"output kind {spec.kind.name} (the program "
                                       f"mutates its inputs or buffers) is not supported"))
                 continue
-            v = self.env.get(o) if o is not None and not isinstance(o, (int, float)) else o
+            v = self.env.get(o) if o is not None and not isinstance(o, (int, float, bool, str)) else o
             if isinstance(v, Missing):
                 if not v.why.startswith("an earlier"):
                     self.problems.append(("(output)", spec.arg.name, v.why))
                 continue
             if not isinstance(v, Value):
-                self.problems.append(("(output)", spec.arg.name, f"is {type(v).__name__}, not a tensor"))
-                continue
+                continue             # a constant or a size: only tensors are outputs (import_torch says so)
             self.graph.output(v)
 
     # -- symbolic dims
@@ -426,7 +436,7 @@ class Importer:
         return name
 
     def _assume_derived(self, name: str, s, a: int, b: int, expr) -> None:
-        self.graph.assume(symbolic.Constraint(f"input dim {name} (torch.export dim {expr})", "divisible",
+        self.graph.assume(symbolic.Constraint(f"torch.export dim {name} = {expr}", "divisible",
                                               symbolic.parse(symbolic.dim_sub(name, b)), symbolic.Int(a)))
         self._assume_range(name, s, a, b)
 
@@ -437,16 +447,25 @@ class Importer:
         return name
 
     def _assume_range(self, name: str, sym, a, b) -> None:
-        """The range torch.export keeps for symbol `sym` as constraints on input dim `name` = a*sym + b."""
+        """The range torch.export keeps for symbol `sym` as constraints on input dim `name` = a*sym + b.
+        An end torch leaves open (a Dim without max, Dim.AUTO, Dim.DYNAMIC: torch's int_oo) bounds
+        nothing; a lower end of 0 or less says nothing a size doesn't."""
         vr = self.ep.range_constraints.get(sym)
         if vr is None:
             return
-        lo, hi = vr.lower, vr.upper
-        what = f"input dim {name} (torch.export range)"
-        if lo.is_finite and int(a * int(lo) + b) > 0:
-            self.graph.assume(symbolic.Constraint(what, "at_least", symbolic.Sym(name), symbolic.Int(int(a * int(lo) + b))))
-        if hi.is_finite:
-            self.graph.assume(symbolic.Constraint(what, "at_least", symbolic.Int(int(a * int(hi) + b)), symbolic.Sym(name)))
+        lo, hi = _finite(vr.lower), _finite(vr.upper)
+        what = f"torch.export range of {name}"
+        if lo is not None and a * lo + b > 0:
+            self.graph.assume(symbolic.Constraint(what, "at_least", symbolic.Sym(name), symbolic.Int(a * lo + b)))
+        if hi is not None:
+            self.graph.assume(symbolic.Constraint(what, "at_least", symbolic.Int(a * hi + b), symbolic.Sym(name)))
+
+
+def _finite(bound) -> int | None:
+    """An end of a torch value range as an int; None for an infinite one (sympy's oo or torch's int_oo,
+    which sympy calls finite and cannot convert)."""
+    import sympy
+    return int(bound) if isinstance(bound, (int, sympy.Integer)) and not isinstance(bound, bool) else None
 
 
 def _linear(expr, s):
@@ -459,6 +478,78 @@ def _linear(expr, s):
     if not (a.is_Integer and b.is_Integer and a > 0):
         return None, None
     return int(a), int(b)
+
+
+# ---- a module called with its constant keyword arguments, returning its tensors ---------------------
+
+class _Bound(torch.nn.Module):
+    """`model` called with its non-tensor keyword arguments fixed, returning the tensors of its result.
+    Its forward has the model's signature less the fixed arguments, so torch.export names the inputs
+    after the model's parameters and reads `dynamic_shapes` as it would for the model itself."""
+
+    ATTR = "bound_model"     # the model's submodule name: the prefix the importer takes off state-dict names
+
+    def __init__(self, model, fixed: dict):
+        super().__init__()
+        setattr(self, self.ATTR, model)
+        self._fixed = fixed
+        self.training = model.training       # the model's own mode; its submodules keep theirs
+
+    def forward(self, *args, **kwargs):
+        return tuple(_tensors(getattr(self, self.ATTR)(*args, **kwargs, **self._fixed)))
+
+
+def _holds_tensor(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, dict):
+        return any(_holds_tensor(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tensor(x) for x in v)
+    return not isinstance(v, (bool, int, float, str, type(None), torch.dtype, torch.device))
+
+
+def _tensors(out):
+    """The tensors of a module's result, in order; everything else (None, caches, numbers) left out."""
+    import dataclasses
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, dict):               # a dict, or a transformers ModelOutput (its set fields)
+        for v in out.values():
+            yield from _tensors(v)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            yield from _tensors(v)
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        for f in dataclasses.fields(out):
+            yield from _tensors(getattr(out, f.name))
+
+
+def _bind_constants(model, kwargs: dict, dynamic_shapes):
+    """(the module to export, its remaining keyword arguments, the dynamic shapes for them): keyword
+    arguments that hold no tensor become constants of a _Bound module."""
+    import inspect
+    fixed = {k: v for k, v in kwargs.items() if not _holds_tensor(v)}
+    kept = {k: v for k, v in kwargs.items() if k not in fixed}
+    bound = _Bound(model, fixed)
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        params += [p for n, p in sig.parameters.items() if n not in fixed]
+        forward = lambda self, *a, **k: _Bound.forward(self, *a, **k)      # noqa: E731 - one per import
+        forward.__signature__ = sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
+        bound.forward = forward.__get__(bound)
+    if isinstance(dynamic_shapes, dict):
+        given = [k for k in fixed if dynamic_shapes.get(k) is not None]
+        if given:
+            raise ModelImportError(f"import_torch: dynamic_shapes gives a shape for {', '.join(map(repr, given))}, "
+                                   f"a keyword argument that holds no tensor (a constant of the export); "
+                                   f"expected None or no entry")
+        dynamic_shapes = {k: v for k, v in dynamic_shapes.items() if k not in fixed}
+    return bound, kept, dynamic_shapes
 
 
 def problem_report(problems) -> str:
@@ -475,13 +566,22 @@ def decompositions():
     return table
 
 
+@step("importing a torch model (torch.export)", logger=__name__)
 def import_torch(model, args=(), *, kwargs=None, dynamic_shapes=None, name: str | None = None,
                  parameters: str = "constants") -> Graph:
     """Import a torch nn.Module (exported here with torch.export) or an ExportedProgram as a Graph.
 
-    args, kwargs: example inputs of the module (as for torch.export.export).
-    dynamic_shapes: torch.export's spec ({axis: torch.export.Dim("seq", min=.., max=..)} per input);
-        each Dim becomes a symbolic dim of that name, its range an assumption checked at call time.
+    args, kwargs: example inputs of the module (as for torch.export.export). A keyword argument that
+        holds no tensor (use_cache=False, output_attentions=False, an int, a str, None) is a constant
+        of the export: it is bound into the traced call and is no graph input.
+    dynamic_shapes: torch.export's spec ({axis: torch.export.Dim("seq", min=.., max=..)} per input, as a
+        tuple in the order of forward's parameters or a dict by parameter name; the constant keyword
+        arguments need no entry). Each Dim becomes a symbolic dim of that name, its range an assumption
+        checked at call time; a Dim without max (Dim("seq"), Dim.AUTO, Dim.DYNAMIC) has no upper bound.
+    Outputs: the module's tensors in order of its result's structure (a tuple or list in order, a dict,
+        a ModelOutput or a dataclass field by field, nested containers flattened); whatever is not a
+        tensor (None, a transformers DynamicCache, a number) is dropped. A causal LM's graph returns its
+        logits.
     parameters: "constants" (weights in the module) or "external" (graph.parameter under the state-dict
         names; supplied at load time, `rocmc.load(art, parameters=...)`).
     Raises ModelImportError listing every node that cannot be imported.
@@ -489,10 +589,13 @@ def import_torch(model, args=(), *, kwargs=None, dynamic_shapes=None, name: str 
     if parameters not in ("constants", "external"):
         raise ModelImportError(f"import_torch: parameters={parameters!r}, expected 'constants' or 'external'")
     forward = None
+    prefix = ""
     if isinstance(model, torch.nn.Module):
         forward = model.forward
+        bound, kwargs, dynamic_shapes = _bind_constants(model, dict(kwargs or {}), dynamic_shapes)
+        prefix = f"{_Bound.ATTR}."
         try:
-            ep = torch.export.export(model, tuple(args), kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            ep = torch.export.export(bound, tuple(args), kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as e:  # noqa: BLE001 - torch.export's own failures are import errors
             raise ModelImportError(f"torch.export failed: {type(e).__name__}: {e}") from None
     elif isinstance(model, torch.export.ExportedProgram):
@@ -505,7 +608,7 @@ def import_torch(model, args=(), *, kwargs=None, dynamic_shapes=None, name: str 
     except Exception as e:  # noqa: BLE001
         raise ModelImportError(f"decomposing to core ATen failed: {type(e).__name__}: {e}") from None
     gname = identifier(name or (type(model).__name__ if forward is not None else "main"), "main")
-    return Importer(ep, gname, parameters).run()
+    return Importer(ep, gname, parameters, prefix).run()
 
 
 def load_program(path) -> Graph:

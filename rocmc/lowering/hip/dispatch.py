@@ -24,7 +24,7 @@ _PLACEHOLDER = "tensor<4xi32>"
 
 def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObject]:
     """Declare (once per module) the executable holding every kernel of `source`; returns its name."""
-    obj = kernels.build(source, ctx.target.arch)
+    obj = kernels.build(source, ctx.target.code_arch)
     name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
     if name in ctx.decl_keys:
         return name, obj

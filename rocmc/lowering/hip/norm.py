@@ -83,7 +83,7 @@ def _supports(names):
         cols = math.prod(d for d in x.shape[node.attrs["axis"]:] if isinstance(d, int))
         if rows * cols >= _LIMIT * 2 or cols >= _LIMIT:
             return f"x has {rows * cols} elements; the kernel indexes rows and columns with 32-bit integers"
-        return kernels.arch_problem(target.arch)
+        return kernels.arch_problem(target.code_arch)
     return supports
 
 

@@ -41,7 +41,7 @@ def supports(node: Node, target: Target):
     n = math.prod(s for s in x.shape if isinstance(s, int))
     if n >= 1 << 32:
         return f"x has {n} elements; the kernel indexes rows with 32-bit integers"
-    return kernels.arch_problem(target.arch)
+    return kernels.arch_problem(target.code_arch)
 
 
 def lower(E: Emitter, node: Node, ins, ctx: LowerContext):

@@ -15,11 +15,11 @@ import glob
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from ... import children
 from ...errors import DistributedError
 from ..devices import _loadable
 
@@ -53,7 +53,7 @@ def build(out_dir: Path | None = None) -> Path:
                                "compiler (set CC, or install clang or gcc)")
     lib.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libmpi.so", "-o", str(tmp), str(SOURCE)],
+    proc = children.run([cc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libmpi.so", "-o", str(tmp), str(SOURCE)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise DistributedError(f"building the collective bootstrap with {cc} failed:\n{proc.stderr.strip()}")
