@@ -198,7 +198,7 @@ def test_long_form_signature_is_checked_too():
 # ---- metadata schema -----------------------------------------------------------------------------
 
 SCHEMA_EDITS = [
-    ('"target": "cpu"', '"target": "cpx"', r"key 'target' is \"cpx\", expected one of cpu, cuda:sm_80"),
+    ('"target": "cpu"', '"target": "cpx"', r"key 'target' is \"cpx\", expected one of cpu, cuda:sm_100, cuda:sm_80"),
     ('"graph_hash"', '"graph_hasx"', "lacks the key 'graph_hash'"),
     ('"inputs": [{"dtype": "f32"', '"inputs": [{"dtypx": "f32"', r"lacks the key 'signature.inputs\[0\].dtype'"),
 ]
