@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 APTSTAMP := $(VENV)/.apt
 
-.PHONY: demo test install toolchain clean bench wheel wheel-test
+.PHONY: demo test lint install toolchain clean bench wheel wheel-test
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,12 @@ demo: $(STAMP) $(APTSTAMP)
 
 test: $(STAMP) $(APTSTAMP)
 	$(BIN)/python -m pytest -n 2 tests
+
+# The linter and formatter (ruff, configured in pyproject.toml) and the type checker over the core (mypy).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The sdist and, built from it, the wheel (HIP sources included as rocmc/kernels/): a file the sdist lacks
 # (MANIFEST.in) breaks the wheel too.
@@ -60,9 +66,9 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	touch $@
 
 bench: $(BENCH_STAMP) $(APTSTAMP)
-	$(BENCH_VENV)/bin/python bench/run_cpu.py --out out/bench
-	$(BENCH_VENV)/bin/python bench/compile_time.py --out out/bench
-	$(BENCH_VENV)/bin/python bench/plots.py --out out/bench
+	$(BENCH_VENV)/bin/python -m bench.run_cpu --out out/bench
+	$(BENCH_VENV)/bin/python -m bench.compile_time --out out/bench
+	$(BENCH_VENV)/bin/python -m bench.plots --out out/bench
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build out

@@ -2,6 +2,7 @@
 
 Editable installs skip the copy: rocmc.lowering.kernels reads the source tree's custom_kernels/ directly.
 """
+
 from pathlib import Path
 
 from setuptools import setup

@@ -3,6 +3,7 @@
 It catches packaging mistakes the test suite can't see, since the suite imports the checkout: a module or a
 kernel source missing from the wheel. Random inputs come from a printed seed (ROCMC_TEST_SEED replays it).
 """
+
 import os
 import secrets
 import sys
@@ -16,9 +17,9 @@ import numpy as np
 os.environ["ROCMC_CACHE_DIR"] = tempfile.mkdtemp(prefix="rocmc-wheel-smoke-")
 os.environ.pop("ROCMC_KERNEL_DIR", None)
 
-import rocmc                                 # noqa: E402
-from rocmc import ops                        # noqa: E402
-from rocmc.lowering import kernels           # noqa: E402
+import rocmc  # noqa: E402
+from rocmc import ops  # noqa: E402
+from rocmc.lowering import kernels  # noqa: E402
 
 SITE = Path(sysconfig.get_paths()["purelib"]).resolve()
 
@@ -62,6 +63,7 @@ def check_gfx942_kernel():
 def check_collective_bootstrap():
     """The tensor-parallel bootstrap's C source ships in the wheel and builds."""
     from rocmc.runtime import native
+
     assert native.SOURCE.resolve().is_relative_to(SITE), native.SOURCE
     lib = native.build(Path(tempfile.mkdtemp(prefix="rocmc-wheel-native-")))
     print(f"ok: collective bootstrap built from the installed source ({lib.stat().st_size} bytes)")

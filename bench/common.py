@@ -1,4 +1,5 @@
 """The benchmarks' one timing loop: wall-clock times of repeated calls, after warm-up calls."""
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,12 @@ def timings(fn, runs: int, warmup: int, sync=None) -> dict:
             sync()
         times.append(time.perf_counter() - t)
     t = np.array(times) * 1e3
-    return {"median_ms": float(np.median(t)), "min_ms": float(t.min()), "p90_ms": float(np.percentile(t, 90)),
-            "runs": runs}
+    return {
+        "median_ms": float(np.median(t)),
+        "min_ms": float(t.min()),
+        "p90_ms": float(np.percentile(t, 90)),
+        "runs": runs,
+    }
 
 
 def median_ms(fn, warmup: int = 5, reps: int = 50, sync=None) -> float:

@@ -1,6 +1,6 @@
 """Compile time and compile memory: cold (empty cache) and cached compiles of each model for each target.
 
-    python bench/compile_time.py [--models llama_h1024_f32,...] [--targets cpu,gfx942,cuda:sm_80] [--out out/bench]
+    python -m bench.compile_time [--models llama_h1024_f32,...] [--targets cpu,gfx942,cuda:sm_80] [--out out/bench]
 
 Each measurement runs in a fresh process with its own cache directory: "cold" compiles into the empty
 cache (graph -> MLIR -> iree-compile), "cached" is a second process asking for the same module (graph
@@ -8,6 +8,7 @@ hash, key, the entry's trust checks and the sha256 of its files: a process verif
 time it uses it), and "again" a second compile in that process (the entry's stamp only). The graph is built before the clock starts. Peak RSS: the Python
 process (VmHWM) and the largest iree-compile child (RUSAGE_CHILDREN).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # noqa: E402
+from bench import models
 
 # Graphs (sequence length / batch as built for the CPU runs: the llama block's sequence is symbolic).
-MODELS = {"llama_h1024_f32": "llama_h1024_s128_f32", "llama_h4096_f16": "llama_h4096_s128_f16",
-          "resnet18_b1_f32": "resnet18_b1_f32"}
+MODELS = {
+    "llama_h1024_f32": "llama_h1024_s128_f32",
+    "llama_h4096_f16": "llama_h4096_s128_f16",
+    "resnet18_b1_f32": "resnet18_b1_f32",
+}
 TARGETS = ("cpu", "gfx942", "cuda:sm_80")
 
 
@@ -38,6 +41,7 @@ def vm_hwm_mb() -> float:
 
 def one(model: str, target: str) -> dict:
     import rocmc
+
     t = time.perf_counter()
     g = models.rocmc_graph(models.parse(MODELS[model]))
     build = time.perf_counter() - t
@@ -49,9 +53,15 @@ def one(model: str, target: str) -> dict:
         t = time.perf_counter()
         rocmc.compile(g, target)
         again = time.perf_counter() - t
-    return {"seconds": dt, "again_seconds": again, "graph_build_s": build, "cached": art.cached, "vmfb_mb": art.size / 2**20,
-            "peak_rss_mb": vm_hwm_mb(),
-            "iree_compile_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    return {
+        "seconds": dt,
+        "again_seconds": again,
+        "graph_build_s": build,
+        "cached": art.cached,
+        "vmfb_mb": art.size / 2**20,
+        "peak_rss_mb": vm_hwm_mb(),
+        "iree_compile_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
 
 
 def main() -> int:
@@ -66,8 +76,11 @@ def main() -> int:
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_start": os.getloadavg()[0],
-               "rows": []}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_avg_start": os.getloadavg()[0],
+        "rows": [],
+    }
     for model in a.models.split(","):
         for target in a.targets.split(","):
             with tempfile.TemporaryDirectory(prefix="rocmc-cache-") as cache:
@@ -76,8 +89,12 @@ def main() -> int:
                 for label in ("cold", "cached", "cached"):
                     if label == "cached" and row.get("cached", {}).get("cached"):
                         break
-                    p = subprocess.run([sys.executable, __file__, "--one", model, target], env=env,
-                                       capture_output=True, text=True)
+                    p = subprocess.run(
+                        [sys.executable, "-m", "bench.compile_time", "--one", model, target],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
                     if p.returncode:
                         row[label] = {"error": (p.stderr.strip().splitlines() or ["failed"])[-1]}
                         print(f"{model} {target} {label}: FAILED {row[label]['error']}", flush=True)
@@ -89,10 +106,13 @@ def main() -> int:
                 results["rows"].append(row)
                 if "seconds" in row.get("cached", {}):
                     c, w = row["cold"], row["cached"]
-                    print(f"{model:16s} {target:11s} cold {c['seconds']:6.2f} s (RSS {c['peak_rss_mb']:.0f} MB, "
-                          f"iree-compile {c['iree_compile_peak_rss_mb']:.0f} MB)  cached {w['seconds'] * 1e3:7.1f} ms"
-                          f"  again {w['again_seconds'] * 1e3:6.1f} ms"
-                          f"  vmfb {c['vmfb_mb']:.1f} MB", flush=True)
+                    print(
+                        f"{model:16s} {target:11s} cold {c['seconds']:6.2f} s (RSS {c['peak_rss_mb']:.0f} MB, "
+                        f"iree-compile {c['iree_compile_peak_rss_mb']:.0f} MB)  cached {w['seconds'] * 1e3:7.1f} ms"
+                        f"  again {w['again_seconds'] * 1e3:6.1f} ms"
+                        f"  vmfb {c['vmfb_mb']:.1f} MB",
+                        flush=True,
+                    )
     results["load_avg_end"] = os.getloadavg()[0]
     (out / "compile_time.json").write_text(json.dumps(results, indent=1))
     print(f"wrote {out / 'compile_time.json'}")

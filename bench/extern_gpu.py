@@ -1,7 +1,7 @@
-"""Extern calls on an NVIDIA GPU: the `miopen.*` imports served by the cuDNN provider.
+"""Extern calls on an NVIDIA GPU: the `dnn.*` imports served by the cuDNN provider.
 
-    python bench/extern_gpu.py compile [--out out/extern_gpu]   # here: needs iree-base-compiler
-    python bench/extern_gpu.py run [--out out/extern_gpu]       # GPU machine: iree-base-runtime + cuDNN
+    python -m bench.extern_gpu compile [--out out/extern_gpu]   # here: needs iree-base-compiler
+    python -m bench.extern_gpu run [--out out/extern_gpu]       # GPU machine: iree-base-runtime + cuDNN
 
 `compile` builds, for cuda:sm_80, one module per extern op, the graph holding every extern op (f32
 and f16), the two conv2d timing cases and a ResNet-style block (extern conv and generated conv).
@@ -16,6 +16,7 @@ and f16), the two conv2d timing cases and a ResNet-style block (extern conv and 
 It prints a markdown summary and writes extern_gpu.json. Exit status 1 if a timed module's result is
 wrong. The extern ops' numerics against float64 are tests: tests/gpu/test_gpu_extern.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import rocmc
+from rocmc import ops
+from rocmc.runtime.providers.dnn import ACTIVE  # (the live providers: public registry)
 
-import rocmc  # noqa: E402
-from rocmc import ops  # noqa: E402
-from rocmc.runtime.providers.dnn import ACTIVE  # noqa: E402  (the live providers: public registry)
-
-from common import median_ms  # noqa: E402  (bench/ is the script's directory)
+from bench.common import median_ms
 
 TARGET = "cuda:sm_80"
 SEED = 1234
@@ -47,6 +44,7 @@ def _w(rng, *shape, dtype="f32"):
 
 # ---- the cases -------------------------------------------------------------------------------------
 
+
 def single_op_cases(rng, dtype="f32"):
     """name -> (graph, input shapes): one extern op per module, odd sizes, symbolic batch."""
     out = {}
@@ -56,26 +54,69 @@ def single_op_cases(rng, dtype="f32"):
         x = g.input("x", ("n",) + shape[1:], dtype)
         g.output(build(x))
         out[f"{name}_{dtype}"] = (g, [shape])
-    case("conv2d", (2, 6, 17, 15), lambda x: ops.conv2d(x, _w(rng, 8, 3, 3, 3, dtype=dtype), _w(rng, 8, dtype=dtype),
-                                                        stride=(2, 1), padding=1, dilation=(1, 2), groups=2))
+
+    case(
+        "conv2d",
+        (2, 6, 17, 15),
+        lambda x: ops.conv2d(
+            x,
+            _w(rng, 8, 3, 3, 3, dtype=dtype),
+            _w(rng, 8, dtype=dtype),
+            stride=(2, 1),
+            padding=1,
+            dilation=(1, 2),
+            groups=2,
+        ),
+    )
     case("conv1d", (2, 6, 19), lambda x: ops.conv1d(x, _w(rng, 4, 6, 5, dtype=dtype), None, stride=2, padding=2))
-    case("conv_transpose2d", (2, 4, 7, 9), lambda x: ops.conv_transpose2d(
-        x, _w(rng, 4, 3, 3, 2, dtype=dtype), _w(rng, 6, dtype=dtype), stride=2, padding=1, output_padding=1, groups=2))
-    case("conv_transpose1d", (2, 4, 11), lambda x: ops.conv_transpose1d(
-        x, _w(rng, 4, 5, 4, dtype=dtype), None, stride=3, padding=1, dilation=2))
+    case(
+        "conv_transpose2d",
+        (2, 4, 7, 9),
+        lambda x: ops.conv_transpose2d(
+            x,
+            _w(rng, 4, 3, 3, 2, dtype=dtype),
+            _w(rng, 6, dtype=dtype),
+            stride=2,
+            padding=1,
+            output_padding=1,
+            groups=2,
+        ),
+    )
+    case(
+        "conv_transpose1d",
+        (2, 4, 11),
+        lambda x: ops.conv_transpose1d(x, _w(rng, 4, 5, 4, dtype=dtype), None, stride=3, padding=1, dilation=2),
+    )
     case("max_pool2d", (2, 3, 13, 11), lambda x: ops.max_pool2d(x, 3, stride=2, padding=1))
-    case("avg_pool2d_exclude", (2, 3, 13, 11), lambda x: ops.avg_pool2d(x, (2, 3), stride=(1, 2), padding=1,
-                                                                          count_include_pad=False))
-    case("avg_pool2d_include", (2, 3, 13, 11), lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1,
-                                                                          count_include_pad=True))
+    case(
+        "avg_pool2d_exclude",
+        (2, 3, 13, 11),
+        lambda x: ops.avg_pool2d(x, (2, 3), stride=(1, 2), padding=1, count_include_pad=False),
+    )
+    case(
+        "avg_pool2d_include",
+        (2, 3, 13, 11),
+        lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=True),
+    )
     case("softmax", (2, 5, 7, 3), lambda x: ops.softmax(x, axis=2))
     case("log_softmax", (2, 5, 33), lambda x: ops.log_softmax(x, axis=-1))
-    for act, kw in (("relu", {}), ("sigmoid", {}), ("tanh", {}), ("elu", {"alpha": 0.7}),
-                    ("leaky_relu", {"negative_slope": 0.2}), ("clipped_relu", {"ceiling": 0.5})):
+    for act, kw in (
+        ("relu", {}),
+        ("sigmoid", {}),
+        ("tanh", {}),
+        ("elu", {"alpha": 0.7}),
+        ("leaky_relu", {"negative_slope": 0.2}),
+        ("clipped_relu", {"ceiling": 0.5}),
+    ):
         case(act, (3, 5, 7), lambda x, act=act, kw=kw: getattr(ops, act)(x, **kw))
     stats = np.float32
-    case("batch_norm", (2, 5, 6, 7), lambda x: ops.batch_norm(
-        x, _w(rng, 5).astype(stats), rng.uniform(0.5, 2, 5).astype(stats), _w(rng, 5).astype(stats), None, eps=1e-3))
+    case(
+        "batch_norm",
+        (2, 5, 6, 7),
+        lambda x: ops.batch_norm(
+            x, _w(rng, 5).astype(stats), rng.uniform(0.5, 2, 5).astype(stats), _w(rng, 5).astype(stats), None, eps=1e-3
+        ),
+    )
     case("lrn", (2, 7, 5, 3), lambda x: ops.lrn(x, 5, alpha=0.3, beta=0.75, k=2.0))
     return out
 
@@ -116,6 +157,7 @@ def resnet_block():
     def conv_bn(v):
         y = ops.conv2d(v, _w(rng, 64, 64, 3, 3) * 0.05, None, padding=1)
         return ops.batch_norm(y, _w(rng, 64), rng.uniform(0.5, 2, 64).astype(np.float32), _w(rng, 64), _w(rng, 64))
+
     g.output(ops.relu(conv_bn(ops.relu(conv_bn(x))) + x))
     return g, rng
 
@@ -146,17 +188,17 @@ def modules():
     rng = np.random.default_rng(SEED)
     out = {}
     for name, (g, _) in {**single_op_cases(rng), **single_op_cases(rng, "f16")}.items():
-        out[name] = (g, {"libraries": ["miopen"]})
+        out[name] = (g, {"libraries": ["dnn"]})
     for name, (n, c, hw, f) in CONV_CASES.items():
-        out[name] = (conv_case(n, c, hw, f), {"libraries": ["miopen"]})
+        out[name] = (conv_case(n, c, hw, f), {"libraries": ["dnn"]})
         out[name + "_generated"] = (conv_case(n, c, hw, f), {"impl": "generated"})
-        out[name + "_winput"] = (conv_winput_case(n, c, hw, f), {"libraries": ["miopen"]})
+        out[name + "_winput"] = (conv_winput_case(n, c, hw, f), {"libraries": ["dnn"]})
     out["null"] = (null_graph(), {"impl": "generated"})
     out["add_const"] = (add_case(True), {"impl": "generated"})
     out["add_input"] = (add_case(False), {"impl": "generated"})
     for k in (1, 5):
-        out[f"chain{k}"] = (chain_graph(k), {"libraries": ["miopen"]})
-    out["resnet_extern"] = (resnet_block()[0], {"impl": {"conv2d": "miopen"}})
+        out[f"chain{k}"] = (chain_graph(k), {"libraries": ["dnn"]})
+    out["resnet_extern"] = (resnet_block()[0], {"impl": {"conv2d": "dnn"}})
     out["resnet_generated"] = (resnet_block()[0], {"impl": "generated"})
     return out
 
@@ -171,6 +213,7 @@ def input_shapes(name, g):
 
 # ---- compile (here) -------------------------------------------------------------------------------
 
+
 def compile_all(out: Path):
     out.mkdir(parents=True, exist_ok=True)
     for name, (g, kw) in modules().items():
@@ -181,10 +224,12 @@ def compile_all(out: Path):
 
 # ---- run (GPU machine) ----------------------------------------------------------------------------
 
+
 def time_calls(out: Path, results: dict) -> bool:
     """IREE's fixed cost of a module call (null), and the marginal cost of one more extern call:
     (chain5 - chain1) / 4, from which the relu kernel's own time is subtracted."""
     from iree import runtime as rt
+
     x = np.random.default_rng().uniform(-1, 1, (1, 64, 56, 56)).astype(np.float32)
     row, ok = {}, True
     names = ("null",) if MODE == "async" else ("null", "chain1", "chain5")
@@ -215,13 +260,15 @@ def _phases() -> dict:
     """Mean microseconds per extern call in each phase of the provider's callback."""
     stats = [p.call_stats() for p in ACTIVE]
     calls = sum(st["calls"] for st in stats)
-    return {k[:-2]: sum(st[k] for st in stats) / max(calls, 1) * 1e6
-            for k in ("inputs_s", "output_s", "launch_s", "sync_s")}
+    return {
+        k[:-2]: sum(st[k] for st in stats) / max(calls, 1) * 1e6 for k in ("inputs_s", "output_s", "launch_s", "sync_s")
+    }
 
 
 def time_convs(out: Path, results: dict) -> bool:
     from iree import runtime as rt
-    from rocmc.runtime.providers.dnn import capsule_address
+    from rocmc.runtime.providers.capi import capsule_address
+
     ok = True
     for name, (n, c, hw, f) in CONV_CASES.items():
         g = conv_case(n, c, hw, f)
@@ -236,8 +283,9 @@ def time_convs(out: Path, results: dict) -> bool:
             ok &= err < 1e-4
             row[f"err{variant or '_extern'}"] = err
             _reset_stats()
-            row[f"module_ms{variant or '_extern'}"] = median_ms(lambda: mod(xd, output="device"),
-                                                                 reps=200 if n == 1 else 50)
+            row[f"module_ms{variant or '_extern'}"] = median_ms(
+                lambda: mod(xd, output="device"), reps=200 if n == 1 else 50
+            )
             if not variant:
                 row["callback_us"] = _phases()
             mod.close()
@@ -249,8 +297,12 @@ def time_convs(out: Path, results: dict) -> bool:
         # The library kernel alone: the very plan the module's calls used (the device's shared
         # provider keeps it), launched back to back on its stream, one synchronize.
         dev = rocmc.runtime.get_device("cuda")
-        prov, plan = next((p, pl) for p in ACTIVE for key, pl in p.cached_plans()
-                          if key[0] == "conv2d" and key[2][0] == (n, c, hw, hw))
+        prov, plan = next(
+            (p, pl)
+            for p in ACTIVE
+            for key, pl in p.cached_plans()
+            if key[0] == "conv2d" and key[2][0] == (n, c, hw, hw)
+        )
         xv = rt.asdevicearray(dev, x)._buffer_view
         wn = np.random.default_rng().uniform(-1, 1, (f, c, 3, 3)).astype(np.float32) * 0.05
         wv = rt.asdevicearray(dev, wn)._buffer_view
@@ -274,6 +326,7 @@ def time_convs(out: Path, results: dict) -> bool:
             for _ in range(reps):
                 plan.run(ptrs, ptrs[2])
             prov.rt.call("stream_sync", stream=prov.stream)
+
         row["kernel_ms"] = median_ms(burst, warmup=2, reps=7) / reps
         row["search"] = plan.info
         row["module_minus_kernel_us"] = (row["module_ms_extern"] - row["kernel_ms"]) * 1e3
@@ -285,6 +338,7 @@ def time_convs(out: Path, results: dict) -> bool:
             row["overhead_winput_us"] = row["winput_minus_kernel_us"] - null
         try:
             import torch
+
             torch.backends.cudnn.allow_tf32 = False
             tx = torch.from_numpy(x).cuda()
             tw = torch.randn(f, c, 3, 3, device="cuda")
@@ -308,6 +362,7 @@ def time_convs(out: Path, results: dict) -> bool:
 def time_constants(out: Path, results: dict) -> bool:
     """A generated x + c with c a 2.36 MB module constant vs an input of the same size."""
     from iree import runtime as rt
+
     rng = np.random.default_rng()
     x, c = (rng.uniform(-1, 1, (256, 256, 3, 3)).astype(np.float32) for _ in range(2))
     row = {}
@@ -334,6 +389,7 @@ def _plan_infos() -> list:
 
 def time_resnet(out: Path, results: dict) -> bool:
     from iree import runtime as rt
+
     g, _ = resnet_block()
     x = np.random.default_rng().uniform(-1, 1, (1, 64, 56, 56)).astype(np.float32)
     want = rocmc.evaluate(g, x)
@@ -350,11 +406,19 @@ def time_resnet(out: Path, results: dict) -> bool:
     try:
         import torch
         import torch.nn.functional as F
+
         torch.backends.cudnn.allow_tf32 = False
         tx = torch.from_numpy(x).cuda()
         ws = [torch.randn(64, 64, 3, 3, device="cuda") * 0.05 for _ in range(2)]
-        stats = [(torch.randn(64, device="cuda"), torch.rand(64, device="cuda") + 0.5,
-                  torch.randn(64, device="cuda"), torch.randn(64, device="cuda")) for _ in range(2)]
+        stats = [
+            (
+                torch.randn(64, device="cuda"),
+                torch.rand(64, device="cuda") + 0.5,
+                torch.randn(64, device="cuda"),
+                torch.randn(64, device="cuda"),
+            )
+            for _ in range(2)
+        ]
 
         def block():
             y = tx
@@ -367,6 +431,7 @@ def time_resnet(out: Path, results: dict) -> bool:
         def timed():
             block()
             torch.cuda.synchronize()
+
         row["torch_ms"] = median_ms(timed)
     except Exception as e:
         row["torch_ms"] = f"unavailable: {e}"
@@ -384,6 +449,7 @@ def _open_device(mode: str):
     allocations (no export, so generated modules only: the baseline of IREE's own call cost)."""
     from iree import runtime as rt
     from rocmc.runtime.providers.cudnn import prepare_cuda
+
     if mode == "sync":
         rt.flags.parse_flags("--cuda_async_allocations=false")
     elif mode == "caching":
@@ -397,13 +463,18 @@ def run_all(out: Path, json_out: Path | None, mode: str):
     results = {"device": None, "mode": mode, "conv": {}, "resnet_block": {}}
     try:
         import subprocess
-        results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                           capture_output=True, text=True).stdout.strip()
+
+        results["device"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         pass
     ok = True
-    steps = {"caching": (time_calls, time_convs, time_constants, time_resnet),
-             "sync": (time_calls, time_convs), "async": (time_calls, time_convs, time_resnet)}[mode]
+    steps = {
+        "caching": (time_calls, time_convs, time_constants, time_resnet),
+        "sync": (time_calls, time_convs),
+        "async": (time_calls, time_convs, time_resnet),
+    }[mode]
     for step in steps:
         try:
             ok &= step(out, results)
@@ -423,6 +494,7 @@ def _versions() -> dict:
     out = {}
     try:
         from rocmc.runtime.providers.cudnn import CudnnProvider
+
         for prov in ACTIVE:
             if isinstance(prov, CudnnProvider):
                 out["cudnn"] = int(prov.api.lib.cudnnGetVersion())
@@ -431,6 +503,7 @@ def _versions() -> dict:
         out["cudnn"] = f"unknown: {e}"
     try:
         import torch
+
         out["torch"] = torch.__version__
     except Exception:
         pass
@@ -442,11 +515,15 @@ def summary(results: dict):
     calls = results.get("calls", {})
     print(f"\n{results['device']}, mode {results['mode']}, {results.get('versions')}")
     if "null_us" in calls:
-        print(f"null module (IREE's fixed cost of a call): {calls['null_us']:.1f} us; "
-              f"per extern call (chain) {calls.get('per_extern_call_us', float('nan')):.1f} us")
-    print("| case | extern module ms | kernel alone ms | null module us | module - kernel us "
-          "| overhead (module - kernel - null) us | callback in/out/launch/sync us | w as input: module ms "
-          "/ - kernel us / overhead us | torch ms | generated ms | plan |")
+        print(
+            f"null module (IREE's fixed cost of a call): {calls['null_us']:.1f} us; "
+            f"per extern call (chain) {calls.get('per_extern_call_us', float('nan')):.1f} us"
+        )
+    print(
+        "| case | extern module ms | kernel alone ms | null module us | module - kernel us "
+        "| overhead (module - kernel - null) us | callback in/out/launch/sync us | w as input: module ms "
+        "/ - kernel us / overhead us | torch ms | generated ms | plan |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.get("conv", {}).items():
         if "kernel_ms" not in r:
@@ -454,11 +531,13 @@ def summary(results: dict):
         cb = r.get("callback_us", {})
         phases = "/".join(f"{cb.get(k, float('nan')):.1f}" for k in ("inputs", "output", "launch", "sync"))
         torch_ms = r["torch_ms"] if isinstance(r["torch_ms"], str) else f"{r['torch_ms']:.3f}"
-        print(f"| {name} | {r['module_ms_extern']:.3f} | {r['kernel_ms']:.3f} | {r.get('null_us', float('nan')):.1f} "
-              f"| {r['module_minus_kernel_us']:.1f} | {r.get('overhead_us', float('nan')):.1f} | {phases} "
-              f"| {r['module_ms_winput']:.3f} / {r['winput_minus_kernel_us']:.1f} / "
-              f"{r.get('overhead_winput_us', float('nan')):.1f} | {torch_ms} "
-              f"| {r.get('module_ms_generated', float('nan')):.3f} | {r['search']} |")
+        print(
+            f"| {name} | {r['module_ms_extern']:.3f} | {r['kernel_ms']:.3f} | {r.get('null_us', float('nan')):.1f} "
+            f"| {r['module_minus_kernel_us']:.1f} | {r.get('overhead_us', float('nan')):.1f} | {phases} "
+            f"| {r['module_ms_winput']:.3f} / {r['winput_minus_kernel_us']:.1f} / "
+            f"{r.get('overhead_winput_us', float('nan')):.1f} | {torch_ms} "
+            f"| {r.get('module_ms_generated', float('nan')):.3f} | {r['search']} |"
+        )
     rb = results.get("resnet_block")
     if rb:
         print("resnet block:", json.dumps(rb))
@@ -471,8 +550,12 @@ def main(argv=None):
     ap.add_argument("cmd", choices=["compile", "run"])
     ap.add_argument("--out", default="out/extern_gpu", type=Path)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--mode", choices=["sync", "caching", "async"], default="sync",
-                    help="how IREE allocates CUDA memory (see _open_device)")
+    ap.add_argument(
+        "--mode",
+        choices=["sync", "caching", "async"],
+        default="sync",
+        help="how IREE allocates CUDA memory (see _open_device)",
+    )
     a = ap.parse_args(argv)
     if a.cmd == "compile":
         compile_all(a.out)

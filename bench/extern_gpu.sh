@@ -7,7 +7,7 @@
 set -euo pipefail
 case "${1:-}" in
   compile)
-    .venv/bin/python bench/extern_gpu.py compile --out out/extern_gpu
+    .venv/bin/python -m bench.extern_gpu compile --out out/extern_gpu
     ../shared/tools/gpu-wheels.sh >/dev/null
     ;;
   run)
@@ -16,7 +16,7 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target .site .whl/iree_base_runtime-*.whl
     rc=0
     for mode in ${modes:-sync caching async}; do
-      PYTHONPATH="$PWD/.site:$PWD" python3 bench/extern_gpu.py run --mode $mode --out out/extern_gpu \
+      PYTHONPATH="$PWD/.site:$PWD" python3 -m bench.extern_gpu run --mode $mode --out out/extern_gpu \
         --json "$dir/extern_gpu_$mode.json" || rc=1
     done
     exit $rc

@@ -1,8 +1,8 @@
 """GEMM library calls on an NVIDIA GPU (cuBLASLt, the twin of hipBLASLt): where the size rule's
 threshold comes from, and what one more library call costs inside a module.
 
-    python bench/gemm_gpu.py compile [--out out/gemm_gpu]   # CPU machine: .vmfb files for cuda:sm_80
-    python bench/gemm_gpu.py run [--out out/gemm_gpu]       # GPU machine: iree-base-runtime, torch
+    python -m bench.gemm_gpu compile [--out out/gemm_gpu]   # CPU machine: .vmfb files for cuda:sm_80
+    python -m bench.gemm_gpu run [--out out/gemm_gpu]       # GPU machine: iree-base-runtime, torch
 
 (The library's numerics against float64 are tests: tests/gpu/test_gpu_gemm.py.)
 
@@ -11,6 +11,7 @@ threshold comes from, and what one more library call costs inside a module.
 2. chain: 8 vs 7 dependent 64 x 1024 x 1024 GEMMs through the library: the marginal cost of a call.
 Writes <out>/gemm_gpu.json and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common import median_ms  # bench/ is the script's directory
+from bench.common import median_ms
 
 TARGET = "cuda:sm_80"
-LIB = {"matmul": "hipblaslt", "linear": "hipblaslt"}
+LIB = {"matmul": "blas", "linear": "blas"}
 GEN = {"matmul": "generated", "linear": "generated"}
 ROWS = (1, 16, 32, 64, 128, 512, 2048)
 HIDDEN = 4096
@@ -34,6 +35,7 @@ CHAIN = (7, 8)
 def _rows_graph(rows, dtype="f16"):
     import rocmc
     from rocmc import ops
+
     g = rocmc.Graph(f"rows_{rows}")
     x = g.input("x", (rows, HIDDEN), dtype)
     w = g.input("w", (HIDDEN, HIDDEN), dtype)
@@ -44,6 +46,7 @@ def _rows_graph(rows, dtype="f16"):
 def _chain_graph(n):
     import rocmc
     from rocmc import ops
+
     g = rocmc.Graph(f"chain_{n}")
     h = g.input("x", (64, 1024), "f16")
     w = g.input("w", (1024, 1024), "f16")
@@ -55,6 +58,7 @@ def _chain_graph(n):
 
 def compile_all(out: Path):
     import rocmc
+
     out.mkdir(parents=True, exist_ok=True)
     for rows in [*ROWS, "m"]:
         for variant, impl in (("lib", LIB), ("gen", GEN)):
@@ -66,6 +70,7 @@ def compile_all(out: Path):
 
 def _rand(rng, shape, dtype):
     import ml_dtypes
+
     np_dt = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
     return rng.uniform(-1, 1, shape).astype(np_dt)
 
@@ -74,6 +79,7 @@ def run_rows(out: Path, rng) -> list:
     import rocmc
     import torch
     from iree import runtime as rt
+
     results = []
     w_host = _rand(rng, (HIDDEN, HIDDEN), "f16")
     wt = torch.from_numpy(w_host).cuda()
@@ -82,8 +88,12 @@ def run_rows(out: Path, rng) -> list:
         x_host = _rand(rng, (rows, HIDDEN), "f16")
         xt = torch.from_numpy(x_host).cuda()
         row = {"m": rows}
-        for variant, path in (("library", out / f"rows.{rows}.lib.vmfb"), ("generated_static", out / f"rows.{rows}.gen.vmfb"),
-                              ("library_symbolic", out / "rows.m.lib.vmfb"), ("generated_symbolic", out / "rows.m.gen.vmfb")):
+        for variant, path in (
+            ("library", out / f"rows.{rows}.lib.vmfb"),
+            ("generated_static", out / f"rows.{rows}.gen.vmfb"),
+            ("library_symbolic", out / "rows.m.lib.vmfb"),
+            ("generated_symbolic", out / "rows.m.gen.vmfb"),
+        ):
             if not path.exists():
                 continue
             mod = mods.get(path) or mods.setdefault(path, rocmc.load(path, device="cuda"))
@@ -93,16 +103,20 @@ def run_rows(out: Path, rng) -> list:
         def torch_fn():
             torch.nn.functional.linear(xt, wt)
             torch.cuda.synchronize()
+
         row["torch"] = median_ms(torch_fn)
         results.append(row)
-        print("rows " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
-              flush=True)
+        print(
+            "rows " + "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
+            flush=True,
+        )
     return results
 
 
 def run_chain(out: Path, rng) -> dict:
     import rocmc
     from iree import runtime as rt
+
     times = {}
     x, w = _rand(rng, (64, 1024), "f16"), (_rand(rng, (1024, 1024), "f16") * 0.03).astype(np.float16)
     for n in CHAIN:
@@ -116,9 +130,13 @@ def run_chain(out: Path, rng) -> dict:
 
 def run_all(out: Path) -> int:
     import torch
+
     rng = np.random.default_rng(int(time.time()))
-    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": torch.cuda.get_device_name(0),
-           "target": TARGET}
+    res = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": torch.cuda.get_device_name(0),
+        "target": TARGET,
+    }
     res["rows"] = run_rows(out, rng)
     res["chain"] = run_chain(out, rng)
     (out / "gemm_gpu.json").write_text(json.dumps(res, indent=1))

@@ -11,7 +11,7 @@ case "${1:-}" in
   compile)
     PY=${PY:-.venv/bin/python}
     $PY -m pytest tests/gpu/test_gpu_kernels.py --gpu-compile "$OUT_DIR/tests" -q
-    $PY bench/kernels.py compile --out "$OUT_DIR/bench" ;;
+    $PY -m bench.kernels compile --out "$OUT_DIR/bench" ;;
   run)
     SITE=${SITE:-/tmp/rocmc-site}
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/iree_base_runtime-*.whl
@@ -19,7 +19,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     status=0
     python3 -m pytest tests/gpu/test_gpu_kernels.py -m gpu --gpu-artifacts "$OUT_DIR/tests" -q || status=$?
-    [ "${SKIP_PERF:-0}" = 1 ] || python3 bench/kernels.py run --out "$OUT_DIR/bench"
+    [ "${SKIP_PERF:-0}" = 1 ] || python3 -m bench.kernels run --out "$OUT_DIR/bench"
     exit $status ;;
   *) echo "usage: $0 compile|run" >&2; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 """Side-by-side timing of versions of the norm kernels, with the copy and IREE's generated kernel in the same run.
 
-    python bench/kernel_sweep.py compile [--out out/kernel_sweep]   # here: PTX per version, IREE's kernels, plans
-    python bench/kernel_sweep.py run [--out out/kernel_sweep]       # there: CuPy launches, triton do_bench
+    python -m bench.kernel_sweep compile [--out out/kernel_sweep]   # here: PTX per version, IREE's kernels, plans
+    python -m bench.kernel_sweep run [--out out/kernel_sweep]       # there: CuPy launches, triton do_bench
 
 A version is a build of the kernel sources with tuning switches (-D, see custom_kernels/rows.h and rocmc_gpu.h)
 plus a launch choice (register cache C = the `_short` or general symbol, threads per row, grid size). Every
@@ -10,6 +10,7 @@ version is checked against torch in float64 on the benchmark input and on rows o
 in ROUNDS interleaved rounds (do_bench medians); the table gives the median of the rounds in ms and the
 percentage of the device-to-device copy (torch `copy_`) of the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,22 +22,24 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import kernels as bk  # graphs, launch plans, IREE's dispatches, timing
+
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import kernels as bk  # noqa: E402  (bench/kernels.py: graphs, launch plans, IREE's dispatches, timing)
-
 ROUNDS = 3
-CASES = (("rms_norm", "f32", (4096, 4096)), ("rms_norm", "f32", (16384, 4096)), ("rms_norm", "bf16", (4096, 4096)),
-         ("layer_norm", "bf16", (4096, 4096)), ("layer_norm", "bf16", (16384, 4096)),
-         ("layer_norm", "f32", (4096, 4096)), ("rope", "bf16", (1, 32, 4096, 128)))
+CASES = (
+    ("rms_norm", "f32", (4096, 4096)),
+    ("rms_norm", "f32", (16384, 4096)),
+    ("rms_norm", "bf16", (4096, 4096)),
+    ("layer_norm", "bf16", (4096, 4096)),
+    ("layer_norm", "bf16", (16384, 4096)),
+    ("layer_norm", "f32", (4096, 4096)),
+    ("rope", "bf16", (1, 32, 4096, 128)),
+)
 # label -> (-D switches (None: the committed sources), cache symbol (None: the lowering's choice, "" general,
 # "_short"), threads-per-row factor, grid: None (a group per row) or ("div", R) / ("cap", G): R times fewer
 # workgroups / at most G, each group then working through several rows, with ROCMC_PREFETCH)
 VERSIONS = {
-    "v3": (None, None, 1, None),                                  # the sources of commit V3
+    "v3": (None, None, 1, None),  # the sources of commit V3
     "v4 (defaults)": ([], None, 1, None),
     "v4, LN two-pass": (["ROCMC_LN_ONEPASS=0"], None, 1, None),
     "v4, bf16 cvt x1": (["ROCMC_HW_BF16=1"], None, 1, None),
@@ -47,9 +50,9 @@ VERSIONS = {
     "v4, C8 g/2": ([], "", 0.5, None),
     "v4 + prefetch, grid 264": (["ROCMC_PREFETCH=1"], None, 1, ("cap", 264)),
 }
-ROPE_VERSIONS = ("v3", "v4 (defaults)", "v4, bf16 integer rounding")   # rope.hip sees only the bf16 rounding
+ROPE_VERSIONS = ("v3", "v4 (defaults)", "v4, bf16 integer rounding")  # rope.hip sees only the bf16 rounding
 BLOCK = 256
-V3 = "28fffa3"   # the commit whose custom_kernels/ are v3 (the baseline of the versions table in BENCHMARKS.md)
+V3 = "28fffa3"  # the commit whose custom_kernels/ are v3 (the baseline of the versions table in BENCHMARKS.md)
 
 
 def _case_name(op, dt, shape):
@@ -63,16 +66,19 @@ def _ptx_name(label, source):
 
 # ---- compile here ----------------------------------------------------------------------------------------
 
+
 def _committed(source: str) -> bytes:
     """PTX of `source` as of commit V3."""
     import subprocess
     import tempfile
     from rocmc.lowering import kernels
+
     with tempfile.TemporaryDirectory() as tmp:
         for f in kernels.KERNEL_DIR.iterdir():
             if f.suffix in (".hip", ".h"):
-                text = subprocess.run(["git", "show", f"{V3}:custom_kernels/{f.name}"], cwd=ROOT, check=True,
-                                      capture_output=True).stdout
+                text = subprocess.run(
+                    ["git", "show", f"{V3}:custom_kernels/{f.name}"], cwd=ROOT, check=True, capture_output=True
+                ).stdout
                 (Path(tmp) / f.name).write_bytes(text)
         saved, kernels.KERNEL_DIR = kernels.KERNEL_DIR, Path(tmp)
         try:
@@ -84,12 +90,16 @@ def _committed(source: str) -> bytes:
 def compile_all(out: Path) -> None:
     import rocmc
     from rocmc.lowering import kernels
-    from rocmc.lowering.hip import norm
+    from rocmc.lowering.kernel import norm
+
     out.mkdir(parents=True, exist_ok=True)
     for label, (switches, *_) in VERSIONS.items():
         for source in kernels.SOURCES:
-            data = (_committed(source) if switches is None
-                    else kernels.build(source, "sm_80", [f"-D{s}" for s in switches]).data)
+            data = (
+                _committed(source)
+                if switches is None
+                else kernels.build(source, "sm_80", [f"-D{s}" for s in switches]).data
+            )
             (out / _ptx_name(label, source)).write_bytes(data)
     plans = {}
     for op, dt, shape in CASES:
@@ -108,22 +118,35 @@ def compile_all(out: Path) -> None:
             group = int(min(BLOCK, max(1, base["constants"][2] * factor)))
             consts = [rows, cols, group, *base["constants"][3:]]
             if cache is not None and (suffix, group) == (norm.variant(cols, dt)[0], base["constants"][2]):
-                continue   # the lowering's own choice: measured as the other versions
+                continue  # the lowering's own choice: measured as the other versions
             blocks = -(-rows * group // BLOCK)
             if grid is not None:
                 blocks = -(-blocks // grid[1]) if grid[0] == "div" else min(blocks, grid[1])
-            launches[label] = {"symbol": f"{op}_{dt}{suffix}", "grid": blocks,
-                               "constants": consts, "block": base["block"], "ptx": _ptx_name(label, base["source"])}
-        plans[name] = {"op": op, "dtype": dt, "shape": list(shape), "interleaved": inter, "launches": launches,
-                       "generated": bk._generated_dispatches(generated, out, name)}
+            launches[label] = {
+                "symbol": f"{op}_{dt}{suffix}",
+                "grid": blocks,
+                "constants": consts,
+                "block": base["block"],
+                "ptx": _ptx_name(label, base["source"]),
+            }
+        plans[name] = {
+            "op": op,
+            "dtype": dt,
+            "shape": list(shape),
+            "interleaved": inter,
+            "launches": launches,
+            "generated": bk._generated_dispatches(generated, out, name),
+        }
     (out / "plans.json").write_text(json.dumps(plans, indent=1))
     print(f"compiled {len(VERSIONS)} versions x {len(kernels.SOURCES)} sources, {len(plans)} cases -> {out}")
 
 
 # ---- run there -------------------------------------------------------------------------------------------
 
+
 def _inputs(op, dt, shape, g, shift=0.0):
     import torch
+
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
     x = torch.rand(shape, device="cuda", generator=g).mul_(4).sub_(2).add_(shift).to(tdt)
     if op == "rope":
@@ -137,6 +160,7 @@ def _inputs(op, dt, shape, g, shift=0.0):
 def _cp(t):
     import cupy
     import torch
+
     return cupy.asarray(t.view(torch.int16) if t.dtype == torch.bfloat16 else t)
 
 
@@ -164,6 +188,7 @@ def _err(y, want):
 def run_all(out: Path) -> None:
     import cupy
     import torch
+
     plans = json.loads((out / "plans.json").read_text())
     modules = {}
     results = []
@@ -194,7 +219,7 @@ def run_all(out: Path) -> None:
             except Exception as e:  # a version that does not load or launch is reported, not fatal
                 errs[label] = (float("nan"), float("nan"))
                 print(f"{name} {label}: {type(e).__name__}: {e}")
-        gen = p["generated"]    # IREE's dispatches (None when they take push constants)
+        gen = p["generated"]  # IREE's dispatches (None when they take push constants)
         times = {k: [] for k in list(timers) + (["IREE gen"] if gen else [])}
         for _ in range(ROUNDS):
             for k, fn in timers.items():
@@ -212,8 +237,17 @@ def run_all(out: Path) -> None:
             es = f"{e[0]:8.1e} {e[1]:11.1e}" if e else ""
             rounds = " ".join(f"{v:.4f}" for v in times[k])
             print(f"  {k:<30} {t:8.4f} {pct:6.1f} {vs:>7} {rounds:>26} {es}")
-            results.append({"case": name, "version": k, "ms": t, "rounds": times[k], "pct_copy": pct,
-                            "err": e[0] if e else None, "err_shifted": e[1] if e else None})
+            results.append(
+                {
+                    "case": name,
+                    "version": k,
+                    "ms": t,
+                    "rounds": times[k],
+                    "pct_copy": pct,
+                    "err": e[0] if e else None,
+                    "err_shifted": e[1] if e else None,
+                }
+            )
         timers.clear()
     (out / "sweep.json").write_text(json.dumps(results, indent=1))
 

@@ -1,7 +1,7 @@
 """Performance of the hand-written kernels on an NVIDIA GPU against copy bandwidth, torch and IREE's codegen.
 
-    python bench/kernels.py compile [--out out/gpu_kernels/bench]   # here: .vmfb files, PTX, launch plans
-    python bench/kernels.py run [--out out/gpu_kernels/bench]       # there: torch, CuPy, iree-benchmark-module
+    python -m bench.kernels compile [--out out/gpu_kernels/bench]   # here: .vmfb files, PTX, launch plans
+    python -m bench.kernels run [--out out/gpu_kernels/bench]       # there: torch, CuPy, iree-benchmark-module
 
 Measured in one run on one card:
 - copy: device-to-device copy of x (torch `copy_`), bandwidth = 2 * bytes(x) / time;
@@ -15,6 +15,7 @@ Measured in one run on one card:
   overhead), and a chain of CHAIN ops per call, whose difference gives the time of one dispatch.
 % of copy = (bytes read + written by the op, once each) / time, over the copy bandwidth.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 TARGET = "cuda:sm_80"
 NORM_SIZES = ((4096, 4096), (16384, 4096), (32768, 8192))
@@ -56,10 +55,12 @@ def cases():
 
 # ---- compile here ----------------------------------------------------------------------------------------
 
+
 def _graph(op, dt, shape, inter, chain=1):
     """The op applied `chain` times in a row (each on the previous result)."""
     import rocmc
     from rocmc import ops
+
     g = rocmc.Graph("b")
     y = g.input("x", shape, dt)
     if op == "rope":
@@ -69,8 +70,11 @@ def _graph(op, dt, shape, inter, chain=1):
     else:
         w = g.input("w", shape[1:], dt)
         b = g.input("b", shape[1:], dt) if op == "layer_norm" else None
-        step = ((lambda v: ops.rms_norm(v, w, eps=1e-6)) if op == "rms_norm"
-                else (lambda v: ops.layer_norm(v, w, b, eps=1e-5)))
+        step = (
+            (lambda v: ops.rms_norm(v, w, eps=1e-6))
+            if op == "rms_norm"
+            else (lambda v: ops.layer_norm(v, w, b, eps=1e-5))
+        )
     for _ in range(chain):
         y = step(y)
     g.output(y)
@@ -81,8 +85,9 @@ def _launch(op, dt, shape, inter) -> dict:
     """The symbol, grid and constants the lowering gives this case (read back from the emitted MLIR)."""
     import rocmc
     from rocmc.lowering.module import lower
+
     text = lower(_graph(op, dt, shape, inter), TARGET).text
-    text = text[text.index("func.func @main"):]      # the executable's count regions reuse SSA names
+    text = text[text.index("func.func @main") :]  # the executable's count regions reuse SSA names
     m = re.search(r"flow\.dispatch @\w+::@(\w+)\[%(\w+)\]\(([^)]*)\)", text)
     symbol, grid, args = m.group(1), m.group(2), [a.strip() for a in m.group(3).split(",")]
 
@@ -90,9 +95,15 @@ def _launch(op, dt, shape, inter) -> dict:
         name = name.lstrip("%")
         d = re.search(rf"%{name} = arith\.constant (-?\d+) : (?:i32|index)", text)
         return int(d.group(1)) & 0xFFFFFFFF
+
     spec = rocmc.lowering.kernels.KERNELS[symbol]
-    return {"symbol": symbol, "source": spec.source, "grid": value(grid),
-            "constants": [value(a) for a in args[:spec.constants]], "block": list(spec.workgroup)}
+    return {
+        "symbol": symbol,
+        "source": spec.source,
+        "grid": value(grid),
+        "constants": [value(a) for a in args[: spec.constants]],
+        "block": list(spec.workgroup),
+    }
 
 
 def _generated_dispatches(art, out: Path, name: str) -> list | None:
@@ -103,14 +114,18 @@ def _generated_dispatches(art, out: Path, name: str) -> list | None:
     (out / f"{name}.generated.ptx").write_bytes(ptx)
     text = ptx.decode()
     found = []
-    for m in re.finditer(r"hal\.command_buffer\.dispatch<[^>]*>[^\n]*\[%(\w+)\] workgroups\(\[([^\]]*)\]\)"
-                         r"(.*?)flags\(", hal, re.S):
+    for m in re.finditer(
+        r"hal\.command_buffer\.dispatch<[^>]*>[^\n]*\[%(\w+)\] workgroups\(\[([^\]]*)\]\)"
+        r"(.*?)flags\(",
+        hal,
+        re.S,
+    ):
         if "constants(" in m.group(3):
             return None
         fid = re.search(rf"%{m.group(1)} = hal\.executable\.lookup\.function .*?::@(\w+)\) :", hal).group(1)
         grid = [int(re.match(r"%c(\d+)", g.strip()).group(1)) for g in m.group(2).split(",")]
         sizes = [int(v) for v in re.findall(r"\)\[%c\d+(?:_\d+)?, %c(\d+)(?:_\d+)?\]", m.group(3))]
-        entry = text[text.index(f".entry {fid}("):]
+        entry = text[text.index(f".entry {fid}(") :]
         block = [int(v) for v in re.search(r"\.(?:maxntid|reqntid) (\d+), (\d+), (\d+)", entry).groups()]
         found.append({"entry": fid, "grid": grid, "block": block, "bindings": sizes})
     return found
@@ -119,16 +134,23 @@ def _generated_dispatches(art, out: Path, name: str) -> list | None:
 def compile_all(out: Path) -> None:
     import rocmc
     from rocmc.lowering import kernels
+
     out.mkdir(parents=True, exist_ok=True)
     plans = {}
     for name, op, dt, shape, inter in cases():
         for k in (1, CHAIN):
             g = _graph(op, dt, shape, inter, k)
-            rocmc.compile(g, TARGET).save(out / f"{name}.hip.k{k}.vmfb")
+            rocmc.compile(g, TARGET).save(out / f"{name}.kernel.k{k}.vmfb")
             rocmc.compile(g, TARGET, impl="generated").save(out / f"{name}.generated.k{k}.vmfb")
         generated = rocmc.compile(_graph(op, dt, shape, inter), TARGET, impl="generated")
-        plans[name] = {"op": op, "dtype": dt, "shape": list(shape), "interleaved": inter,
-                       **_launch(op, dt, shape, inter), "generated": _generated_dispatches(generated, out, name)}
+        plans[name] = {
+            "op": op,
+            "dtype": dt,
+            "shape": list(shape),
+            "interleaved": inter,
+            **_launch(op, dt, shape, inter),
+            "generated": _generated_dispatches(generated, out, name),
+        }
     for source in kernels.SOURCES:
         (out / f"{source.split('.')[0]}.ptx").write_bytes(kernels.build(source, "sm_80").data)
     (out / "plans.json").write_text(json.dumps(plans, indent=1))
@@ -137,34 +159,41 @@ def compile_all(out: Path) -> None:
 
 # ---- run there -------------------------------------------------------------------------------------------
 
+
 def _bench(fn):
     from triton.testing import do_bench
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")   # ms
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")  # ms
 
 
 def _torch_ref(op, x, w, b, c, s, inter):
     import torch
     import torch.nn.functional as F
+
     if op == "rms_norm":
         return lambda: F.rms_norm(x, (x.shape[-1],), w, 1e-6)
     if op == "layer_norm":
         return lambda: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
     if inter:
+
         def rope_i():
             x0, x1 = x[..., 0::2], x[..., 1::2]
             return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2)
+
         return rope_i
     r = x.shape[-1] // 2
 
     def rope_h():
         x0, x1 = x[..., :r], x[..., r:]
         return torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), -1)
+
     return rope_h
 
 
 def _iree_inputs(tensors, dt: str, tmp: Path) -> list[str]:
     """Write device tensors as raw files; iree-benchmark-module's --input flags for them."""
     import torch
+
     args = []
     for i, t in enumerate(tensors):
         f = tmp / f"in{i}.bin"
@@ -176,10 +205,20 @@ def _iree_inputs(tensors, dt: str, tmp: Path) -> list[str]:
 def _iree_median(vmfb: Path, args: list) -> float | None:
     """iree-benchmark-module median (ms) of main() on the cuda device."""
     import iree.runtime as ireert
+
     tool = Path(ireert.__file__).resolve().parents[1] / "_runtime_libs" / "iree-benchmark-module"
-    cmd = [str(tool), "--device=cuda", "--device_allocator=caching", f"--module={vmfb}", "--function=main", *args,
-           "--benchmark_repetitions=5", "--benchmark_min_time=0.05s", "--benchmark_min_warmup_time=0.05",
-           "--benchmark_format=json"]
+    cmd = [
+        str(tool),
+        "--device=cuda",
+        "--device_allocator=caching",
+        f"--module={vmfb}",
+        "--function=main",
+        *args,
+        "--benchmark_repetitions=5",
+        "--benchmark_min_time=0.05s",
+        "--benchmark_min_warmup_time=0.05",
+        "--benchmark_format=json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"iree-benchmark-module failed for {vmfb.name}: {proc.stderr[-500:]}")
@@ -196,6 +235,7 @@ def _generated_kernels(out: Path, name: str, dispatches: list) -> float:
     """Time of IREE's generated dispatches of one op, launched back to back alone (random buffers)."""
     import cupy
     import torch
+
     mod = cupy.RawModule(path=str(out / f"{name}.generated.ptx"))
     launches = []
     keep = []
@@ -208,6 +248,7 @@ def _generated_kernels(out: Path, name: str, dispatches: list) -> float:
     def run():
         for fn, grid, block, args in launches:
             fn(grid, block, args)
+
     t = _bench(run)
     del keep, launches
     torch.cuda.empty_cache()
@@ -217,6 +258,7 @@ def _generated_kernels(out: Path, name: str, dispatches: list) -> float:
 def run_all(out: Path) -> None:
     import cupy
     import torch
+
     plans = json.loads((out / "plans.json").read_text())
     modules = {}
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "rocmc-bench"
@@ -253,6 +295,7 @@ def run_all(out: Path) -> None:
 
         def cp(tns):
             return cupy.asarray(tns.view(torch.int16) if tns.dtype == torch.bfloat16 else tns)
+
         if op == "rope":
             bufs = [cp(x), cp(c), cp(s), cp(x), cp(y)]
         elif op == "rms_norm":
@@ -263,8 +306,15 @@ def run_all(out: Path) -> None:
         launch = lambda: kern((p["grid"],), tuple(p["block"]), (*bufs, *consts))  # noqa: E731
         launch()
         torch.cuda.synchronize()
-        ref_fn = _torch_ref(op, x.float(), None if w is None else w.float(), None if b is None else b.float(),
-                            None if c is None else c.float(), None if s is None else s.float(), inter)
+        ref_fn = _torch_ref(
+            op,
+            x.float(),
+            None if w is None else w.float(),
+            None if b is None else b.float(),
+            None if c is None else c.float(),
+            None if s is None else s.float(),
+            inter,
+        )
         want = ref_fn()
         err = float((y.float() - want).norm() / want.norm())
         t_kernel = _bench(launch)
@@ -273,29 +323,44 @@ def run_all(out: Path) -> None:
         moved = 2 * nbytes
         args = _iree_inputs(ins, dt, tmp)
         iree = {}
-        for impl in ("hip", "generated"):
+        for impl in ("kernel", "generated"):
             t1, tk = (_iree_median(out / f"{name}.{impl}.k{k}.vmfb", args) for k in (1, CHAIN))
             iree[impl] = (t1, None if t1 is None or tk is None else (tk - t1) / (CHAIN - 1))
-        rows.append({"case": name, "kernel_ms": t_kernel, "torch_ms": t_torch, "copy_gbs": copy_bw,
-                     "kernel_pct_copy": 100 * moved / (t_kernel * 1e-3) / 1e9 / copy_bw,
-                     "torch_pct_copy": 100 * moved / (t_torch * 1e-3) / 1e9 / copy_bw,
-                     "generated_kernel_ms": t_gen_kernel, "iree_hip_call_ms": iree["hip"][0], "iree_hip_dispatch_ms": iree["hip"][1],
-                     "iree_generated_call_ms": iree["generated"][0],
-                     "iree_generated_dispatch_ms": iree["generated"][1], "rel_err_vs_torch_f32": err})
+        rows.append(
+            {
+                "case": name,
+                "kernel_ms": t_kernel,
+                "torch_ms": t_torch,
+                "copy_gbs": copy_bw,
+                "kernel_pct_copy": 100 * moved / (t_kernel * 1e-3) / 1e9 / copy_bw,
+                "torch_pct_copy": 100 * moved / (t_torch * 1e-3) / 1e9 / copy_bw,
+                "generated_kernel_ms": t_gen_kernel,
+                "iree_kernel_call_ms": iree["kernel"][0],
+                "iree_kernel_dispatch_ms": iree["kernel"][1],
+                "iree_generated_call_ms": iree["generated"][0],
+                "iree_generated_dispatch_ms": iree["generated"][1],
+                "rel_err_vs_torch_f32": err,
+            }
+        )
         del x, y, bufs, ins
         torch.cuda.empty_cache()
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     print(f"card: {torch.cuda.get_device_name()}  driver/cuda: {torch.version.cuda}")
     print("times in ms; IREE: call = one op per call end to end, disp = one dispatch (chain difference)")
-    hdr = (f"{'case':<36} {'kernel':>7} {'%copy':>6} {'torch':>7} {'%copy':>6} {'copyGB/s':>8} {'gen krnl':>8} "
-           f"{'hip call':>8} {'hip disp':>8} {'gen call':>8} {'gen disp':>8} {'rel err':>8}")
+    hdr = (
+        f"{'case':<36} {'kernel':>7} {'%copy':>6} {'torch':>7} {'%copy':>6} {'copyGB/s':>8} {'gen krnl':>8} "
+        f"{'krnl call':>9} {'krnl disp':>9} {'gen call':>8} {'gen disp':>8} {'rel err':>8}"
+    )
     print(hdr)
     for r in rows:
         f = lambda v: f"{v:8.4f}" if v is not None else f"{'-':>8}"  # noqa: E731
-        print(f"{r['case']:<36} {r['kernel_ms']:7.4f} {r['kernel_pct_copy']:6.1f} {r['torch_ms']:7.4f} "
-              f"{r['torch_pct_copy']:6.1f} {r['copy_gbs']:8.0f} {f(r['generated_kernel_ms'])} {f(r['iree_hip_call_ms'])} "
-              f"{f(r['iree_hip_dispatch_ms'])} {f(r['iree_generated_call_ms'])} {f(r['iree_generated_dispatch_ms'])} "
-              f"{r['rel_err_vs_torch_f32']:8.1e}")
+        f9 = lambda v: f"{v:9.4f}" if v is not None else f"{'-':>9}"  # noqa: E731
+        print(
+            f"{r['case']:<36} {r['kernel_ms']:7.4f} {r['kernel_pct_copy']:6.1f} {r['torch_ms']:7.4f} "
+            f"{r['torch_pct_copy']:6.1f} {r['copy_gbs']:8.0f} {f(r['generated_kernel_ms'])} {f9(r['iree_kernel_call_ms'])} "
+            f"{f9(r['iree_kernel_dispatch_ms'])} {f(r['iree_generated_call_ms'])} {f(r['iree_generated_dispatch_ms'])} "
+            f"{r['rel_err_vs_torch_f32']:8.1e}"
+        )
 
 
 def main(argv=None) -> int:

@@ -2,10 +2,11 @@
 safetensors checkpoint (bench/llm_gpu.py's writer: seeded numpy, Hugging Face naming), compiled for the CPU
 (f32, the weights converted once at load) and run: prefill latency and decode tokens/s.
 
-    python bench/llm_cpu.py [--ckpt /tmp/rocmc-tinyllama] [--prompt-len 32] [--new 16]
+    python -m bench.llm_cpu [--ckpt /tmp/rocmc-tinyllama] [--prompt-len 32] [--new 16]
 
-Compile time and memory of a 7B config from config.json alone: `python bench/llm_gpu.py compile`.
+Compile time and memory of a 7B config from config.json alone: `python -m bench.llm_gpu compile`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compile_time import vm_hwm_mb  # noqa: E402
-from llm_gpu import config_json, write_checkpoint  # noqa: E402
+from bench.compile_time import vm_hwm_mb
+from bench.llm_gpu import config_json, write_checkpoint
 
 
 def run(ckpt: Path, prompt_len: int, new: int) -> dict:
     import rocmc
+
     cfg = config_json("tinyllama")
     t = time.perf_counter()
     weights = write_checkpoint(cfg, ckpt)
@@ -36,10 +37,14 @@ def run(ckpt: Path, prompt_len: int, new: int) -> dict:
     for _ in lm.stream(ids, new, stop_tokens=()):
         steps.append(time.perf_counter() - t)
         t = time.perf_counter()
-    return {"compile_and_load_s": round(load_s, 1), "prefill_ms": round(steps[0] * 1e3, 1),
-            "decode_ms_per_token_median": round(float(np.median(steps[1:])) * 1e3, 1),
-            "decode_tokens_per_s": round(1 / float(np.median(steps[1:])), 2), "python_peak_mb": round(vm_hwm_mb()),
-            "parameter_notes": len(lm.module.parameter_notes)}
+    return {
+        "compile_and_load_s": round(load_s, 1),
+        "prefill_ms": round(steps[0] * 1e3, 1),
+        "decode_ms_per_token_median": round(float(np.median(steps[1:])) * 1e3, 1),
+        "decode_tokens_per_s": round(1 / float(np.median(steps[1:])), 2),
+        "python_peak_mb": round(vm_hwm_mb()),
+        "parameter_notes": len(lm.module.parameter_notes),
+    }
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """A 7B-shaped Llama on an NVIDIA GPU: rocmc's compiled prefill/decode against transformers, same weights.
 
-    python bench/llm_gpu.py compile [--dir out/llm_gpu] [--targets cuda:sm_80,gfx942]    # CPU machine
-    python3 bench/llm_gpu.py run [--dir out/llm_gpu] [--ckpt /tmp/ckpt] [--json FILE]    # GPU machine
+    python -m bench.llm_gpu compile [--dir out/llm_gpu] [--targets cuda:sm_80,gfx942]    # CPU machine
+    python3 -m bench.llm_gpu run [--dir out/llm_gpu] [--ckpt /tmp/ckpt] [--json FILE]    # GPU machine
 
 `compile` writes the config.json of Llama-2-7B's shape and compiles it with `rocmc.llm.compile_hf` for each
 target in a fresh process, measuring the wall time, the peak RSS of the whole process tree (the Python
@@ -13,6 +13,7 @@ loads the .vmfb with that checkpoint through `rocmc.llm.load`, checks its decode
 recompute and its greedy tokens against transformers, and times prefill and decode of both (512 prompt
 tokens, 128 new). Every stage adds to the JSON as it ends, so a run cut short keeps what it measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,24 +34,56 @@ import numpy as np
 
 # Llama-2-7B's shape; "tiny" rehearses the whole run on a CPU in seconds.
 SHAPES = {
-    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096},
+    "7b": {
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+    },
     # TinyLlama-1.1B's shape (bench/llm_cpu.py runs it on the CPU)
-    "tinyllama": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-                  "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048},
-    "tiny": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096},
+    "tinyllama": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+    },
+    "tiny": {
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+    },
 }
 PROMPT, NEW = 512, 128
 MAX_SEQ_LEN = 1024
-CHECKED_STEPS = (0, 1, 2, 4, 16, 64, 127)      # decode steps whose logits are recomputed from scratch
+CHECKED_STEPS = (0, 1, 2, 4, 16, 64, 127)  # decode steps whose logits are recomputed from scratch
 
 
 def config_json(shape: str) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SHAPES[shape],
-            "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float16",
-            "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False,
-            "mlp_bias": False, "initializer_range": 0.02}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **SHAPES[shape],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "torch_dtype": "float16",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "initializer_range": 0.02,
+    }
 
 
 def vmfb_name(target: str) -> str:
@@ -58,6 +91,7 @@ def vmfb_name(target: str) -> str:
 
 
 # ---- compile (CPU machine) -------------------------------------------------------------------------
+
 
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of a process and all its descendants (shared pages counted in each)."""
@@ -78,8 +112,18 @@ def tree_rss_mb(pid: int) -> float:
 
 def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
     """One compile in a fresh process, its tree's RSS sampled every 10 ms from outside."""
-    cmd = [sys.executable, __file__, "compile-one", "--dir", str(d), "--target", target,
-           "--max-seq-len", str(max_seq_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.llm_gpu",
+        "compile-one",
+        "--dir",
+        str(d),
+        "--target",
+        target,
+        "--max-seq-len",
+        str(max_seq_len),
+    ]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, stop = [0.0], threading.Event()
@@ -88,6 +132,7 @@ def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
         while not stop.is_set():
             peak[0] = max(peak[0], tree_rss_mb(proc.pid))
             stop.wait(0.01)
+
     th = threading.Thread(target=sample)
     th.start()
     out, err = proc.communicate()
@@ -103,20 +148,33 @@ def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
 
 def compile_one(d: Path, target: str, max_seq_len: int) -> None:
     import resource
+
     t = time.perf_counter()
     import rocmc
+
     imported = time.perf_counter() - t
     t = time.perf_counter()
     art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=max_seq_len, max_batch=1, cache=False)
     compiled = time.perf_counter() - t
     path = art.save(d / vmfb_name(target))
-    from compile_time import vm_hwm_mb          # this script's folder is on sys.path
+    from bench.compile_time import vm_hwm_mb
+
     hwm = vm_hwm_mb()
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU seconds split the wall time between rocmc (graph, MLIR) and iree-compile, even on a busy machine.
-    print(json.dumps({"import_s": imported, "compile_hf_s": compiled, "vmfb_bytes": path.stat().st_size,
-                      "python_peak_rss_mb": hwm, "iree_compile_peak_rss_mb": kids.ru_maxrss / 1024,
-                      "python_cpu_s": me.ru_utime + me.ru_stime, "iree_compile_cpu_s": kids.ru_utime + kids.ru_stime}))
+    print(
+        json.dumps(
+            {
+                "import_s": imported,
+                "compile_hf_s": compiled,
+                "vmfb_bytes": path.stat().st_size,
+                "python_peak_rss_mb": hwm,
+                "iree_compile_peak_rss_mb": kids.ru_maxrss / 1024,
+                "python_cpu_s": me.ru_utime + me.ru_stime,
+                "iree_compile_cpu_s": kids.ru_utime + kids.ru_stime,
+            }
+        )
+    )
 
 
 def compile_all(a) -> None:
@@ -126,15 +184,22 @@ def compile_all(a) -> None:
     rows = []
     for target in a.targets.split(","):
         for run in range(a.repeat):
-            row = measure_compile(d, target, a.max_seq_len) | {"run": run, "max_seq_len": a.max_seq_len,
-                                                               "load_avg": os.getloadavg()[0]}
+            row = measure_compile(d, target, a.max_seq_len) | {
+                "run": run,
+                "max_seq_len": a.max_seq_len,
+                "load_avg": os.getloadavg()[0],
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
-    (d / "compile.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                                "shape": a.shape, "rows": rows}, indent=1))
+    (d / "compile.json").write_text(
+        json.dumps(
+            {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shape": a.shape, "rows": rows}, indent=1
+        )
+    )
 
 
 # ---- run (GPU machine) -----------------------------------------------------------------------------
+
 
 class Log:
     """Progress lines with the time since start, and the results JSON rewritten after every stage."""
@@ -158,11 +223,17 @@ def hf_param_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out = [("model.embed_tokens.weight", (v, h))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,)),
-                (p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.k_proj.weight", (kv, h)),
-                (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.o_proj.weight", (h, h)),
-                (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
-                (p + "mlp.down_proj.weight", (h, f))]
+        out += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+            (p + "self_attn.q_proj.weight", (h, h)),
+            (p + "self_attn.k_proj.weight", (kv, h)),
+            (p + "self_attn.v_proj.weight", (kv, h)),
+            (p + "self_attn.o_proj.weight", (h, h)),
+            (p + "mlp.gate_proj.weight", (f, h)),
+            (p + "mlp.up_proj.weight", (f, h)),
+            (p + "mlp.down_proj.weight", (h, f)),
+        ]
     return out + [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
 
 
@@ -180,6 +251,7 @@ def write_checkpoint(cfg: dict, d: Path, seed: int = 0, shard_bytes: int = 3 << 
     from default_rng(seed), so threads fill a shard in parallel and the weights depend on the seed alone.
     A checkpoint already written for this config and seed (its stamp file) is reused."""
     from safetensors.numpy import save_file
+
     stamp = d / "rocmc-bench-stamp.json"
     want = json.dumps({"config": cfg, "seed": seed, "shard_bytes": shard_bytes}, sort_keys=True)
     if stamp.is_file() and stamp.read_text() == want:
@@ -210,10 +282,10 @@ def write_checkpoint(cfg: dict, d: Path, seed: int = 0, shard_bytes: int = 3 << 
             total += sum(a.nbytes for a in arrays.values())
             weight_map.update({n: fname for n in arrays})
             del arrays
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                "weight_map": weight_map}))
-    out = {"weight_bytes": total, "tensors": len(names), "shards": len(shards), "generate_s": gen_s,
-           "write_s": write_s}
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    out = {"weight_bytes": total, "tensors": len(names), "shards": len(shards), "generate_s": gen_s, "write_s": write_s}
     (d / "rocmc-bench-weights.json").write_text(json.dumps(out))
     stamp.write_text(want)
     return out
@@ -230,7 +302,7 @@ def copy_bandwidth(torch, dev: str, gib: int = 4, reps: int = 10) -> dict:
         t = timer(torch, dev)
         b.copy_(a)
         times.append(t())
-    assert torch.equal(a[:1 << 20], b[:1 << 20]) and torch.equal(a[-(1 << 20):], b[-(1 << 20):])
+    assert torch.equal(a[: 1 << 20], b[: 1 << 20]) and torch.equal(a[-(1 << 20) :], b[-(1 << 20) :])
     med = statistics.median(times[2:])
     del a, b
     return {"bytes_moved": 2 * n, "median_s": med, "GBps": 2 * n / med / 1e9, "min_s": min(times[2:])}
@@ -246,6 +318,7 @@ def timer(torch, dev: str):
         if dev.startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - t
+
     return stop
 
 
@@ -289,14 +362,22 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     t = time.perf_counter()
     import rocmc
     from rocmc.llm.runtime import _Batch
+
     lm = rocmc.llm.load(Path(a.dir) / vmfb_name(a.target), ckpt, device=a.device)
     load_s = time.perf_counter() - t
     compiler = sorted(m for m in sys.modules if m.startswith("iree.compiler"))
     loaded = device_memory(torch, a.torch_device)
-    log.put("rocmc_load", {"load_s": load_s, "iree_compiler_modules_imported": compiler,
-                           "parameter_notes": [str(n) for n in lm.module.parameter_notes],
-                           "mem_before": before, "mem_after_load": loaded,
-                           "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0)})
+    log.put(
+        "rocmc_load",
+        {
+            "load_s": load_s,
+            "iree_compiler_modules_imported": compiler,
+            "parameter_notes": [str(n) for n in lm.module.parameter_notes],
+            "mem_before": before,
+            "mem_after_load": loaded,
+            "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0),
+        },
+    )
 
     # Pass 1 (also the warm-up): every step's token and logits.
     b = _Batch([prompt], lm.sizes.max_batch, lm.config)
@@ -309,9 +390,15 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         tokens.append(int(nxt[0]))
         step_logits.append(logits[0].copy())
     after_gen = device_memory(torch, a.torch_device)
-    log.put("rocmc_first_pass", {"first_prefill_s": first_prefill_s, "tokens_head": tokens[:16],
-                                 "mem_after_generate": after_gen,
-                                 "used_mb_vs_before_load": after_gen.get("used_mb", 0) - before.get("used_mb", 0)})
+    log.put(
+        "rocmc_first_pass",
+        {
+            "first_prefill_s": first_prefill_s,
+            "tokens_head": tokens[:16],
+            "mem_after_generate": after_gen,
+            "used_mb_vs_before_load": after_gen.get("used_mb", 0) - before.get("used_mb", 0),
+        },
+    )
 
     # Prefill: the module call alone (inputs prepared), median of 5.
     feeds = _Batch([prompt], lm.sizes.max_batch, lm.config).prefill_inputs()
@@ -339,15 +426,20 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         nxt, _ = lm.module.decode(**f)
         calls.append(time.perf_counter() - t)
     dec_med = statistics.median(steps[1:])
-    timing = {"prefill_ms_median": 1e3 * statistics.median(pre), "prefill_ms_all": [1e3 * x for x in pre],
-              "stream_first_token_ms": 1e3 * steps[0], "decode_step_ms_median": 1e3 * dec_med,
-              "decode_step_ms_p10_p90": [1e3 * float(np.percentile(steps[1:], q)) for q in (10, 90)],
-              "decode_tok_s": 1 / dec_med, "decode_tok_s_mean": (NEW - 1) / float(np.sum(steps[1:])),
-              "stream_total_s": float(np.sum(steps)),
-              "decode_call_ms_median": 1e3 * statistics.median(calls),
-              "decode_call_ms_first_last": [1e3 * calls[0], 1e3 * calls[-1]],
-              "stream_tokens_equal_first_pass": stream_tokens == tokens,
-              "stream_passes_equal": passes[0][1] == passes[1][1]}
+    timing = {
+        "prefill_ms_median": 1e3 * statistics.median(pre),
+        "prefill_ms_all": [1e3 * x for x in pre],
+        "stream_first_token_ms": 1e3 * steps[0],
+        "decode_step_ms_median": 1e3 * dec_med,
+        "decode_step_ms_p10_p90": [1e3 * float(np.percentile(steps[1:], q)) for q in (10, 90)],
+        "decode_tok_s": 1 / dec_med,
+        "decode_tok_s_mean": (NEW - 1) / float(np.sum(steps[1:])),
+        "stream_total_s": float(np.sum(steps)),
+        "decode_call_ms_median": 1e3 * statistics.median(calls),
+        "decode_call_ms_first_last": [1e3 * calls[0], 1e3 * calls[-1]],
+        "stream_tokens_equal_first_pass": stream_tokens == tokens,
+        "stream_passes_equal": passes[0][1] == passes[1][1],
+    }
     log.put("rocmc_timing", timing)
     if a.profile:
         log.put("rocmc_profile", profile_rocmc(torch, lm, _Batch, prompt))
@@ -356,10 +448,16 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     checks = []
     for k in CHECKED_STEPS:
         full = lm.logits(prompt + tokens[:k])[0, -1]
-        checks.append({"step": k, "rel_l2": rel_l2(step_logits[k], full),
-                       "argmax_equal": int(np.argmax(full)) == tokens[k], "margin": margin(full)})
+        checks.append(
+            {
+                "step": k,
+                "rel_l2": rel_l2(step_logits[k], full),
+                "argmax_equal": int(np.argmax(full)) == tokens[k],
+                "margin": margin(full),
+            }
+        )
     log.put("rocmc_recompute", checks)
-    full = lm.logits(prompt + tokens)[0, PROMPT - 1:PROMPT - 1 + NEW]
+    full = lm.logits(prompt + tokens)[0, PROMPT - 1 : PROMPT - 1 + NEW]
     lm.module.close()
     del lm
     gc.collect()
@@ -374,10 +472,13 @@ def profile_rocmc(torch, lm, batch_cls, prompt: list) -> dict:
 
     def decode():
         state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"]))[0]
+
     prefill_feeds = batch_cls([prompt], lm.sizes.max_batch, lm.config).prefill_inputs()
     try:
-        return {"decode": kernel_profile(torch, decode, 8),
-                "prefill": kernel_profile(torch, lambda: prefill(lm, prefill_feeds), 2)}
+        return {
+            "decode": kernel_profile(torch, decode, 8),
+            "prefill": kernel_profile(torch, lambda: prefill(lm, prefill_feeds), 2),
+        }
     except Exception:
         return {"error": traceback.format_exc()}
 
@@ -387,16 +488,18 @@ def kernel_profile(torch, fn, calls: int) -> dict:
     kernels that took most of it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+
     fn()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(calls):
             fn()
         wall = time.perf_counter() - t
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type == DeviceType.CUDA
+    )
     busy, end = 0.0, -1.0
-    for s0, s1, _ in spans:            # the union of the intervals: overlapping kernels count once
+    for s0, s1, _ in spans:  # the union of the intervals: overlapping kernels count once
         if s1 > end:
             busy += s1 - max(s0, end)
             end = s1
@@ -405,15 +508,19 @@ def kernel_profile(torch, fn, calls: int) -> dict:
         n, t_us = by_name.get(name, (0, 0.0))
         by_name[name] = (n + 1, t_us + s1 - s0)
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
-    return {"calls": calls, "wall_ms_per_call": 1e3 * wall / calls, "kernels_per_call": len(spans) / calls,
-            "kernel_ms_per_call": sum(s1 - s0 for s0, s1, _ in spans) / 1e3 / calls,
-            "gpu_busy_ms_per_call": busy / 1e3 / calls,
-            "top": [{"name": k[:120], "per_call": n / calls, "ms_per_call": t_us / 1e3 / calls}
-                    for k, (n, t_us) in top]}
+    return {
+        "calls": calls,
+        "wall_ms_per_call": 1e3 * wall / calls,
+        "kernels_per_call": len(spans) / calls,
+        "kernel_ms_per_call": sum(s1 - s0 for s0, s1, _ in spans) / 1e3 / calls,
+        "gpu_busy_ms_per_call": busy / 1e3 / calls,
+        "top": [{"name": k[:120], "per_call": n / calls, "ms_per_call": t_us / 1e3 / calls} for k, (n, t_us) in top],
+    }
 
 
 def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | None) -> None:
     from transformers import LlamaForCausalLM
+
     dev = a.torch_device
     before = device_memory(torch, dev)
     t = time.perf_counter()
@@ -424,13 +531,13 @@ def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | 
         model = LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float16).to(dev)
     model.eval()
     load_s = time.perf_counter() - t
-    model.generation_config.eos_token_id = None     # 128 tokens always, as rocmc with stop_tokens=()
+    model.generation_config.eos_token_id = None  # 128 tokens always, as rocmc with stop_tokens=()
     model.generation_config.pad_token_id = 0
     loaded = device_memory(torch, dev)
     ids = torch.tensor([prompt], device=dev)
     with torch.inference_mode():
         logits = model(ids).logits[0, -1].float().cpu().numpy()
-        first = model.generate(ids, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)[0, len(prompt):].tolist()
+        first = model.generate(ids, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)[0, len(prompt) :].tolist()
         pre = []
         for _ in range(5):
             stop = timer(torch, dev)
@@ -443,12 +550,23 @@ def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | 
             gens.append(stop())
     peak = torch.cuda.max_memory_allocated() / 2**20 if dev.startswith("cuda") else None
     total, prefill = statistics.median(gens), statistics.median(pre)
-    log.put("transformers", {
-        "attn_implementation": model.config._attn_implementation, "load_s": load_s, "mem_before": before,
-        "mem_after_load": loaded, "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0),
-        "torch_peak_allocated_mb": peak, "prefill_ms_median": 1e3 * prefill, "prefill_ms_all": [1e3 * x for x in pre],
-        "generate_s_all": gens, "decode_tok_s": (NEW - 1) / (total - prefill),
-        "tokens_head": first[:16], "generate_repeatable": out[0, len(prompt):].tolist() == first})
+    log.put(
+        "transformers",
+        {
+            "attn_implementation": model.config._attn_implementation,
+            "load_s": load_s,
+            "mem_before": before,
+            "mem_after_load": loaded,
+            "load_used_mb": loaded.get("used_mb", 0) - before.get("used_mb", 0),
+            "torch_peak_allocated_mb": peak,
+            "prefill_ms_median": 1e3 * prefill,
+            "prefill_ms_all": [1e3 * x for x in pre],
+            "generate_s_all": gens,
+            "decode_tok_s": (NEW - 1) / (total - prefill),
+            "tokens_head": first[:16],
+            "generate_repeatable": out[0, len(prompt) :].tolist() == first,
+        },
+    )
     if ours is not None:
         log.put("rocmc_vs_transformers", agreement(ours, first, logits))
         log.put("teacher_forced", teacher_forced(torch, model, LlamaForCausalLM, ckpt, dev, prompt, ours))
@@ -459,7 +577,7 @@ def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | 
 def forced_logits(torch, model, dev: str, seq: list):
     """The logits that predict the NEW generated tokens of `seq` (prompt + generated), f32 on the host."""
     with torch.inference_mode():
-        out = model(torch.tensor([seq], device=dev)).logits[0, PROMPT - 1:PROMPT - 1 + NEW]
+        out = model(torch.tensor([seq], device=dev)).logits[0, PROMPT - 1 : PROMPT - 1 + NEW]
         return out.float().cpu().numpy()
 
 
@@ -468,8 +586,11 @@ def teacher_forced(torch, model, cls, ckpt: Path, dev: str, prompt: list, ours: 
     transformers in f32 (TF32 off): how far each f16 path is from exact, and how often its greedy choice
     agrees (overall, and where the reference's top-2 margin is not a near-tie)."""
     seq = prompt + ours["tokens"]
-    got = {"transformers_f16": forced_logits(torch, model, dev, seq),
-           "rocmc_decode_f16": np.stack(ours["step_logits"]), "rocmc_full_f16": ours["full_logits"]}
+    got = {
+        "transformers_f16": forced_logits(torch, model, dev, seq),
+        "rocmc_decode_f16": np.stack(ours["step_logits"]),
+        "rocmc_full_f16": ours["full_logits"],
+    }
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ref_model = cls.from_pretrained(ckpt, dtype=torch.float32).to(dev).eval()
@@ -481,8 +602,12 @@ def teacher_forced(torch, model, cls, ckpt: Path, dev: str, prompt: list, ours: 
     for name, x in got.items():
         rel = [rel_l2(x[i], ref[i]) for i in range(NEW)]
         same = np.argmax(x, axis=1) == np.argmax(ref, axis=1)
-        res[name] = {"rel_l2_median": float(np.median(rel)), "rel_l2_max": float(np.max(rel)),
-                     "argmax_agree": int(same.sum()), "argmax_agree_clear": int(same[clear].sum())}
+        res[name] = {
+            "rel_l2_median": float(np.median(rel)),
+            "rel_l2_max": float(np.max(rel)),
+            "argmax_agree": int(same.sum()),
+            "argmax_agree_clear": int(same[clear].sum()),
+        }
     return res
 
 
@@ -490,18 +615,30 @@ def agreement(ours: dict, theirs: list, last_logits) -> dict:
     """rocmc's greedy tokens and prompt logits against transformers' (both f16 on the same card)."""
     agree = leading_agreement(ours["tokens"], theirs)
     diverge = None
-    if agree < NEW:   # how near a tie rocmc's choice was where the two first part
-        diverge = {"step": agree, "rocmc_token": ours["tokens"][agree], "transformers_token": theirs[agree],
-                   "rocmc_margin": margin(ours["step_logits"][agree])}
-    return {"prefill_logits_rel_l2": rel_l2(ours["step_logits"][0], last_logits),
-            "prefill_argmax_equal": int(np.argmax(last_logits)) == ours["tokens"][0],
-            "leading_tokens_agree": agree, "tokens_equal_total": sum(x == y for x, y in zip(ours["tokens"], theirs)),
-            "first_divergence": diverge}
+    if agree < NEW:  # how near a tie rocmc's choice was where the two first part
+        diverge = {
+            "step": agree,
+            "rocmc_token": ours["tokens"][agree],
+            "transformers_token": theirs[agree],
+            "rocmc_margin": margin(ours["step_logits"][agree]),
+        }
+    return {
+        "prefill_logits_rel_l2": rel_l2(ours["step_logits"][0], last_logits),
+        "prefill_argmax_equal": int(np.argmax(last_logits)) == ours["tokens"][0],
+        "leading_tokens_agree": agree,
+        "tokens_equal_total": sum(x == y for x, y in zip(ours["tokens"], theirs)),
+        "first_divergence": diverge,
+    }
 
 
 def environment(torch, a) -> dict:
     import importlib.metadata as md
-    env = {"torch": torch.__version__, "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+    env = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     for pkg in ("transformers", "safetensors", "numpy", "iree-base-runtime"):
         try:
             env[pkg] = md.version(pkg)
@@ -510,8 +647,15 @@ def environment(torch, a) -> dict:
     if a.torch_device.startswith("cuda"):
         env["card"] = torch.cuda.get_device_name()
         try:
-            env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
-                                                "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+            env["nvidia_smi"] = subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
         except FileNotFoundError:
             pass
     return env
@@ -519,12 +663,14 @@ def environment(torch, a) -> dict:
 
 def run(a) -> int:
     import torch
+
     log = Log(Path(a.json))
     cfg = json.loads((Path(a.dir) / "config.json").read_text())
     log.put("env", environment(torch, a))
     ckpt = Path(a.ckpt)
-    if a.iree_flags:       # runtime options of IREE's HAL, e.g. --cuda_use_streams=false (CUDA graphs)
+    if a.iree_flags:  # runtime options of IREE's HAL, e.g. --cuda_use_streams=false (CUDA graphs)
         from iree import runtime as rt
+
         rt.flags.parse_flags(*a.iree_flags.split())
         log.put("iree_flags", a.iree_flags)
     t = time.perf_counter()
@@ -537,9 +683,17 @@ def run(a) -> int:
         bound = w["weight_bytes"] / (bw["GBps"] * 1e9)
         h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
         kv_dim = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
-        log.put("bound", bw | {"weight_bytes": w["weight_bytes"], "bound_ms_per_token": 1e3 * bound,
-                               "bound_tok_s": 1 / bound, "embedding_bytes": cfg["vocab_size"] * h * 2,
-                               "kv_read_bytes_at_576": 2 * L * (PROMPT + NEW // 2) * kv_dim * 2})
+        log.put(
+            "bound",
+            bw
+            | {
+                "weight_bytes": w["weight_bytes"],
+                "bound_ms_per_token": 1e3 * bound,
+                "bound_tok_s": 1 / bound,
+                "embedding_bytes": cfg["vocab_size"] * h * 2,
+                "kv_read_bytes_at_576": 2 * L * (PROMPT + NEW // 2) * kv_dim * 2,
+            },
+        )
         torch.cuda.empty_cache()
     prompt = [int(x) for x in np.random.default_rng(1).integers(3, cfg["vocab_size"], PROMPT)]
     ours = None

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 DIR=${DIR:-out/llm_gpu}
 case "${1:-}" in
   compile)
-    ${PY:-.venv/bin/python} bench/llm_gpu.py compile --dir "$DIR" --repeat "${REPEAT:-1}"
+    ${PY:-.venv/bin/python} -m bench.llm_gpu compile --dir "$DIR" --repeat "${REPEAT:-1}"
     ls .whl/iree_base_runtime-*.whl >/dev/null 2>&1 || ../shared/tools/gpu-wheels.sh >/dev/null ;;
   run)
     out=${2:-$DIR}
@@ -21,7 +21,7 @@ case "${1:-}" in
     SITE=${SITE:-/tmp/rocmc-site}
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${WHEELS:-.whl}"/iree_base_runtime-*.whl
     export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-    python3 bench/llm_gpu.py run --dir "$DIR" --ckpt "${CKPT:-/tmp/llm_gpu_ckpt}" --json "$out/llm_gpu.json" "${@:3}" \
+    python3 -m bench.llm_gpu run --dir "$DIR" --ckpt "${CKPT:-/tmp/llm_gpu_ckpt}" --json "$out/llm_gpu.json" "${@:3}" \
       2>&1 | tee "$out/llm_gpu.log" ;;
   *) echo "usage: $0 compile | run [OUTDIR] [--profile]" >&2; exit 2 ;;
 esac

@@ -8,21 +8,16 @@ weights; `inputs(case)` gives the inputs every system is called with.
 
 torch is imported lazily: the GPU driver script and the compile-time script only need rocmc.
 """
+
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "examples"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import rocmc  # noqa: E402
+import rocmc
 
 SEED = 0
 INPUT_SEED = 1
@@ -33,12 +28,12 @@ LLAMA_MAX_SEQ = 4096
 
 @dataclass(frozen=True)
 class Case:
-    model: str                  # "llama" or "resnet18"
+    model: str  # "llama" or "resnet18"
     dtype: str
-    hidden: int = 0             # llama
-    seq: int = 0                # llama
+    hidden: int = 0  # llama
+    seq: int = 0  # llama
     batch: int = 1
-    size: int = 224             # resnet18 image size
+    size: int = 224  # resnet18 image size
 
     @property
     def name(self) -> str:
@@ -61,7 +56,7 @@ class Case:
             heads, kv = LLAMA_HEADS[h]
             hd, ffn = h // heads, _ffn(h)
             proj = 2 * s * h * (2 * h + 2 * kv * hd + 3 * ffn)
-            attn = 2 * 2 * heads * hd * s * (s + 1) / 2       # QK^T and PV over the causal half
+            attn = 2 * 2 * heads * hd * s * (s + 1) / 2  # QK^T and PV over the causal half
             return self.batch * (proj + attn)
         return self.batch * 2 * 1.814e9 * (self.size / 224) ** 2
 
@@ -72,27 +67,38 @@ _CASE = re.compile(r"^(llama)_h(\d+)_s(\d+)_(\w+)$|^(resnet18)_b(\d+)(?:_(\d+)px
 def parse(name: str) -> Case:
     m = _CASE.match(name)
     if not m:
-        raise ValueError(f"unknown case {name!r}: expected llama_h<hidden>_s<seq>_<dtype> or resnet18_b<batch>[_<size>px]_<dtype>")
+        raise ValueError(
+            f"unknown case {name!r}: expected llama_h<hidden>_s<seq>_<dtype> or resnet18_b<batch>[_<size>px]_<dtype>"
+        )
     if m.group(1):
         return Case("llama", m.group(4), hidden=int(m.group(2)), seq=int(m.group(3)))
     return Case("resnet18", m.group(8), batch=int(m.group(6)), size=int(m.group(7) or 224))
 
 
 def _ffn(hidden: int) -> int:
-    return int(8 * hidden / 3 + 255) // 256 * 256      # the example's default
+    return int(8 * hidden / 3 + 255) // 256 * 256  # the example's default
 
 
 # ---- rocmc ---------------------------------------------------------------------------------------
 
+
 def rocmc_graph(case: Case, batch_symbol: bool = False) -> rocmc.Graph:
     if case.model == "llama":
-        import llama_block
+        from examples import llama_block
+
         heads, kv = LLAMA_HEADS[case.hidden]
-        return llama_block.build_graph(hidden=case.hidden, heads=heads, kv_heads=kv, batch=case.batch,
-                                       max_seq=LLAMA_MAX_SEQ, dtype=case.dtype, seed=SEED)
-    import resnet18
-    return resnet18.build_graph(batch="n" if batch_symbol else case.batch, dtype=case.dtype, seed=SEED,
-                                size=case.size)
+        return llama_block.build_graph(
+            hidden=case.hidden,
+            heads=heads,
+            kv_heads=kv,
+            batch=case.batch,
+            max_seq=LLAMA_MAX_SEQ,
+            dtype=case.dtype,
+            seed=SEED,
+        )
+    from examples import resnet18
+
+    return resnet18.build_graph(batch="n" if batch_symbol else case.batch, dtype=case.dtype, seed=SEED, size=case.size)
 
 
 def inputs(case: Case) -> list[np.ndarray]:
@@ -105,6 +111,7 @@ def inputs(case: Case) -> list[np.ndarray]:
 
 # ---- PyTorch -------------------------------------------------------------------------------------
 
+
 def torch_module(case: Case, graph: rocmc.Graph | None = None):
     """The PyTorch twin of the rocmc graph, its parameters copied from the graph's constants."""
     graph = graph or rocmc_graph(case)
@@ -114,6 +121,7 @@ def torch_module(case: Case, graph: rocmc.Graph | None = None):
 
 def _params(module, graph):
     import torch
+
     for name, arr in graph.constants.items():
         module.register_buffer(name, torch.from_numpy(np.array(arr)), persistent=False)
 
@@ -126,12 +134,12 @@ def _torch_llama(case: Case, graph):
     hd = case.hidden // heads
 
     def rms_norm(x, w, eps=1e-5):
-        xf = x.float()          # in f32 whatever the storage type, as rocmc's rms_norm
+        xf = x.float()  # in f32 whatever the storage type, as rocmc's rms_norm
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
-    def rope(x, cos, sin):     # x: (b, s, h, d), half-split rotation; tables (s, d/2)
+    def rope(x, cos, sin):  # x: (b, s, h, d), half-split rotation; tables (s, d/2)
         c, s = cos[:, None, :], sin[:, None, :]
-        x0, x1 = x[..., :hd // 2], x[..., hd // 2:]
+        x0, x1 = x[..., : hd // 2], x[..., hd // 2 :]
         return torch.cat([x0 * c - x1 * s, x0 * s + x1 * c], -1)
 
     class LlamaBlock(torch.nn.Module):
@@ -157,11 +165,20 @@ def _torch_llama(case: Case, graph):
 def _torch_resnet18(case: Case, graph):
     import torch
     import torch.nn.functional as F
-    import resnet18
+
+    from examples import resnet18
 
     def bn(m, x, name):
-        return F.batch_norm(x, getattr(m, f"{name}_mean"), getattr(m, f"{name}_var"),
-                            getattr(m, f"{name}_weight"), getattr(m, f"{name}_bias"), False, 0.0, 1e-5)
+        return F.batch_norm(
+            x,
+            getattr(m, f"{name}_mean"),
+            getattr(m, f"{name}_var"),
+            getattr(m, f"{name}_weight"),
+            getattr(m, f"{name}_bias"),
+            False,
+            0.0,
+            1e-5,
+        )
 
     def conv(m, x, name, stride=1):
         w = getattr(m, name)
@@ -191,12 +208,22 @@ def _torch_resnet18(case: Case, graph):
 def export_onnx(case: Case, path: Path, graph: rocmc.Graph | None = None) -> Path:
     """The torch module exported to ONNX at the case's exact input shapes (what ONNX Runtime runs)."""
     import torch
+
     module = torch_module(case, graph)
     args = tuple(torch.from_numpy(a) for a in inputs(case))
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode(False), torch.no_grad():
-        torch.onnx.export(module, args, str(path), input_names=["x"], output_names=["y"], dynamo=True,
-                          external_data=False, optimize=True, verbose=False)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=["x"],
+            output_names=["y"],
+            dynamo=True,
+            external_data=False,
+            optimize=True,
+            verbose=False,
+        )
     return path
 
 

@@ -5,8 +5,9 @@ onnx/backend/test/data/node/<case>/). Each case is imported, compiled for the ho
 every data set and compared with the expected outputs. Cases rocmc cannot import are skipped with
 the importer's reason; anything else that goes wrong is a failure.
 
-    python bench/onnx_conformance.py [-j JOBS] [-k SUBSTRING] [--out docs/onnx-conformance.md]
+    python -m bench.onnx_conformance [-j JOBS] [-k SUBSTRING] [--out docs/onnx-conformance.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # float32 at ONNX's own backend-test default (rtol 1e-3, atol 1e-7); half types at their precision.
 TOLERANCE = {"float32": (1e-3, 1e-7), "float16": (4e-3, 4e-3), "bfloat16": (2.5e-2, 2.5e-2)}
@@ -32,21 +31,22 @@ TOLERANCE = {"float32": (1e-3, 1e-7), "float16": (4e-3, 4e-3), "bfloat16": (2.5e
 
 @dataclass(frozen=True)
 class Case:
-    name: str      # directory name, e.g. test_conv_with_strides_padding
-    op: str        # the ONNX op the case exercises
+    name: str  # directory name, e.g. test_conv_with_strides_padding
+    op: str  # the ONNX op the case exercises
     path: str
 
 
 @dataclass(frozen=True)
 class Result:
     case: Case
-    status: str    # passed | failed | skipped
+    status: str  # passed | failed | skipped
     reason: str = ""
-    bound: tuple = ()   # graph inputs bound to the data set's values as constants
+    bound: tuple = ()  # graph inputs bound to the data set's values as constants
 
 
 def data_dir() -> Path:
     import onnx
+
     return Path(onnx.__file__).parent / "backend" / "test" / "data" / "node"
 
 
@@ -59,6 +59,7 @@ def _base_name(name: str) -> str:
 @lru_cache(maxsize=None)
 def _single_op(path: str) -> str | None:
     import onnx
+
     model = onnx.load(os.path.join(path, "model.onnx"), load_external_data=False)
     ops = {n.op_type for n in model.graph.node if n.op_type != "Constant"} or {"Constant"}
     return ops.pop() if len(ops) == 1 else None
@@ -82,12 +83,14 @@ def all_cases() -> list[Case]:
 
 def supported_cases() -> list[Case]:
     from rocmc.frontend.onnx import CONVERTERS
+
     return [c for c in all_cases() if c.op in CONVERTERS]
 
 
 def _load_set(set_dir: str, prefix: str) -> list:
     import onnx
     from onnx import numpy_helper
+
     arrays = []
     for f in sorted(glob.glob(os.path.join(set_dir, f"{prefix}_*.pb")), key=lambda p: int(p.rsplit("_", 1)[1][:-3])):
         t = onnx.TensorProto()
@@ -121,6 +124,7 @@ def _bind(model, values: dict):
     """A copy of `model` whose inputs named in `values` are initializers holding those values."""
     import onnx
     from onnx import numpy_helper
+
     m = onnx.ModelProto()
     m.CopyFrom(model)
     keep = [vi for vi in m.graph.input if vi.name not in values]
@@ -134,6 +138,7 @@ def import_case(model, inputs: dict, bound: tuple = ()):
     """Import, binding graph inputs that the importer needs as constants (axes, shape, pads, ...)
     to the data set's values: a compiler takes these at compile time. Returns (graph, bound names)."""
     import rocmc
+
     bound = set(bound)
     while True:
         try:
@@ -149,6 +154,7 @@ def run_case(case: Case) -> Result:
     """Import, compile for the CPU, run every data set and compare. Never raises."""
     import onnx
     import rocmc
+
     try:
         model = onnx.load(os.path.join(case.path, "model.onnx"))
         init = {t.name for t in model.graph.initializer}
@@ -157,7 +163,7 @@ def run_case(case: Case) -> Result:
         for s in sorted(glob.glob(os.path.join(case.path, "test_data_set_*"))):
             try:
                 inputs = dict(zip(names, _load_set(s, "input")))
-            except ValueError:   # sequence or optional inputs: let the importer say what it lacks
+            except ValueError:  # sequence or optional inputs: let the importer say what it lacks
                 inputs = {}
             try:
                 graph, bound = import_case(model, inputs, bound)
@@ -209,7 +215,7 @@ def report(results: list[Result], total_cases: int) -> str:
         "Graph inputs that the importer needs at compile time (Reshape's `shape`, Slice's `starts`, reduction",
         "`axes`, ...) are bound to the data set's values as constants, the way a compiler receives them;",
         f"{sum(bool(r.bound) for r in results)} passing cases use this.",
-        "Regenerate with `python bench/onnx_conformance.py`; CI runs the same cases in `tests/test_onnx.py`.",
+        "Regenerate with `python -m bench.onnx_conformance`; CI runs the same cases in `tests/onnx/test_onnx.py`.",
         "",
         f"**{len(results)} cases of {len(by_op)} ops: {p} passed, {f} failed, {s} skipped** "
         f"({total_cases - len(results)} further cases exercise ops rocmc does not import).",
@@ -219,8 +225,10 @@ def report(results: list[Result], total_cases: int) -> str:
     ]
     for op in sorted(by_op):
         rs = by_op[op]
-        lines.append(f"| {op} | {len(rs)} | {count(rs, 'passed')} | {count(rs, 'failed')} | {count(rs, 'skipped')} | "
-                     f"{'<br>'.join(_notes(rs))} |")
+        lines.append(
+            f"| {op} | {len(rs)} | {count(rs, 'passed')} | {count(rs, 'failed')} | {count(rs, 'skipped')} | "
+            f"{'<br>'.join(_notes(rs))} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -255,7 +263,7 @@ def _reason(reason: str, op: str) -> str:
     parts = []
     for item in reason.split("; "):
         head, _, text = item.partition(": ")
-        m = re.fullmatch(r"(\S+) '[^']*'", head)   # "<op type or (input)> '<name>'"
+        m = re.fullmatch(r"(\S+) '[^']*'", head)  # "<op type or (input)> '<name>'"
         if m and text:
             text = re.sub(r"^(input|target type) '[^']*'", r"\1", text)
             item = text if m.group(1) == op or m.group(1).startswith("(") else f"{m.group(1)}: {text}"

@@ -1,6 +1,6 @@
 """CPU latency of imported ONNX models: rocmc (rocmc.import_onnx, llvm-cpu, local-task) vs ONNX Runtime.
 
-    python bench/onnx_cpu.py [--models mobilenet_v2,resnet50,bert,gpt2] [--threads 2] [--repeats 20]
+    python -m bench.onnx_cpu [--models mobilenet_v2,resnet50,bert,gpt2] [--threads 2] [--repeats 20]
                              [--baseline-impl conv2d=generated]
 
 Each model is built in torch with seeded random weights, exported with torch.onnx.export (TorchScript
@@ -12,6 +12,7 @@ neither system has seen. Prints a markdown table. --baseline-impl adds a column 
 with those implementation overrides (e.g. the grouped conv instead of the depthwise form), timed in
 the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,6 @@ from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 SEED = 0
 SEQ = 128
 WARMUP = 3
@@ -36,9 +34,9 @@ WARMUP = 3
 @dataclass
 class Model:
     name: str
-    module: object                               # torch.nn.Module in eval mode
+    module: object  # torch.nn.Module in eval mode
     inputs: Callable[[np.random.Generator], dict]  # fresh inputs, by ONNX input name
-    output: str                                  # the output compared and timed
+    output: str  # the output compared and timed
 
 
 def _image(rng):
@@ -60,21 +58,30 @@ def _last_hidden(model):
 
         def forward(self, input_ids):
             return self.model(input_ids=input_ids).last_hidden_state
+
     return LastHidden().eval()
 
 
 def _bert():
     import torch
     from transformers import BertConfig, BertModel
+
     torch.manual_seed(SEED)
-    cfg = BertConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072,
-                     max_position_embeddings=512, attn_implementation="eager")
+    cfg = BertConfig(
+        hidden_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+    )
     return Model("bert", _last_hidden(BertModel(cfg, add_pooling_layer=False).eval()), _tokens(cfg.vocab_size), "y")
 
 
 def _gpt2():
     import torch
     from transformers import GPT2Config, GPT2Model
+
     torch.manual_seed(SEED)
     cfg = GPT2Config(n_embd=768, n_layer=4, n_head=12, n_positions=1024, attn_implementation="eager")
     return Model("gpt2", _last_hidden(GPT2Model(cfg).eval()), _tokens(cfg.vocab_size), "y")
@@ -82,8 +89,10 @@ def _gpt2():
 
 def _vision(name: str):
     def build():
-        import torch_models
+        from bench import torch_models
+
         return Model(name, torch_models.build(name, SEED), _image, "y")
+
     return build
 
 
@@ -92,15 +101,24 @@ MODELS = {"mobilenet_v2": _vision("mobilenet_v2"), "resnet50": _vision("resnet50
 
 def export(model: Model, rng, path: Path) -> None:
     import torch
+
     example = {k: torch.from_numpy(v) for k, v in model.inputs(rng).items()}
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)     # the TorchScript exporter is asked for
-        torch.onnx.export(model.module, tuple(example.values()), str(path), input_names=list(example),
-                          output_names=[model.output], opset_version=17, dynamo=False)
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is asked for
+        torch.onnx.export(
+            model.module,
+            tuple(example.values()),
+            str(path),
+            input_names=list(example),
+            output_names=[model.output],
+            opset_version=17,
+            dynamo=False,
+        )
 
 
 def torch_output(model: Model, feed: dict) -> np.ndarray:
     import torch
+
     with torch.no_grad():
         return model.module(*(torch.from_numpy(v) for v in feed.values())).numpy()
 
@@ -125,6 +143,7 @@ def median_ms(call: Callable[[dict], object], feeds: list) -> float:
 def rocmc_call(path: Path, name: str, impl=None):
     """Import, compile for the host CPU and load: a call on a feed {input name: array}."""
     import rocmc
+
     art = rocmc.compile(rocmc.import_onnx(path, name=name), "cpu", impl=impl)
     mod = rocmc.load(art, device="local-task")
     return lambda feed: mod(**feed)
@@ -132,6 +151,7 @@ def rocmc_call(path: Path, name: str, impl=None):
 
 def ort_call(path: Path, threads: int):
     import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -153,7 +173,7 @@ def bench(name: str, threads: int, repeats: int, work: Path, baseline: dict | No
     row = {"model": name}
     for key, call in systems.items():
         row[f"{key}_err"] = rel_error(call(check), want)
-    for key, call in systems.items():       # one block per system: thread pools never overlap
+    for key, call in systems.items():  # one block per system: thread pools never overlap
         row[f"{key}_ms"] = median_ms(call, [model.inputs(rng) for _ in range(WARMUP + repeats)])
     return row
 
@@ -164,8 +184,13 @@ def table(rows: list, baseline: str | None) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"]] + ([f"{r['base_ms']:.2f}"] if baseline else [])
-        cells += [f"{r['rocmc_ms']:.2f}", f"{r['ort_ms']:.2f}", f"{r['rocmc_ms'] / r['ort_ms']:.2f}",
-                  f"{r['rocmc_err']:.1e}", f"{r['ort_err']:.1e}"]
+        cells += [
+            f"{r['rocmc_ms']:.2f}",
+            f"{r['ort_ms']:.2f}",
+            f"{r['rocmc_ms'] / r['ort_ms']:.2f}",
+            f"{r['rocmc_err']:.1e}",
+            f"{r['ort_err']:.1e}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -183,8 +208,9 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     ap.add_argument("--threads", type=int, default=2, help="threads for both systems")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls per system (after warm-up)")
-    ap.add_argument("--baseline-impl", default="", help="also time rocmc with these implementation overrides, "
-                    "e.g. conv2d=generated")
+    ap.add_argument(
+        "--baseline-impl", default="", help="also time rocmc with these implementation overrides, e.g. conv2d=generated"
+    )
     a = ap.parse_args(argv)
     try:
         baseline = parse_impl(a.baseline_impl) or None
@@ -195,15 +221,20 @@ def main(argv=None) -> None:
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     import torch
+
     torch.set_num_threads(a.threads)
     import iree.runtime as rt
-    rt.flags.parse_flags(f"--task_topology_group_count={a.threads}")   # before rocmc opens the device
+
+    rt.flags.parse_flags(f"--task_topology_group_count={a.threads}")  # before rocmc opens the device
     rows = []
     with tempfile.TemporaryDirectory(prefix="onnx_cpu_") as tmp:
         for name in names:
             rows.append(bench(name, a.threads, a.repeats, Path(tmp), baseline))
-            print(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items() if k != "model"),
-                  file=sys.stderr, flush=True)
+            print(
+                f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows[-1].items() if k != "model"),
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"{a.threads} threads, batch 1, median of {a.repeats} calls after {WARMUP} warm-up calls\n")
     print(table(rows, a.baseline_impl or None))
 

@@ -3,8 +3,9 @@ static and dynamic shapes. Each case is exported, imported, compiled for the hos
 input sizes (the exported one and another, for dynamic exports) against torch; the table says what
 imported, how close it is, and which nodes the rewrite stage recognised.
 
-    python bench/onnx_exports.py [--families llama,gpt2] [--exporters dynamo] [--out FILE.md] [-j JOBS]
+    python -m bench.onnx_exports [--families llama,gpt2] [--exporters dynamo] [--out FILE.md] [-j JOBS]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,12 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import export_models as zoo  # noqa: E402
+from tests import export_models as zoo
 
 SIZES = ((2, 7), (3, 12))
 HEADER = """# Real exports through rocmc
@@ -37,9 +33,9 @@ and, for dynamic exports, also at (3, 12); text models have one left-padded row,
 attention mask keeps are compared (a fully padded query row is whatever the exporter's mask arithmetic makes of
 it: torch and ONNX Runtime differ there, and rocmc matches ONNX Runtime). The last column is what the rewrite
 stage recognised (`art.summary()`). torch 2.13.0, transformers 5.24.0, onnxscript 0.7.2; {date}.
-Regenerate with `python bench/onnx_exports.py --out docs/onnx-exports.md -j 2`;
-CI runs a fixed subset in `tests/test_onnx_exports.py`.
-"""     # (batch, seq): the export's, then another for dynamic exports
+Regenerate with `python -m bench.onnx_exports --out docs/onnx-exports.md -j 2`;
+CI runs a fixed subset in `tests/onnx/test_onnx_exports.py`.
+"""  # (batch, seq): the export's, then another for dynamic exports
 
 
 def rel_error(got, ref) -> float:
@@ -48,6 +44,7 @@ def rel_error(got, ref) -> float:
 
 def run_case(family: str, exporter: str, dynamic: bool) -> dict:
     import rocmc
+
     out = {"family": family, "exporter": exporter, "dynamic": dynamic}
     rng = np.random.default_rng(0)
     try:
@@ -74,6 +71,7 @@ def against_torch(art, model, family: str, example, rng, dynamic: bool) -> dict:
     """The compiled module against the eager model at the example's size (and another one when the
     import is dynamic), on the rows the attention mask keeps: {error, status, rewrites}."""
     import rocmc
+
     module = rocmc.load(art)
     errors = []
     for batch, seq in SIZES[: 2 if dynamic else 1]:
@@ -105,14 +103,23 @@ def main(argv=None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    cases = [(f, e, s == "dynamic") for f in a.families.split(",") for e in a.exporters.split(",")
-             for s in a.shapes.split(",")]
+    cases = [
+        (f, e, s == "dynamic")
+        for f in a.families.split(",")
+        for e in a.exporters.split(",")
+        for s in a.shapes.split(",")
+    ]
     results = run_all(run_case, cases, a.jobs, ("family", "exporter", "shapes"))
     ok = sum(r["status"] == "ok" for r in results)
     exported = sum(r["status"] != "torch export failed" for r in results)
-    report(a.out, HEADER, f"**{ok} of the {exported} exports torch made import, compile and match torch at 1e-4 "
-           f"relative** ({len(results) - exported} of {len(results)} cases failed in torch's exporter)",
-           results, ("family", "exporter", "shapes"))
+    report(
+        a.out,
+        HEADER,
+        f"**{ok} of the {exported} exports torch made import, compile and match torch at 1e-4 "
+        f"relative** ({len(results) - exported} of {len(results)} cases failed in torch's exporter)",
+        results,
+        ("family", "exporter", "shapes"),
+    )
     return 0 if ok == exported else 1
 
 
@@ -133,8 +140,12 @@ def run_all(run_case, cases, jobs: int, keys) -> list:
 
 def report(out, header: str, summary: str, results, keys) -> None:
     """The results as a markdown table under `summary`, printed and, with `out`, written after `header`."""
-    lines = [summary, "", "| " + " | ".join(keys) + " | status | max rel. error | recognised by the rewrite stage |",
-             "|---" * (len(keys) + 3) + "|"]
+    lines = [
+        summary,
+        "",
+        "| " + " | ".join(keys) + " | status | max rel. error | recognised by the rewrite stage |",
+        "|---" * (len(keys) + 3) + "|",
+    ]
     for r in results:
         err = f"{r['error']:.1e}" if "error" in r else ""
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {' / '.join(r.get('why', []))[:300]}"
@@ -143,6 +154,7 @@ def report(out, header: str, summary: str, results, keys) -> None:
     print(text)
     if out:
         import datetime
+
         Path(out).write_text(header.format(date=datetime.date.today().isoformat()) + "\n" + text + "\n")
 
 

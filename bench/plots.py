@@ -1,11 +1,12 @@
 """Plots and Markdown tables from the benchmark results.
 
-    python bench/plots.py [--out out/bench] [--img docs/img]
+    python -m bench.plots [--out out/bench] [--img docs/img]
 
 Reads <out>/cpu.json, <out>/gpu/gpu.json and <out>/compile_time.json (whichever exist) and the
 hand-written kernel table of BENCHMARKS.md; writes PNG plots under --img and the Markdown tables the
 "Models", "Compile time" and "Memory" sections of BENCHMARKS.md are made from to <out>/tables.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,13 +22,20 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_SYSTEMS = ("rocmc", "rocmc_tuned", "onnxruntime", "torch")
-LABEL = {"rocmc": "rocmc", "rocmc_tuned": "rocmc + IREE flags", "onnxruntime": "ONNX Runtime",
-         "torch": "PyTorch eager", "rocmc:kernels": "rocmc (hand-written kernels)",
-         "rocmc:generated": "rocmc (generated only)", "rocmc:cudnn": "rocmc (cuDNN: conv, BN, pool, ReLU)",
-         "rocmc:cudnn_conv": "rocmc (cuDNN conv)",
-         "torch:eager": "PyTorch eager", "torch:compile": "torch.compile",
-         "rocmc:kernels+static": "rocmc (kernels, static seq)",
-         "rocmc:generated+static": "rocmc (generated, static seq)"}
+LABEL = {
+    "rocmc": "rocmc",
+    "rocmc_tuned": "rocmc + IREE flags",
+    "onnxruntime": "ONNX Runtime",
+    "torch": "PyTorch eager",
+    "rocmc:kernels": "rocmc (hand-written kernels)",
+    "rocmc:generated": "rocmc (generated only)",
+    "rocmc:cudnn": "rocmc (cuDNN: conv, BN, pool, ReLU)",
+    "rocmc:cudnn_conv": "rocmc (cuDNN conv)",
+    "torch:eager": "PyTorch eager",
+    "torch:compile": "torch.compile",
+    "rocmc:kernels+static": "rocmc (kernels, static seq)",
+    "rocmc:generated+static": "rocmc (generated, static seq)",
+}
 
 
 def _load(path: Path):
@@ -58,12 +66,19 @@ def plot_latency(results, systems, title, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4.2))
     base = systems[-2] if "onnxruntime" in systems else "torch:eager"
 
-    def rel(c, s):   # latency relative to the baseline system: bars of very different sizes stay readable
+    def rel(c, s):  # latency relative to the baseline system: bars of very different sizes stay readable
         row = results["cases"][c]
         a, b = _ms(row, s), (row.get(s) or {}).get("eager_same_run_ms") or _ms(row, base)
         return a / b if a and b else None
-    _bars(ax, cases, [s for s in systems if any(_ms(results["cases"][c], s) for c in cases)], rel,
-          f"latency / {LABEL[base]} (lower is faster)", title)
+
+    _bars(
+        ax,
+        cases,
+        [s for s in systems if any(_ms(results["cases"][c], s) for c in cases)],
+        rel,
+        f"latency / {LABEL[base]} (lower is faster)",
+        title,
+    )
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_yscale("log")
     fig.tight_layout()
@@ -87,7 +102,9 @@ def plot_compile(results, path: Path) -> None:
     plt.close(fig)
 
 
-_KROW = re.compile(r"^\| ((?:rms_norm|layer_norm|rope)[^|]*?) \| [^|]+ \| ([\d.]+) \| \**([\d.]+)\** \| ([\d.]+) \| ([\d.]+) \|")
+_KROW = re.compile(
+    r"^\| ((?:rms_norm|layer_norm|rope)[^|]*?) \| [^|]+ \| ([\d.]+) \| \**([\d.]+)\** \| ([\d.]+) \| ([\d.]+) \|"
+)
 
 
 def plot_kernels(md: str, path: Path) -> bool:
@@ -112,6 +129,7 @@ def plot_kernels(md: str, path: Path) -> bool:
 
 # ---- tables --------------------------------------------------------------------------------------
 
+
 def _f(v, fmt="{:.2f}"):
     return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
@@ -123,27 +141,35 @@ def _error(r: dict) -> str:
 
 def cpu_table(res) -> str:
     systems = [s for s in CPU_SYSTEMS if any(s in r for r in res["cases"].values())]
-    head = "| case | " + " | ".join(f"{LABEL[s]} ms" for s in systems) + " | rocmc / ORT | tuned / ORT | rocmc / torch |"
+    head = (
+        "| case | " + " | ".join(f"{LABEL[s]} ms" for s in systems) + " | rocmc / ORT | tuned / ORT | rocmc / torch |"
+    )
     lines = [head, "|" + "---|" * (len(systems) + 4)]
     for name, row in res["cases"].items():
         cells = [_f(_ms(row, s)) if _ms(row, s) else _error(row.get(s, {})) for s in systems]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_f(row.get('rocmc_over_ort'))} | "
-                     f"{_f(row.get('rocmc_tuned_over_ort'))} | "
-                     f"{_f(row.get('rocmc_over_torch'))} |")
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {_f(row.get('rocmc_over_ort'))} | "
+            f"{_f(row.get('rocmc_tuned_over_ort'))} | "
+            f"{_f(row.get('rocmc_over_torch'))} |"
+        )
     return "\n".join(lines)
 
 
 def cpu_detail(res) -> str:
-    lines = ["| case | system | median ms | min ms | p90 ms | GFLOP/s | peak RSS MB | max rel. error vs torch |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | system | median ms | min ms | p90 ms | GFLOP/s | peak RSS MB | max rel. error vs torch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in res["cases"].items():
         for s in CPU_SYSTEMS:
             r = row.get(s)
             if not r or "median_ms" not in r:
                 continue
             gf = row["flops"] / r["median_ms"] / 1e6
-            lines.append(f"| {name} | {LABEL[s]} | {_f(r['median_ms'])} | {_f(r['min_ms'])} | {_f(r['p90_ms'])} | "
-                         f"{gf:.1f} | {r['peak_rss_mb']:.0f} | {_f(r.get('rel_err_vs_torch'), '{:.1e}')} |")
+            lines.append(
+                f"| {name} | {LABEL[s]} | {_f(r['median_ms'])} | {_f(r['min_ms'])} | {_f(r['p90_ms'])} | "
+                f"{gf:.1f} | {r['peak_rss_mb']:.0f} | {_f(r.get('rel_err_vs_torch'), '{:.1e}')} |"
+            )
     return "\n".join(lines)
 
 
@@ -160,9 +186,13 @@ def cpu_runs_table(runs) -> str:
     """Several runs of run_cpu.py on a shared machine: each system's least-disturbed (lowest) median,
     the range of its medians, and the goal ratio from the lowest medians."""
     names = list(dict.fromkeys(c for r in runs for c in r["cases"]))
-    alias = {"rocmc_dt": "rocmc_tuned"}          # earlier runs named the data-tiling variant so
-    lines = ["| case | " + " | ".join(f"{LABEL[s]} ms (lowest; range)" for s in CPU_SYSTEMS)
-             + " | rocmc / ORT | tuned / ORT |", "|" + "---|" * (len(CPU_SYSTEMS) + 3)]
+    alias = {"rocmc_dt": "rocmc_tuned"}  # earlier runs named the data-tiling variant so
+    lines = [
+        "| case | "
+        + " | ".join(f"{LABEL[s]} ms (lowest; range)" for s in CPU_SYSTEMS)
+        + " | rocmc / ORT | tuned / ORT |",
+        "|" + "---|" * (len(CPU_SYSTEMS) + 3),
+    ]
     for name in names:
         meds = {s: [] for s in CPU_SYSTEMS}
         for r in runs:
@@ -178,8 +208,10 @@ def cpu_runs_table(runs) -> str:
 
 
 def gpu_table(res) -> str:
-    lines = ["| case | system | median ms | min ms | TFLOP/s | vs torch eager | device MB | first call s | rel. error vs eager |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | system | median ms | min ms | TFLOP/s | vs torch eager | device MB | first call s | rel. error vs eager |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in res["cases"].items():
         for s, r in row.items():
             if not isinstance(r, dict):
@@ -189,23 +221,29 @@ def gpu_table(res) -> str:
                 lines.append(f"| {name} | {LABEL.get(s, s)} | failed: {r.get('error', '')[:60]} | | | | | | |")
                 continue
             ratio = f"{r['median_ms'] / eager:.2f}x" if eager else "-"
-            lines.append(f"| {name} | {LABEL.get(s, s)} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | "
-                         f"{row['flops'] / r['median_ms'] / 1e9:.1f} | {ratio} | {r['device_mb']:.0f} | "
-                         f"{r['first_call_s']:.2f} | {_f(r.get('rel_err_vs_eager'), '{:.1e}')} |")
+            lines.append(
+                f"| {name} | {LABEL.get(s, s)} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | "
+                f"{row['flops'] / r['median_ms'] / 1e9:.1f} | {ratio} | {r['device_mb']:.0f} | "
+                f"{r['first_call_s']:.2f} | {_f(r.get('rel_err_vs_eager'), '{:.1e}')} |"
+            )
     return "\n".join(lines)
 
 
 def compile_table(res) -> str:
-    lines = ["| model | target | cold s | cached ms | graph build s | peak RSS MB (python) | peak RSS MB (iree-compile) | .vmfb MB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | target | cold s | cached ms | graph build s | peak RSS MB (python) | peak RSS MB (iree-compile) | .vmfb MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in res["rows"]:
         c, w = r.get("cold", {}), r.get("cached", {})
         if "seconds" not in c:
             lines.append(f"| {r['model']} | {r['target']} | failed: {c.get('error', '')[:60]} | | | | | |")
             continue
-        lines.append(f"| {r['model']} | {r['target']} | {c['seconds']:.2f} | {_f(w.get('seconds', 0) * 1e3, '{:.1f}')} | "
-                     f"{c['graph_build_s']:.2f} | {c['peak_rss_mb']:.0f} | {c['iree_compile_peak_rss_mb']:.0f} | "
-                     f"{c['vmfb_mb']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['target']} | {c['seconds']:.2f} | {_f(w.get('seconds', 0) * 1e3, '{:.1f}')} | "
+            f"{c['graph_build_s']:.2f} | {c['peak_rss_mb']:.0f} | {c['iree_compile_peak_rss_mb']:.0f} | "
+            f"{c['vmfb_mb']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -219,8 +257,12 @@ def main() -> int:
     tables = []
     cpu = _load(out / "cpu.json")
     if cpu:
-        plot_latency(cpu, list(CPU_SYSTEMS), f"CPU ({cpu['threads']} threads): latency relative to ONNX Runtime",
-                     img / "bench_cpu.png")
+        plot_latency(
+            cpu,
+            list(CPU_SYSTEMS),
+            f"CPU ({cpu['threads']} threads): latency relative to ONNX Runtime",
+            img / "bench_cpu.png",
+        )
         tables += ["## CPU", cpu_table(cpu), "", cpu_detail(cpu)]
         runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("cpu_run*.json"))]
         if len(runs) > 1:
@@ -229,8 +271,16 @@ def main() -> int:
     if gpu:
         for extra in sorted((out / "gpu").glob("gpu_*.json")):
             merge_gpu(gpu, json.loads(extra.read_text()))
-        systems = ["rocmc:kernels", "rocmc:generated", "rocmc:kernels+static", "rocmc:generated+static",
-                   "rocmc:cudnn_conv", "rocmc:cudnn", "torch:eager", "torch:compile"]
+        systems = [
+            "rocmc:kernels",
+            "rocmc:generated",
+            "rocmc:kernels+static",
+            "rocmc:generated+static",
+            "rocmc:cudnn_conv",
+            "rocmc:cudnn",
+            "torch:eager",
+            "torch:compile",
+        ]
         plot_latency(gpu, systems, f"{gpu['device']}: latency relative to PyTorch eager", img / "bench_gpu.png")
         tables += ["## GPU", gpu_table(gpu)]
     ct = _load(out / "compile_time.json")

@@ -1,15 +1,16 @@
-"""LSTM/GRU as extern calls on an NVIDIA GPU: `miopen.lstm` / `miopen.gru` served by cuDNN's v8 RNN API.
+"""LSTM/GRU as extern calls on an NVIDIA GPU: `dnn.lstm` / `dnn.gru` served by cuDNN's v8 RNN API.
 
-    python bench/rnn_gpu.py compile [--out out/rnn_gpu]   # here: needs iree-base-compiler
-    python bench/rnn_gpu.py run [--out out/rnn_gpu]       # GPU machine: iree-base-runtime + cuDNN
+    python -m bench.rnn_gpu compile [--out out/rnn_gpu]   # here: needs iree-base-compiler
+    python -m bench.rnn_gpu run [--out out/rnn_gpu]       # GPU machine: iree-base-runtime + cuDNN
 
-`compile` builds, for cuda:sm_80, each case twice: with the library call (`libraries=["miopen"]`,
+`compile` builds, for cuda:sm_80, each case twice: with the library call (`libraries=["dnn"]`,
 which the cuDNN provider serves on cuda devices) and with the generated scf.for lowering. `run`
 loads both on the cuda device, compares them with the float64 reference on fresh random inputs and
 times them (median of a module call, inputs on the device, results copied back to the host), with torch's cuDNN
 nn.LSTM / nn.GRU for scale when torch is installed. Prints a markdown table, writes rnn_gpu.json;
 exit status 1 if a comparison fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import rocmc
+from rocmc import ops
 
-import rocmc  # noqa: E402
-from rocmc import ops  # noqa: E402
-
-from common import median_ms  # noqa: E402  (bench/ is the script's directory)
+from bench.common import median_ms
 
 TARGET = "cuda:sm_80"
 SEED = 4321
@@ -48,8 +45,8 @@ def case_graph(name):
     op, dtype, seq, batch, inp, hidden = CASES[name]
     rng = np.random.default_rng(SEED)
     npt = rocmc.dtype(dtype).np
-    bound = 1 / np.sqrt(hidden)                 # torch's init range
-    w = lambda *s: rng.uniform(-bound, bound, s).astype(npt)   # noqa: E731
+    bound = 1 / np.sqrt(hidden)  # torch's init range
+    w = lambda *s: rng.uniform(-bound, bound, s).astype(npt)  # noqa: E731
     g = rocmc.Graph(name)
     x = g.input("x", ("seq", batch, inp), dtype)
     states = [g.input("h0", (1, batch, hidden), dtype)]
@@ -60,7 +57,7 @@ def case_graph(name):
     return g, [(seq, batch, inp)] + [(1, batch, hidden)] * len(states)
 
 
-IMPLS = {"cudnn": {"libraries": ["miopen"]}, "generated": {"impl": "generated"}}
+IMPLS = {"cudnn": {"libraries": ["dnn"]}, "generated": {"impl": "generated"}}
 
 
 def compile_all(out: Path):
@@ -97,6 +94,7 @@ def _torch_ms(name, inputs):
         with torch.no_grad():
             layer(xs[0], state)
         torch.cuda.synchronize()
+
     return _median_ms(call)
 
 
@@ -105,6 +103,7 @@ def _torch_first() -> str | None:
     the same, already loaded library (same soname) instead of another copy found in a wheel."""
     try:
         import torch
+
         torch.backends.cudnn.is_available()
         return f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
     except Exception:
@@ -114,6 +113,7 @@ def _torch_first() -> str | None:
 def run_all(out: Path, json_out: Path | None) -> bool:
     from iree import runtime as rt
     from rocmc.runtime.providers.cudnn import prepare_cuda
+
     results, ok = {"cases": {}, "torch": _torch_first()}, True
     prepare_cuda()
     print(f"torch: {results['torch']}")
@@ -133,7 +133,7 @@ def run_all(out: Path, json_out: Path | None) -> bool:
                 got = mod(*inputs)
                 err = _rel_err(got, want)
                 dev_inputs = [rt.asdevicearray(mod.device, v) for v in inputs]
-                ms = _median_ms(lambda: mod(*dev_inputs))     # results come back to the host: the call is complete
+                ms = _median_ms(lambda: mod(*dev_inputs))  # results come back to the host: the call is complete
                 mod.close()
             except Exception:
                 traceback.print_exc()

@@ -1,11 +1,12 @@
 """CPU benchmark: rocmc (llvm-cpu, local-task) vs ONNX Runtime (the same model's ONNX export) vs PyTorch eager.
 
-    python bench/run_cpu.py [--cases llama_h1024_s128_f32,...] [--runs 20] [--threads 2] [--out out/bench]
+    python -m bench.run_cpu [--cases llama_h1024_s128_f32,...] [--runs 20] [--threads 2] [--out out/bench]
 
 Every system runs the same weights on the same inputs with the same number of threads. Each
 (case, system) runs in a fresh process, so thread pools never compete and the peak RSS is that
 system's alone; the parent compares the outputs and writes <out>/cpu.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # noqa: E402
-from common import timings  # noqa: E402
+from bench import models
+from bench.common import timings
 
 DEFAULT_CASES = ("llama_h1024_s128_f32", "llama_h1024_s2048_f32", "resnet18_b1_f32", "resnet18_b32_f32")
 SYSTEMS = ("rocmc", "rocmc_tuned", "onnxruntime", "torch")
@@ -29,9 +29,10 @@ SYSTEMS = ("rocmc", "rocmc_tuned", "onnxruntime", "torch")
 # tiling (packed mmt4d matmuls), plus im2col for the CNN's convolutions (convolutions become matmuls that
 # data tiling then packs). rocmc does not pass these by default; BENCHMARKS.md has the effect of each.
 DATA_TILING = ("--iree-opt-data-tiling",)
-ROCMC_FLAGS = {"rocmc": {"llama": (), "resnet18": ()},
-               "rocmc_tuned": {"llama": DATA_TILING,
-                               "resnet18": ("--iree-global-opt-use-im2col-for-convs",) + DATA_TILING}}
+ROCMC_FLAGS = {
+    "rocmc": {"llama": (), "resnet18": ()},
+    "rocmc_tuned": {"llama": DATA_TILING, "resnet18": ("--iree-global-opt-use-im2col-for-convs",) + DATA_TILING},
+}
 WARMUP = 3
 # A system whose first call takes longer than SLOW_S runs fewer times (at least MIN_RUNS, within about
 # SLOW_BUDGET_S): a 15 s call timed 20 times would take the whole benchmark's budget. The result says so.
@@ -46,21 +47,26 @@ def _median_ms(fn, runs: int, first_s: float) -> dict:
 
 # ---- one system, in its own process ---------------------------------------------------------------
 
+
 def _rocmc_runner(system):
     def run(case, xs, threads, work: Path):
         import iree.runtime as rt
-        rt.flags.parse_flags(f"--task_topology_group_count={threads}")   # before the device exists
+
+        rt.flags.parse_flags(f"--task_topology_group_count={threads}")  # before the device exists
         import rocmc
+
         vmfb = work / f"{case.graph_key}.{system}.vmfb"
         if not vmfb.exists() and vmfb.with_suffix(".error").exists():
             raise SystemExit(f"compile failed: {vmfb.with_suffix('.error').read_text()}")
         mod = rocmc.load(vmfb, device="local-task")
         return lambda: mod(*xs)
+
     return run
 
 
 def _run_onnxruntime(case, xs, threads, work: Path):
     import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -72,6 +78,7 @@ def _run_onnxruntime(case, xs, threads, work: Path):
 
 def _run_torch(case, xs, threads, work: Path):
     import torch
+
     torch.set_num_threads(threads)
     module = models.torch_module(case)
     args = [torch.from_numpy(x) for x in xs]
@@ -79,10 +86,16 @@ def _run_torch(case, xs, threads, work: Path):
     def call():
         with torch.inference_mode():
             return module(*args).numpy()
+
     return call
 
 
-RUNNERS = {"rocmc": _rocmc_runner("rocmc"), "rocmc_tuned": _rocmc_runner("rocmc_tuned"), "onnxruntime": _run_onnxruntime, "torch": _run_torch}
+RUNNERS = {
+    "rocmc": _rocmc_runner("rocmc"),
+    "rocmc_tuned": _rocmc_runner("rocmc_tuned"),
+    "onnxruntime": _run_onnxruntime,
+    "torch": _run_torch,
+}
 
 
 def worker(case_name: str, system: str, runs: int, threads: int, work: Path) -> dict:
@@ -109,9 +122,11 @@ def _vm_hwm_mb() -> float:
 
 # ---- the parent -----------------------------------------------------------------------------------
 
+
 def prepare(case, work: Path) -> None:
     """Compile the rocmc module (through the cache) and export the ONNX model, once per case."""
     import rocmc
+
     graph = None
     for system, per_model in ROCMC_FLAGS.items():
         flags = per_model[case.model]
@@ -124,17 +139,22 @@ def prepare(case, work: Path) -> None:
         t = time.perf_counter()
         try:
             art = rocmc.compile(graph, "cpu", flags=flags)
-        except rocmc.RocmcError as e:     # recorded; that system's worker then reports it
+        except rocmc.RocmcError as e:  # recorded; that system's worker then reports it
             first = next((l for l in str(e).splitlines() if "error:" in l), str(e).splitlines()[0])
             vmfb.with_suffix(".error").write_text(first.strip()[:300])
             print(f"  {case.graph_key} ({system}): compile failed: {first.strip()[:200]}", flush=True)
             continue
         art.save(vmfb)
-        print(f"  compiled {case.graph_key} for cpu ({system}) in {time.perf_counter() - t:.1f} s"
-              f"{' (cache)' if art.cached else ''}", flush=True)
+        print(
+            f"  compiled {case.graph_key} for cpu ({system}) in {time.perf_counter() - t:.1f} s"
+            f"{' (cache)' if art.cached else ''}",
+            flush=True,
+        )
     # Exported on every run (the weights follow the examples' code), in a child process: the
     # exporter's memory and threads stay out of the measurements.
-    subprocess.run([sys.executable, __file__, "--export", case.name, "--out", str(work.parent)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "bench.run_cpu", "--export", case.name, "--out", str(work.parent)], check=True
+    )
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -150,6 +170,7 @@ def versions() -> dict:
         except ImportError:
             pass
     from importlib.metadata import version
+
     out["iree-base-runtime"] = version("iree-base-runtime")
     out["iree-base-compiler"] = version("iree-base-compiler")
     return out
@@ -182,16 +203,34 @@ def main() -> int:
         print(json.dumps(worker(*a.worker, a.runs, a.threads, work)))
         return 0
 
-    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads": a.threads, "runs": a.runs,
-               "warmup": WARMUP, "versions": versions(), "cases": {}}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "threads": a.threads,
+        "runs": a.runs,
+        "warmup": WARMUP,
+        "versions": versions(),
+        "cases": {},
+    }
     for name in a.cases.split(","):
         case = models.parse(name)
         print(f"{name}:", flush=True)
         prepare(case, work)
         row = {"flops": case.flops, "load_avg_before": os.getloadavg()[0]}
         for system in a.systems.split(","):
-            cmd = [sys.executable, __file__, "--worker", name, system, "--runs", str(a.runs),
-                   "--threads", str(a.threads), "--out", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.run_cpu",
+                "--worker",
+                name,
+                system,
+                "--runs",
+                str(a.runs),
+                "--threads",
+                str(a.threads),
+                "--out",
+                str(out),
+            ]
             t = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode:
@@ -199,8 +238,11 @@ def main() -> int:
                 row[system] = {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
                 continue
             row[system] = json.loads(p.stdout.strip().splitlines()[-1])
-            print(f"  {system:12s} median {row[system]['median_ms']:9.2f} ms  peak RSS "
-                  f"{row[system]['peak_rss_mb']:7.0f} MB  ({time.perf_counter() - t:.0f} s)", flush=True)
+            print(
+                f"  {system:12s} median {row[system]['median_ms']:9.2f} ms  peak RSS "
+                f"{row[system]['peak_rss_mb']:7.0f} MB  ({time.perf_counter() - t:.0f} s)",
+                flush=True,
+            )
         ref = work / f"{name}.torch.npy"
         for system in a.systems.split(","):
             got = work / f"{name}.{system}.npy"
@@ -212,9 +254,14 @@ def main() -> int:
             row["rocmc_tuned_over_ort"] = row["rocmc_tuned"]["median_ms"] / row["onnxruntime"]["median_ms"]
         if "median_ms" in row.get("rocmc", {}) and "median_ms" in row.get("torch", {}):
             row["rocmc_over_torch"] = row["rocmc"]["median_ms"] / row["torch"]["median_ms"]
-        print("  " + ", ".join(f"{k} {v:.3g}" for k, v in row.items() if "_over_" in k)
-              + "".join(f", {s} err {row[s]['rel_err_vs_torch']:.1e}" for s in SYSTEMS
-                        if "rel_err_vs_torch" in row.get(s, {})), flush=True)
+        print(
+            "  "
+            + ", ".join(f"{k} {v:.3g}" for k, v in row.items() if "_over_" in k)
+            + "".join(
+                f", {s} err {row[s]['rel_err_vs_torch']:.1e}" for s in SYSTEMS if "rel_err_vs_torch" in row.get(s, {})
+            ),
+            flush=True,
+        )
         row["load_avg_after"] = os.getloadavg()[0]
         results["cases"][name] = row
     (out / "cpu.json").write_text(json.dumps(results, indent=1))

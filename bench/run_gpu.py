@@ -1,8 +1,8 @@
 """GPU benchmark (NVIDIA): rocmc for cuda:sm_80 (hand-written kernels on/off, cuDNN externs on/off) vs
 PyTorch eager and torch.compile, same weights, same inputs.
 
-    python bench/run_gpu.py compile [--out out/bench/gpu]   # CPU machine: one .vmfb per case and variant
-    python bench/run_gpu.py run [--out out/bench/gpu]       # GPU machine: iree-base-runtime, torch, nvidia-ml-py
+    python -m bench.run_gpu compile [--out out/bench/gpu]   # CPU machine: one .vmfb per case and variant
+    python -m bench.run_gpu run [--out out/bench/gpu]       # GPU machine: iree-base-runtime, torch, nvidia-ml-py
 
 The modules take their weights as inputs (models.weights_as_inputs): a module with embedded weights
 is as large as the weights, and the modules travel to the GPU machine. There the weights are rebuilt
@@ -10,6 +10,7 @@ from the same seed, uploaded once and kept on the device, as PyTorch keeps its p
 (case, system) runs in its own process; the parent compares every output with torch eager's and writes
 <out>/gpu.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,43 +23,50 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # noqa: E402
-from common import timings  # noqa: E402
+from bench import models
+from bench.common import timings
 
 TARGET = "cuda:sm_80"
 # case -> {variant: rocmc.compile options}. "kernels" is the default implementation choice (hand-written
 # RMSNorm/RoPE kernels on GPU targets); "generated" turns them off; "cudnn" routes convolutions, pooling,
-# batch norm and activations to cuDNN through the extern-call path; "cudnn_conv" only the convolutions
+# batch norm and activations to the DNN library role (cuDNN on CUDA) through the extern-call path; "cudnn_conv" only the convolutions
 # (with the rewrite stage's epilogues: batch norm folded, bias + residual + ReLU in the cuDNN call);
 # "cudnn_conv_unfused" the convolutions alone, the graph compiled as given (rewrite=False).
 # "+static" fixes the symbolic sequence length to the case's (2048): with a dynamic M, IREE 3.13 gives
 # every matmul a GEMV-style reduction strategy on CUDA instead of tensor-core MMA (BENCHMARKS.md).
-# "kernels" is the default (hand-written kernels, GEMMs and attention in IREE's code); "hipblaslt" adds the
-# vendor GEMM library (cuBLASLt on CUDA, hipBLASLt on ROCm) for the projections and attention's two GEMMs;
-# "hipblaslt_iree_attention" the library for the projections only.
-_LIB = {"libraries": ["hipblaslt"]}
+# "kernels" is the default (hand-written kernels, GEMMs and attention in IREE's code); "blas" adds the
+# GEMM library role (cuBLASLt on CUDA, hipBLASLt on ROCm) for the projections and attention's two GEMMs;
+# "blas_iree_attention" the library for the projections only.
+_LIB = {"libraries": ["blas"]}
 _LIB_IREE_ATTENTION = {**_LIB, "impl": {"sdpa": "generated"}}
-_LLAMA = {"kernels": {}, "hipblaslt": _LIB, "hipblaslt_iree_attention": _LIB_IREE_ATTENTION,
-          "kernels+static": {"static": True}, "hipblaslt+static": {**_LIB, "static": True},
-          "hipblaslt_iree_attention+static": {**_LIB_IREE_ATTENTION, "static": True}}
+_LLAMA = {
+    "kernels": {},
+    "blas": _LIB,
+    "blas_iree_attention": _LIB_IREE_ATTENTION,
+    "kernels+static": {"static": True},
+    "blas+static": {**_LIB, "static": True},
+    "blas_iree_attention+static": {**_LIB_IREE_ATTENTION, "static": True},
+}
 CASES = {
     "llama_h1024_s2048_f16": _LLAMA,
     "llama_h4096_s2048_f16": _LLAMA,
-    "resnet18_b32_f32": {"generated": {"impl": "generated"},
-                         "cudnn_conv": {"impl": {"conv2d": "miopen", "fused_conv2d": "miopen"}},
-                         "cudnn_conv_unfused": {"impl": {"conv2d": "miopen"}, "rewrite": False},
-                         # weights embedded: batch norm folded into them at compile time (too large to
-                         # carry with the others: compile these with --only-variants and run them alone)
-                         "cudnn_conv+const": {"impl": {"conv2d": "miopen", "fused_conv2d": "miopen"}, "const": True},
-                         "cudnn_conv_unfused+const": {"impl": {"conv2d": "miopen"}, "rewrite": False, "const": True},
-                         "cudnn": {"libraries": ["miopen"]}},
+    "resnet18_b32_f32": {
+        "generated": {"impl": "generated"},
+        "cudnn_conv": {"impl": {"conv2d": "dnn", "fused_conv2d": "dnn"}},
+        "cudnn_conv_unfused": {"impl": {"conv2d": "dnn"}, "rewrite": False},
+        # weights embedded: batch norm folded into them at compile time (too large to
+        # carry with the others: compile these with --only-variants and run them alone)
+        "cudnn_conv+const": {"impl": {"conv2d": "dnn", "fused_conv2d": "dnn"}, "const": True},
+        "cudnn_conv_unfused+const": {"impl": {"conv2d": "dnn"}, "rewrite": False, "const": True},
+        "cudnn": {"libraries": ["dnn"]},
+    },
 }
 WARMUP, RUNS = 5, 50
 
 
 def compile_all(out: Path, only=None, variants=None) -> None:
     import rocmc
+
     out.mkdir(parents=True, exist_ok=True)
     for name, chosen in CASES.items():
         if only and name not in only:
@@ -77,23 +85,27 @@ def compile_all(out: Path, only=None, variants=None) -> None:
             t = time.perf_counter()
             art = rocmc.compile(g, TARGET, **opts)
             art.save(out / f"{name}.{variant}.vmfb")
-            print(f"{name}.{variant}: {time.perf_counter() - t:.1f} s{' (cache)' if art.cached else ''}; "
-                  + ", ".join(f"{d['kind']} {d['name']}" for d in art.dispatches() if d["kind"] != "generated"),
-                  flush=True)
+            print(
+                f"{name}.{variant}: {time.perf_counter() - t:.1f} s{' (cache)' if art.cached else ''}; "
+                + ", ".join(f"{d['kind']} {d['name']}" for d in art.dispatches() if d["kind"] != "generated"),
+                flush=True,
+            )
 
 
 # ---- one system, in its own process ---------------------------------------------------------------
 
+
 def _device_memory_mb() -> float:
     """Device memory this process holds (NVML), context included."""
     import pynvml
+
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     pid = os.getpid()
     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
         if p.pid == pid and p.usedGpuMemory:
             return p.usedGpuMemory / 2**20
-    info = pynvml.nvmlDeviceGetMemoryInfo(h)   # no per-process figure (containers): whole-device use
+    info = pynvml.nvmlDeviceGetMemoryInfo(h)  # no per-process figure (containers): whole-device use
     return info.used / 2**20
 
 
@@ -108,7 +120,8 @@ def _rocmc(case, variant, out: Path):
     import rocmc
     from iree import runtime as rt
     from rocmc.runtime.providers.cudnn import prepare_cuda
-    prepare_cuda()      # library calls (cuDNN, cuBLASLt) need exportable device buffers
+
+    prepare_cuda()  # library calls (cuDNN, cuBLASLt) need exportable device buffers
     g = models.rocmc_graph(case)
     mod = rocmc.load(out / f"{case.name}.{variant}.vmfb")
     weights = [] if variant.endswith("+const") else models.weight_arrays(g)
@@ -120,7 +133,8 @@ def _rocmc(case, variant, out: Path):
 
 def _torch(case, mode, out: Path):
     import torch
-    torch.backends.cuda.matmul.allow_tf32 = False     # f32 stays f32, as in rocmc
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # f32 stays f32, as in rocmc
     torch.backends.cudnn.allow_tf32 = False
     module = models.torch_module(case).cuda()
     if mode == "compile":
@@ -130,6 +144,7 @@ def _torch(case, mode, out: Path):
     def fn():
         with torch.inference_mode():
             return module(*xs)
+
     return fn, (lambda r: r.float().cpu().numpy()), torch.cuda.synchronize
 
 
@@ -144,7 +159,7 @@ def worker(case_name: str, system: str, out: Path) -> dict:
     t = time.perf_counter()
     fn()
     sync()
-    second = time.perf_counter() - t       # the first call may include compilation (torch.compile, PTX JIT)
+    second = time.perf_counter() - t  # the first call may include compilation (torch.compile, PTX JIT)
     res = _time(fn, sync, second)
     res["first_call_s"] = first
     res["device_mb"] = _device_memory_mb()
@@ -163,13 +178,21 @@ def run_all(out: Path, only=None, systems=None) -> int:
     # No CUDA context in this process: the workers' device memory readings stay their own.
     import pynvml
     from importlib.metadata import version
+
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     name = pynvml.nvmlDeviceGetName(h)
-    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "target": TARGET,
-               "device": name.decode() if isinstance(name, bytes) else name,
-               "driver": pynvml.nvmlSystemGetDriverVersion(), "torch": version("torch"),
-               "iree-base-runtime": version("iree-base-runtime"), "warmup": WARMUP, "runs": RUNS, "cases": {}}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "target": TARGET,
+        "device": name.decode() if isinstance(name, bytes) else name,
+        "driver": pynvml.nvmlSystemGetDriverVersion(),
+        "torch": version("torch"),
+        "iree-base-runtime": version("iree-base-runtime"),
+        "warmup": WARMUP,
+        "runs": RUNS,
+        "cases": {},
+    }
     try:
         results["cudnn"] = version("nvidia-cudnn-cu13")
     except Exception:
@@ -184,8 +207,11 @@ def run_all(out: Path, only=None, systems=None) -> int:
             if systems and system not in systems:
                 continue
             t = time.perf_counter()
-            p = subprocess.run([sys.executable, __file__, "worker", name, system, "--out", str(out)],
-                               capture_output=True, text=True)
+            p = subprocess.run(
+                [sys.executable, "-m", "bench.run_gpu", "worker", name, system, "--out", str(out)],
+                capture_output=True,
+                text=True,
+            )
             if p.returncode:
                 tail = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"
                 row[system] = {"error": tail}
@@ -193,8 +219,11 @@ def run_all(out: Path, only=None, systems=None) -> int:
                 status = 1
                 continue
             row[system] = json.loads(p.stdout.strip().splitlines()[-1])
-            print(f"{name} {system:16s} median {row[system]['median_ms']:8.3f} ms  device {row[system]['device_mb']:7.0f} MB"
-                  f"  ({time.perf_counter() - t:.0f} s)", flush=True)
+            print(
+                f"{name} {system:16s} median {row[system]['median_ms']:8.3f} ms  device {row[system]['device_mb']:7.0f} MB"
+                f"  ({time.perf_counter() - t:.0f} s)",
+                flush=True,
+            )
         ref = out / f"{name}.torch-eager.npy"
         for system in systems_for(name):
             f = out / f"{name}.{system.replace(':', '-')}.npy"

@@ -3,24 +3,19 @@ and with dynamic batch (and sequence) Dims, compiled for the host CPU and run ag
 two input sizes (one for static imports); the table says what imported, how close it is, and what the
 rewrite stage recognised.
 
-    python bench/torch_exports.py [--families llama,gpt2] [--shapes static,dynamic] [--out FILE.md] [-j JOBS]
+    python -m bench.torch_exports [--families llama,gpt2] [--shapes static,dynamic] [--out FILE.md] [-j JOBS]
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 import traceback
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests", ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import export_models as zoo  # noqa: E402
-from onnx_exports import SIZES, against_torch, report, run_all  # noqa: E402
+from bench.onnx_exports import SIZES, against_torch, report, run_all
+from tests import export_models as zoo
 
 HEADER = """# torch.export programs through rocmc
 
@@ -29,8 +24,8 @@ random weights, imported with `rocmc.import_torch` (torch.export, core ATen opse
 dynamic batch (and sequence) `torch.export.Dim`s, compiled for the host CPU (rewrite stage on) and compared with
 the eager module at (batch, seq) = (2, 7) and, for dynamic imports, also at (3, 12), on the positions the
 attention mask keeps. The last column is what the rewrite stage recognised. torch 2.13.0, transformers 5.24.0;
-{date}. Regenerate with `python bench/torch_exports.py --out docs/torch-exports.md -j 2`; CI compiles all but
-three CNNs (`tests/test_torch_import.py`).
+{date}. Regenerate with `python -m bench.torch_exports --out docs/torch-exports.md -j 2`; CI compiles all but
+three CNNs (`tests/torch/test_torch_import.py`).
 
 How each model was exported and imported: `tests/export_models.py` builds the family's transformers (or
 torch.nn) model and wraps it in a small `Wrapped` module whose `forward` takes the example inputs
@@ -50,7 +45,7 @@ The wrapper is not needed: `rocmc.import_torch` takes a transformers model as lo
 (`AutoModelForCausalLM.from_config(...)` or `.from_pretrained(dir)`), binds keyword arguments that hold no
 tensor (`use_cache=False`) into the export as constants and drops outputs that are not tensors (the
 `DynamicCache`, `None` fields), so a causal LM's graph returns its logits. That path is checked by
-`tests/test_torch_import.py::test_hf_causal_lm_as_loaded` (Llama from `from_config`, Qwen2 through
+`tests/torch/test_torch_import.py::test_hf_causal_lm_as_loaded` (Llama from `from_config`, Qwen2 through
 `save_pretrained`/`from_pretrained`, an unbounded `Dim("seq")`, odd lengths, against the float64 eager model),
 not by this table.
 """
@@ -59,6 +54,7 @@ not by this table.
 def run_case(family: str, dynamic: bool) -> dict:
     import torch
     import rocmc
+
     out = {"family": family, "dynamic": dynamic}
     rng = np.random.default_rng(0)
     try:
@@ -84,8 +80,13 @@ def main(argv=None) -> int:
     cases = [(f, s == "dynamic") for f in a.families.split(",") for s in a.shapes.split(",")]
     results = run_all(run_case, cases, a.jobs, ("family", "shapes"))
     ok = sum(r["status"] == "ok" for r in results)
-    report(a.out, HEADER, f"**{ok} of {len(results)} imports compile and match the eager module at 1e-4 relative**",
-           results, ("family", "shapes"))
+    report(
+        a.out,
+        HEADER,
+        f"**{ok} of {len(results)} imports compile and match the eager module at 1e-4 relative**",
+        results,
+        ("family", "shapes"),
+    )
     return 0 if ok == len(results) else 1
 
 

@@ -4,6 +4,7 @@ The layer structure follows the two papers (Sandler et al. 2018, He et al. 2016)
 sizes; weights are random from a seed (latency does not depend on trained values). Batch-norm
 statistics are randomised too, so an importer that folds or skips them is visible in the error.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,15 @@ class InvertedResidual(nn.Module):
 
 class MobileNetV2(nn.Module):
     # (expansion t, output channels c, repeats n, first stride s), the paper's table 2.
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-                (6, 320, 1, 1)]
+    SETTINGS = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
 
     def __init__(self, classes: int = 1000):
         super().__init__()
@@ -57,10 +65,12 @@ class Bottleneck(nn.Module):
     def __init__(self, c_in: int, width: int, stride: int):
         super().__init__()
         c_out = width * 4
-        self.body = nn.Sequential(_conv_bn(c_in, width, 1, act=nn.ReLU), _conv_bn(width, width, 3, stride, act=nn.ReLU),
-                                  _conv_bn(width, c_out, 1, act=None))
-        self.shortcut = (_conv_bn(c_in, c_out, 1, stride, act=None) if stride != 1 or c_in != c_out
-                         else nn.Identity())
+        self.body = nn.Sequential(
+            _conv_bn(c_in, width, 1, act=nn.ReLU),
+            _conv_bn(width, width, 3, stride, act=nn.ReLU),
+            _conv_bn(width, c_out, 1, act=None),
+        )
+        self.shortcut = _conv_bn(c_in, c_out, 1, stride, act=None) if stride != 1 or c_in != c_out else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):
@@ -68,12 +78,13 @@ class Bottleneck(nn.Module):
 
 
 class ResNet50(nn.Module):
-    STAGES = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]   # (width, blocks, first stride)
+    STAGES = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]  # (width, blocks, first stride)
 
     def __init__(self, classes: int = 1000):
         super().__init__()
-        stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-                             nn.MaxPool2d(3, 2, 1))
+        stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+        )
         blocks, c = [], 64
         for width, n, s in self.STAGES:
             for i in range(n):

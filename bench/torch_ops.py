@@ -1,8 +1,9 @@
 """Which core ATen ops rocmc's torch frontend (rocmc.import_torch) converts, and which ATen ops the model
 families of tests/export_models.py use after torch.export's decomposition to the core opset.
 
-    python bench/torch_ops.py [--out docs/torch-ops.md] [--no-zoo]
+    python -m bench.torch_ops [--out docs/torch-ops.md] [--no-zoo]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,6 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
 
 HEADER = """# ATen ops of the torch frontend
 
@@ -22,13 +19,14 @@ HEADER = """# ATen ops of the torch frontend
 `aten.scaled_dot_product_attention`, which becomes `ops.sdpa`) and converts each node with one converter per
 ATen op (`rocmc/frontend/torch/`: `elementwise.py`, `views.py`, `nn.py`). Below: the ops with a converter, the
 core ATen ops without one, and the ATen ops each family of `tests/export_models.py` uses.
-torch {torch}. Regenerate with `python bench/torch_ops.py --out docs/torch-ops.md`.
+torch {torch}. Regenerate with `python -m bench.torch_ops --out docs/torch-ops.md`.
 """
 
 
 def core_aten_ops() -> list[str]:
     """Every ATen overload torch tags as core (the opset run_decompositions() lowers to)."""
     import torch
+
     out = []
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name, None)
@@ -45,8 +43,9 @@ def zoo_ops() -> dict:
     """family -> the ATen ops (and Python size arithmetic) of its decomposed export."""
     import numpy as np
     import torch
-    import export_models as zoo
     from rocmc.frontend.torch import decompositions, op_name
+    from tests import export_models as zoo
+
     out = {}
     for family, f in zoo.FAMILIES.items():
         model = zoo.build(family)
@@ -61,14 +60,16 @@ def zoo_ops() -> dict:
 def table(zoo: dict | None) -> str:
     import torch
     from rocmc.frontend.torch import CONVERTERS
+
     by_module = defaultdict(list)
     for name, fn in CONVERTERS.items():
         by_module[fn.__module__.rsplit(".", 1)[-1]].append(name)
     core = core_aten_ops()
     supported_core = [op for op in core if op in CONVERTERS]
-    lines = [HEADER.format(torch=torch.__version__),
-             f"{len(CONVERTERS)} ops have a converter, {len(supported_core)} of the {len(core)} core ATen ops among "
-             f"them.\n"]
+    lines = [
+        HEADER.format(torch=torch.__version__),
+        f"{len(CONVERTERS)} ops have a converter, {len(supported_core)} of the {len(core)} core ATen ops among them.\n",
+    ]
     for module in sorted(by_module):
         names = sorted(by_module[module])
         lines.append(f"## Converted: `{module}.py` ({len(names)})\n")

@@ -1,17 +1,18 @@
 """Tensor-parallel Llama on NVIDIA GPUs: N processes, one per GPU, NCCL all-reduces enqueued by IREE;
 against the same model on one GPU.
 
-    python bench/tp_gpu.py compile [--dir out/tp_gpu]       # CPU machine with rocmc: a config.json per shape
+    python -m bench.tp_gpu compile [--dir out/tp_gpu]       # CPU machine with rocmc: a config.json per shape
                                                            # and one .vmfb per (shape, degree), cuda:sm_80
     bench/tp_gpu.sh run [OUTDIR]                           # GPU machine: every run below, then the report
-    python bench/tp_gpu.py run --shape 7b --tp 2 ...       # one run (under `rocmc launch -n 2` for --tp 2)
-    python bench/tp_gpu.py report [--dir out/tp_gpu]       # the table of BENCHMARKS.md from the runs' JSON
+    python -m bench.tp_gpu run --shape 7b --tp 2 ...       # one run (under `rocmc launch -n 2` for --tp 2)
+    python -m bench.tp_gpu report [--dir out/tp_gpu]       # the table of BENCHMARKS.md from the runs' JSON
 
 Weights are made in memory by each rank, never written (a 70B checkpoint is 140 GB): every tensor is
 BLOCKS blocks along the axis the plan splits it on (axis 0 for a tensor held whole), block k drawn on the
 GPU by torch's generator seeded with (the tensor's index, k). A rank draws only the blocks of its slices,
 so the model of every degree is the same model. Matrices N(0, 0.02), norm weights 1 + N(0, 0.01); f16.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,25 +25,50 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-BLOCKS = 8          # degrees 1, 2, 4 and 8 take whole blocks
+BLOCKS = 8  # degrees 1, 2, 4 and 8 take whole blocks
 SHAPES = {
-    "small": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16,
-              "num_key_value_heads": 8, "vocab_size": 8000},
-    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 32, "vocab_size": 32000},
-    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-            "num_key_value_heads": 8, "vocab_size": 32000},
+    "small": {
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "vocab_size": 8000,
+    },
+    "7b": {
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+    },
+    "70b": {
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+    },
 }
 RUNS = [("small", 1), ("small", 2), ("7b", 1), ("7b", 2), ("70b", 2)]
 MAX_SEQ_LEN = 512
 
 
 def config_json(shape: str) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SHAPES[shape],
-            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float16",
-            "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **SHAPES[shape],
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "torch_dtype": "float16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": False,
+    }
 
 
 def vmfb(d: Path, shape: str, tp: int) -> Path:
@@ -51,24 +77,30 @@ def vmfb(d: Path, shape: str, tp: int) -> Path:
 
 def compile_all(a) -> None:
     import rocmc
+
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
     for shape, tp in RUNS:
         (d / shape).mkdir(exist_ok=True)
         (d / shape / "config.json").write_text(json.dumps(config_json(shape), indent=1))
         t = time.perf_counter()
-        art = rocmc.llm.compile_hf(d / shape / "config.json", "cuda:sm_80", max_seq_len=MAX_SEQ_LEN, max_batch=1,
-                                   tensor_parallel=tp)
+        art = rocmc.llm.compile_hf(
+            d / shape / "config.json", "cuda:sm_80", max_seq_len=MAX_SEQ_LEN, max_batch=1, tensor_parallel=tp
+        )
         art.save(vmfb(d, shape, tp))
-        print(f"{shape} tp={tp}: {time.perf_counter() - t:.0f} s, {vmfb(d, shape, tp).stat().st_size} bytes", flush=True)
+        print(
+            f"{shape} tp={tp}: {time.perf_counter() - t:.0f} s, {vmfb(d, shape, tp).stat().st_size} bytes", flush=True
+        )
 
 
 # ---- weights ----------------------------------------------------------------------------------------
+
 
 def weights(torch, cfg, plan, rank: int, degree: int, dev: str) -> dict:
     """This rank's slice of every parameter, drawn block by block on the GPU (see the module docstring)."""
     from rocmc.llm import sharding
     from rocmc.llm.config import param_names
+
     index = {n: i for i, n in enumerate(dict(param_names(cfg)))}
     # The blocks run along the axis the plan splits (whatever the degree, 1 included): one model for all.
     shards = (plan or sharding.plan(cfg, 1)).shards
@@ -93,14 +125,16 @@ def weights(torch, cfg, plan, rank: int, degree: int, dev: str) -> dict:
 
 # ---- one run ----------------------------------------------------------------------------------------
 
+
 def run(a) -> int:
     import torch
     import rocmc
     from rocmc.llm import sharding
     from rocmc.llm.config import load_config
     from rocmc.llm.runtime import _Batch
-    from common import timings
-    from llm_gpu import kernel_profile
+    from bench.common import timings
+    from bench.llm_gpu import kernel_profile
+
     d = Path(a.dir)
     rank = int(os.environ.get("RANK", "0"))
     dev = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
@@ -121,6 +155,7 @@ def run(a) -> int:
 
     def prefill():
         return lm.module.prefill(**_Batch([prompt], 1, cfg).prefill_inputs(), output="device")[0].to_host()
+
     pre = timings(prefill, a.reps, 2)
     b = _Batch([prompt], 1, cfg)
     state = {"nxt": prefill()}
@@ -135,17 +170,33 @@ def run(a) -> int:
 
     def decode():
         state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"]), output="device")[0].to_host()
+
     if lm.group is not None:
-        lm.group.barrier()          # the ranks start profiling together: NCCL kernels wait for the slower rank
+        lm.group.barrier()  # the ranks start profiling together: NCCL kernels wait for the slower rank
     prof = kernel_profile(torch, decode, 48)
     nccl = sum(k["ms_per_call"] for k in prof["top"] if "nccl" in k["name"].lower())
-    res = {"shape": a.shape, "tp": a.tp, "rank": rank, "device": torch.cuda.get_device_name(dev),
-           "gpus": torch.cuda.device_count(), "weights_gen_s": gen_s, "load_s": load_s,
-           "device_used_gib": (total - free) / 2**30, "prompt_len": a.prompt_len, "tokens": tokens,
-           "prefill_ms": pre["median_ms"], "decode_ms_per_token": step_ms, "decode_tokens_per_s": 1e3 / step_ms,
-           "decode_profile": {"wall_ms": prof["wall_ms_per_call"], "gpu_busy_ms": prof["gpu_busy_ms_per_call"],
-                              "nccl_kernel_ms": nccl, "kernels": prof["kernels_per_call"]},
-           "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
+    res = {
+        "shape": a.shape,
+        "tp": a.tp,
+        "rank": rank,
+        "device": torch.cuda.get_device_name(dev),
+        "gpus": torch.cuda.device_count(),
+        "weights_gen_s": gen_s,
+        "load_s": load_s,
+        "device_used_gib": (total - free) / 2**30,
+        "prompt_len": a.prompt_len,
+        "tokens": tokens,
+        "prefill_ms": pre["median_ms"],
+        "decode_ms_per_token": step_ms,
+        "decode_tokens_per_s": 1e3 / step_ms,
+        "decode_profile": {
+            "wall_ms": prof["wall_ms_per_call"],
+            "gpu_busy_ms": prof["gpu_busy_ms_per_call"],
+            "nccl_kernel_ms": nccl,
+            "kernels": prof["kernels_per_call"],
+        },
+        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+    }
     if rank == 0:
         Path(a.json).write_text(json.dumps(res, indent=1))
         print(json.dumps({k: v for k, v in res.items() if k != "tokens"}), flush=True)
@@ -155,20 +206,34 @@ def run(a) -> int:
 def report(a) -> int:
     d = Path(a.dir)
     rows = {(r["shape"], r["tp"]): r for r in (json.loads(p.read_text()) for p in sorted(d.glob("run_*.json")))}
-    print("| shape | GPUs | memory used per GPU | prefill 128 tok (ms) | decode (tok/s) | speed-up vs 1 GPU | NCCL kernel "
-          "share of a decode step | greedy tokens equal to 1 GPU |")
+    print(
+        "| shape | GPUs | memory used per GPU | prefill 128 tok (ms) | decode (tok/s) | speed-up vs 1 GPU | NCCL kernel "
+        "share of a decode step | greedy tokens equal to 1 GPU |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for (shape, tp), r in sorted(rows.items(), key=lambda kv: (list(SHAPES).index(kv[0][0]), kv[0][1])):
         one = rows.get((shape, 1))
-        speed = f"{r['decode_tokens_per_s'] / one['decode_tokens_per_s']:.2f}x (efficiency " \
-                f"{r['decode_tokens_per_s'] / one['decode_tokens_per_s'] / tp:.0%})" if one and tp > 1 else "-"
-        same = "-" if not one or tp == 1 else (
-            "yes" if r["tokens"] == one["tokens"] else
-            f"first {next(i for i, (x, y) in enumerate(zip(r['tokens'], one['tokens'])) if x != y)} of {len(one['tokens'])}")
+        speed = (
+            f"{r['decode_tokens_per_s'] / one['decode_tokens_per_s']:.2f}x (efficiency "
+            f"{r['decode_tokens_per_s'] / one['decode_tokens_per_s'] / tp:.0%})"
+            if one and tp > 1
+            else "-"
+        )
+        same = (
+            "-"
+            if not one or tp == 1
+            else (
+                "yes"
+                if r["tokens"] == one["tokens"]
+                else f"first {next(i for i, (x, y) in enumerate(zip(r['tokens'], one['tokens'])) if x != y)} of {len(one['tokens'])}"
+            )
+        )
         share = r["decode_profile"]["nccl_kernel_ms"] / r["decode_profile"]["wall_ms"]
-        print(f"| {shape} | {tp} | {r['device_used_gib']:.1f} GiB | {r['prefill_ms']:.1f} | "
-              f"{r['decode_tokens_per_s']:.1f} | {speed} | {share:.0%} ({r['decode_profile']['nccl_kernel_ms']:.2f} of "
-              f"{r['decode_profile']['wall_ms']:.2f} ms) | {same} |")
+        print(
+            f"| {shape} | {tp} | {r['device_used_gib']:.1f} GiB | {r['prefill_ms']:.1f} | "
+            f"{r['decode_tokens_per_s']:.1f} | {speed} | {share:.0%} ({r['decode_profile']['nccl_kernel_ms']:.2f} of "
+            f"{r['decode_profile']['wall_ms']:.2f} ms) | {same} |"
+        )
     first = next(iter(rows.values()), None)
     if first:
         print(f"\n{first['device']} x {first['gpus']}, NCCL_NVLS_ENABLE={first['nccl_nvls_enable']}")

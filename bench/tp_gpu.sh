@@ -9,18 +9,18 @@ cd "$(dirname "$0")/.."
 DIR=${DIR:-out/tp_gpu}
 case "${1:-}" in
   compile)
-    ${PY:-.venv/bin/python} bench/tp_gpu.py compile --dir "$DIR"
+    ${PY:-.venv/bin/python} -m bench.tp_gpu compile --dir "$DIR"
     ls .whl/iree_base_runtime-*.whl >/dev/null 2>&1 || ../shared/tools/gpu-wheels.sh >/dev/null ;;
   run)
     SITE=${SITE:-/tmp/rocmc-site}
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${WHEELS:-.whl}"/iree_base_runtime-*.whl
-    export PYTHONPATH="$SITE:$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     for run in ${2:-small:1 small:2 7b:1 7b:2 70b:2}; do
       shape=${run%:*} tp=${run#*:}
-      python3 -m rocmc.cli launch -n "$tp" python3 bench/tp_gpu.py run --dir "$DIR" --shape "$shape" --tp "$tp" \
+      python3 -m rocmc.cli launch -n "$tp" python3 -m bench.tp_gpu run --dir "$DIR" --shape "$shape" --tp "$tp" \
         || echo "run $shape tp=$tp failed"
     done
-    python3 bench/tp_gpu.py report --dir "$DIR" | tee "$DIR/report.md"
+    python3 -m bench.tp_gpu report --dir "$DIR" | tee "$DIR/report.md"
     if [ -n "${OUT:-}" ]; then cp "$DIR"/run_*.json "$DIR/report.md" "$OUT"/; fi ;;
   *) echo "usage: $0 compile | run ['shape:tp ...']" >&2; exit 2 ;;
 esac

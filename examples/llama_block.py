@@ -1,8 +1,9 @@
 """A Llama decoder block: RMSNorm, RoPE, grouped-query causal attention, SwiGLU MLP, residuals.
 
-    python examples/llama_block.py --demo            # compile for the CPU, run, check, time; then gfx942
-    rocmc compile examples/llama_block.py -t gfx942 -o out.vmfb --set hidden=1024 --dump-ir out/
+python examples/llama_block.py --demo            # compile for the CPU, run, check, time; then gfx942
+rocmc compile examples/llama_block.py -t gfx942 -o out.vmfb --set hidden=1024 --dump-ir out/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,21 @@ def rope_tables(max_seq: int, head_dim: int, base: float = 10000.0):
     return np.cos(ang), np.sin(ang)
 
 
-def build_graph(hidden: int = 512, heads: int = 8, kv_heads: int = 2, ffn: int | None = None, batch: int = 1,
-                max_seq: int = 4096, dtype: str = "f32", seed: int = 0) -> rocmc.Graph:
+def build_graph(
+    hidden: int = 512,
+    heads: int = 8,
+    kv_heads: int = 2,
+    ffn: int | None = None,
+    batch: int = 1,
+    max_seq: int = 4096,
+    dtype: str = "f32",
+    seed: int = 0,
+) -> rocmc.Graph:
     """The block with random weights (seeded), input x: (batch, "seq", hidden)."""
     if hidden % heads or heads % kv_heads:
-        raise rocmc.GraphError(f"llama_block: hidden={hidden} must divide by heads={heads}, heads by kv_heads={kv_heads}")
+        raise rocmc.GraphError(
+            f"llama_block: hidden={hidden} must divide by heads={heads}, heads by kv_heads={kv_heads}"
+        )
     ffn = ffn or int(8 * hidden / 3 + 255) // 256 * 256
     hd = hidden // heads
     rng = np.random.default_rng(seed)
@@ -70,7 +81,9 @@ def demo(hidden: int, seq: int, dtype: str, gpu_target: str, dump: str) -> int:
     ref = rocmc.evaluate(g, x)
     err = np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max()
     tol = {"f32": 1e-4, "f16": 1e-2, "bf16": 5e-2}[dtype]
-    print(f"max error vs float64 reference (relative to max |y|): {err:.2e} ({'ok' if err < tol else 'FAIL'}, tolerance {tol})")
+    print(
+        f"max error vs float64 reference (relative to max |y|): {err:.2e} ({'ok' if err < tol else 'FAIL'}, tolerance {tol})"
+    )
     times = []
     for _ in range(20):
         t = time.perf_counter()

@@ -5,6 +5,7 @@ with stride 2 and a 1x1/2 projection), global average pooling and a linear class
     python examples/resnet18.py                      # compile for the CPU, run batch 2 at 64x64, check
     rocmc compile examples/resnet18.py -t gfx942 -o resnet18.vmfb --set batch=32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,12 +15,19 @@ import numpy as np
 import rocmc
 from rocmc import ops
 
-STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))   # (channels, stride of the first block)
+STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))  # (channels, stride of the first block)
 BLOCKS_PER_STAGE = 2
 
 
-def build_graph(batch=1, dtype: str = "f32", seed: int = 0, size: int = 224, width: int = 64,
-                classes: int = 1000, in_channels: int = 3) -> rocmc.Graph:
+def build_graph(
+    batch=1,
+    dtype: str = "f32",
+    seed: int = 0,
+    size: int = 224,
+    width: int = 64,
+    classes: int = 1000,
+    in_channels: int = 3,
+) -> rocmc.Graph:
     """ResNet-18 on x: (batch, in_channels, size, size) -> logits (batch, classes).
 
     `batch` may be a symbol (e.g. "n"); `width` scales every stage (64 is the real network). Constants
@@ -39,10 +47,14 @@ def build_graph(batch=1, dtype: str = "f32", seed: int = 0, size: int = 224, wid
         return ops.conv2d(x, w, stride=stride, padding=k // 2)
 
     def bn(x, name, c):
-        return ops.batch_norm(x, const(f"{name}_mean", 0.1 * rng.standard_normal(c)),
-                              const(f"{name}_var", 1.0 + 0.1 * rng.random(c)),
-                              const(f"{name}_weight", 1.0 + 0.1 * rng.standard_normal(c)),
-                              const(f"{name}_bias", 0.1 * rng.standard_normal(c)), eps=1e-5)
+        return ops.batch_norm(
+            x,
+            const(f"{name}_mean", 0.1 * rng.standard_normal(c)),
+            const(f"{name}_var", 1.0 + 0.1 * rng.random(c)),
+            const(f"{name}_weight", 1.0 + 0.1 * rng.standard_normal(c)),
+            const(f"{name}_bias", 0.1 * rng.standard_normal(c)),
+            eps=1e-5,
+        )
 
     def basic_block(x, name, cin, cout, stride):
         y = ops.relu(bn(conv(x, f"{name}_conv1", cin, cout, 3, stride), f"{name}_bn1", cout))
@@ -77,5 +89,7 @@ if __name__ == "__main__":
     x = np.random.default_rng(1).standard_normal((a.batch, 3, a.size, a.size)).astype(rocmc.dtype(a.dtype).np)
     y = rocmc.load(rocmc.compile(g, "cpu"))(x)
     ref = rocmc.evaluate(g, x)
-    print(f"logits {y.shape}, max error relative to max |y|: "
-          f"{np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max():.2e}")
+    print(
+        f"logits {y.shape}, max error relative to max |y|: "
+        f"{np.abs(y.astype(np.float64) - ref).max() / np.abs(ref).max():.2e}"
+    )

@@ -3,6 +3,7 @@ global average pooling.
 
     rocmc compile examples/resnet_block.py -t gfx942 -o resnet.vmfb
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,9 @@ import rocmc
 from rocmc import ops
 
 
-def build_graph(channels: int = 32, in_channels: int = 3, batch="n", size: int = 56, dtype: str = "f32",
-                seed: int = 0) -> rocmc.Graph:
+def build_graph(
+    channels: int = 32, in_channels: int = 3, batch="n", size: int = 56, dtype: str = "f32", seed: int = 0
+) -> rocmc.Graph:
     rng = np.random.default_rng(seed)
     npd = rocmc.dtype(dtype).np
     g = rocmc.Graph("resnet_block")
@@ -22,8 +24,13 @@ def build_graph(channels: int = 32, in_channels: int = 3, batch="n", size: int =
 
     def bn(x, name, c):
         p = lambda suffix, v: g.constant(f"{name}_{suffix}", v.astype(npd))
-        return ops.batch_norm(x, p("mean", 0.1 * rng.standard_normal(c)), p("var", 1.0 + 0.1 * rng.random(c)),
-                              p("weight", 1.0 + 0.1 * rng.standard_normal(c)), p("bias", 0.1 * rng.standard_normal(c)))
+        return ops.batch_norm(
+            x,
+            p("mean", 0.1 * rng.standard_normal(c)),
+            p("var", 1.0 + 0.1 * rng.random(c)),
+            p("weight", 1.0 + 0.1 * rng.standard_normal(c)),
+            p("bias", 0.1 * rng.standard_normal(c)),
+        )
 
     x = g.input("x", (batch, in_channels, size, size), dtype)
     y = ops.relu(bn(ops.conv2d(x, conv_w("stem", channels, in_channels, 7), stride=2, padding=3), "bn0", channels))

@@ -1,5 +1,6 @@
 """The compile targets rocmc knows, by name, and the runtime drivers that run each kind. Neutral: read by
 the lowering (to parse targets) and by the runtime (to check a module's metadata, pick its device) alike."""
+
 from __future__ import annotations
 
 # Architectures IREE 3.13 generates code for (its known-target tables).
@@ -18,8 +19,12 @@ CUDA_ARCH_SPELLINGS = {"sm_90a": "sm_90", "sm_100a": "sm_100"}
 
 
 def known_targets() -> list[str]:
-    return (["cpu"] + [f"rocm:{a}" for a in ROCM_ARCHS] + [f"cuda:{a}" for a in CUDA_ARCHS]
-            + [f"cuda:{a}" for a in CUDA_PTX_ARCHS])
+    return (
+        ["cpu"]
+        + [f"rocm:{a}" for a in ROCM_ARCHS]
+        + [f"cuda:{a}" for a in CUDA_ARCHS]
+        + [f"cuda:{a}" for a in CUDA_PTX_ARCHS]
+    )
 
 
 def code_arch(kind: str, arch: str) -> str:

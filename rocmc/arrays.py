@@ -7,6 +7,7 @@ ml_dtypes.bfloat16), detached first when it requires grad. Anything else a tenso
 the meta device, complex, quantized, sparse) is an InputError naming the argument. torch is optional:
 this module never imports it, and a value is a tensor only if torch is already imported.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,8 +16,20 @@ from .errors import InputError
 
 # torch dtype names (str(dtype) without "torch.") of the types rocmc has that tensor.numpy() reads as
 # the numpy type of the same name; bfloat16 goes through its bits
-_NUMPY_READABLE = ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                   "uint32", "uint64", "bool")
+_NUMPY_READABLE = (
+    "float32",
+    "float16",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+)
 _SUPPORTED = ", ".join(("bfloat16",) + _NUMPY_READABLE)
 
 
@@ -32,15 +45,21 @@ def as_numpy(x, what: str):
     if not is_tensor(x):
         return x
     import torch
+
     if x.layout != torch.strided:
-        raise InputError(f"{what}: a torch tensor of layout {x.layout}; expected a dense (strided) CPU tensor "
-                         f"(call .to_dense())")
+        raise InputError(
+            f"{what}: a torch tensor of layout {x.layout}; expected a dense (strided) CPU tensor (call .to_dense())"
+        )
     if x.is_quantized:
-        raise InputError(f"{what}: a quantized torch tensor ({x.dtype}); expected a CPU tensor of one of "
-                         f"{_SUPPORTED} (call .dequantize())")
+        raise InputError(
+            f"{what}: a quantized torch tensor ({x.dtype}); expected a CPU tensor of one of "
+            f"{_SUPPORTED} (call .dequantize())"
+        )
     if x.device.type != "cpu":
-        raise InputError(f"{what}: a torch tensor on device {x.device}; expected a CPU tensor (call .cpu(), "
-                         f"or give the module's own device arrays)")
+        raise InputError(
+            f"{what}: a torch tensor on device {x.device}; expected a CPU tensor (call .cpu(), "
+            f"or give the module's own device arrays)"
+        )
     name = str(x.dtype).removeprefix("torch.")
     if name != "bfloat16" and name not in _NUMPY_READABLE:
         raise InputError(f"{what}: torch dtype {x.dtype}, which rocmc lacks; expected one of {_SUPPORTED}")
@@ -48,7 +67,8 @@ def as_numpy(x, what: str):
     try:
         if name == "bfloat16":
             import ml_dtypes
+
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return t.numpy()
-    except (RuntimeError, TypeError) as e:   # a tensor without CPU storage of its own (a fake tensor)
+    except (RuntimeError, TypeError) as e:  # a tensor without CPU storage of its own (a fake tensor)
         raise InputError(f"{what}: a torch tensor numpy can't read ({e}); expected a plain CPU tensor") from None

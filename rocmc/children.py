@@ -15,6 +15,7 @@ a lock another thread held at the fork (and rules out vfork); the wrapper costs 
 raises the same OSError as with subprocess (reported through a close-on-exec pipe). Elsewhere than on
 Linux, children are plain subprocesses.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ os._exit(255)
 _UNSUPPORTED = ("preexec_fn", "executable", "shell")
 
 
-def run(cmd, *, input=None, capture_output: bool = False, timeout: float | None = None, check: bool = False,
-        **kwargs) -> subprocess.CompletedProcess:
+def run(
+    cmd, *, input=None, capture_output: bool = False, timeout: float | None = None, check: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
     """As subprocess.run: run `cmd` to its end and return a CompletedProcess. On any exception while
     waiting (TimeoutExpired, KeyboardInterrupt, ...) the child is killed and reaped before it propagates."""
     if input is not None:
@@ -81,8 +83,10 @@ def popen(cmd, **kwargs) -> subprocess.Popen:
     docstring). The caller owns the returned Popen: wait for it, or kill it, as with subprocess."""
     bad = [k for k in _UNSUPPORTED if kwargs.get(k)]
     if bad:
-        raise TypeError(f"rocmc.children: {', '.join(bad)} can't be used (the child is started through a "
-                        "wrapper that arms its parent-death signal)")
+        raise TypeError(
+            f"rocmc.children: {', '.join(bad)} can't be used (the child is started through a "
+            "wrapper that arms its parent-death signal)"
+        )
     args = [cmd] if isinstance(cmd, (str, bytes, os.PathLike)) else list(cmd)
     if not args:
         raise ValueError("rocmc.children: empty command")
@@ -111,7 +115,7 @@ def popen(cmd, **kwargs) -> subprocess.Popen:
         os.close(status_r)
     if req.error is not None:
         raise req.error
-    proc.args = cmd            # what the caller ran, in errors and CompletedProcess, not the wrapper
+    proc.args = cmd  # what the caller ran, in errors and CompletedProcess, not the wrapper
     if status:
         _kill(proc)
         what, _, number = status.decode("ascii", "replace").partition(":")
@@ -124,6 +128,7 @@ def popen(cmd, **kwargs) -> subprocess.Popen:
 
 # ---- the spawner thread ------------------------------------------------------------------------------------
 
+
 class _Request:
     __slots__ = ("argv", "kwargs", "status_w", "done", "lock", "proc", "error", "abandoned")
 
@@ -132,7 +137,7 @@ class _Request:
         self.done = threading.Event()
         self.lock = threading.Lock()
         self.proc = self.error = None
-        self.abandoned = False          # the caller gave up waiting (an exception): the spawner kills the child
+        self.abandoned = False  # the caller gave up waiting (an exception): the spawner kills the child
 
 
 def _serve(requests: queue.SimpleQueue) -> None:
@@ -148,10 +153,10 @@ def _serve(requests: queue.SimpleQueue) -> None:
                     abandoned = req.abandoned
                 if abandoned:
                     _kill(proc)
-        except BaseException as e:      # reported to the caller, which raises it
+        except BaseException as e:  # noqa: BLE001 - reported to the caller, which raises it
             req.error = e
         finally:
-            os.close(req.status_w)      # the child holds its own copy; this one would hide its exec's EOF
+            os.close(req.status_w)  # the child holds its own copy; this one would hide its exec's EOF
             req.done.set()
 
 

@@ -1,4 +1,5 @@
 """The rocmc command: compile, run, inspect, kernels, targets, ops, models, generate, launch."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .archs import DRIVERS
+from .dtypes import np_kind
 from .errors import RocmcError
 
 
@@ -45,8 +47,9 @@ def _check_settings(path: str, build_graph, settings: dict) -> None:
     names = ", ".join(p.name for p in named) or "none"
     for key in settings:
         if key not in {p.name for p in named}:
-            raise RocmcError(f"--set {key}=...: build_graph() in {path} has no parameter {key!r} "
-                             f"(its parameters: {names})")
+            raise RocmcError(
+                f"--set {key}=...: build_graph() in {path} has no parameter {key!r} (its parameters: {names})"
+            )
     for p in named:
         if p.default is p.empty and p.name not in settings:
             raise RocmcError(f"build_graph() in {path} needs --set {p.name}=VALUE (its parameters: {names})")
@@ -75,14 +78,19 @@ def load_graph(path: str, settings: dict):
     """A Graph from a .onnx file, a saved torch.export program (.pt2: unpickled, so trusted like code) or
     a Python file defining `build_graph(**settings)` (or `graph`)."""
     from .frontend.graph import Graph
+
     p = _model_file(path)
     if p.suffix == ".pt2" and settings:
-        raise RocmcError(f"--set {next(iter(settings))}=...: {path} is a torch.export program; --set is for build_graph()")
+        raise RocmcError(
+            f"--set {next(iter(settings))}=...: {path} is a torch.export program; --set is for build_graph()"
+        )
     if p.suffix == ".onnx":
         from . import import_onnx
+
         return import_onnx(str(p))
     if p.suffix == ".pt2":
         from .frontend.torch import load_program
+
         return load_program(p)
     ns = runpy.run_path(str(p), run_name="rocmc_model")
     if callable(ns.get("build_graph")):
@@ -90,8 +98,10 @@ def load_graph(path: str, settings: dict):
         g = ns["build_graph"](**settings)
     elif isinstance(ns.get("graph"), Graph):
         if settings:
-            raise RocmcError(f"--set {next(iter(settings))}=...: {path} defines a Graph named `graph`, "
-                             f"not build_graph(**options), so it takes no options")
+            raise RocmcError(
+                f"--set {next(iter(settings))}=...: {path} defines a Graph named `graph`, "
+                f"not build_graph(**options), so it takes no options"
+            )
         g = ns["graph"]
     else:
         raise RocmcError(f"{path}: defines neither build_graph(**options) nor a Graph named `graph`")
@@ -102,6 +112,7 @@ def load_graph(path: str, settings: dict):
 
 def cmd_compile(args) -> int:
     from . import compile
+
     settings = _settings(args.set)
     out = _output_file(args.output or _model_file(args.model).with_suffix(".vmfb").name, "-o")
     if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
@@ -112,13 +123,20 @@ def cmd_compile(args) -> int:
         impl = {}
         for kv in args.impl:
             if "=" not in kv:
-                impl = kv          # one implementation for every op, e.g. --impl generated
+                impl = kv  # one implementation for every op, e.g. --impl generated
                 break
             op, name = kv.split("=", 1)
             impl[op] = name
     t0 = time.perf_counter()
-    art = compile(g, args.target, impl=impl, libraries=args.library, cache=not args.no_cache, dump_ir=args.dump_ir,
-                  rewrite=not args.no_rewrite)
+    art = compile(
+        g,
+        args.target,
+        impl=impl,
+        libraries=args.library,
+        cache=not args.no_cache,
+        dump_ir=args.dump_ir,
+        rewrite=not args.no_rewrite,
+    )
     dt = time.perf_counter() - t0
     art.save(out)
     print(f"wrote {out} ({art.size} bytes, target {art.target}, {dt:.2f} s{', cached' if art.cached else ''})")
@@ -138,12 +156,13 @@ def _read_input(spec: str):
         raise RocmcError(f"--input {name}: file {str(path)!r} does not exist")
     try:
         return name, np.load(path, allow_pickle=False)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         raise RocmcError(f"--input {name}: {str(path)!r} is not a readable .npy file ({e})") from None
 
 
 def cmd_run(args) -> int:
     from . import load
+
     if args.save:
         _output_file(args.save, "--save")
     mod = load(args.module, device=args.device, verify=not args.no_verify)
@@ -152,7 +171,7 @@ def cmd_run(args) -> int:
     outs = outs if isinstance(outs, tuple) else (outs,)
     for spec, o in zip(mod.signature["outputs"], outs):
         stats = ""
-        if o.size and o.dtype.kind in "fiu" or o.dtype.name == "bfloat16":
+        if o.size and np_kind(o.dtype) in "fiu":
             f = o.astype(np.float64)
             stats = f" min {f.min():.6g} max {f.max():.6g} mean {f.mean():.6g}"
         print(f"{spec['name']}: {spec['dtype']}{list(o.shape)}{stats}")
@@ -165,6 +184,7 @@ def cmd_run(args) -> int:
 def cmd_inspect(args) -> int:
     from .artifact import Artifact
     from .inspect import describe, format_description
+
     art = Artifact.load(args.module, verify=not args.no_verify)
     if args.ir:
         print(art.ir(args.ir))
@@ -176,16 +196,20 @@ def cmd_inspect(args) -> int:
 
 def cmd_kernels(args) -> int:
     from .lowering.kernels import build_all
+
     rows = build_all(args.arch)
     print(f"{'kernel':<28} {'arch':<8} {'bytes':>7} {'wg':>4} {'vgprs':>5} {'scratch':>7} {'spills':>6}  object")
     for k in rows:
-        print(f"{k['symbol']:<28} {k['arch']:<8} {k['bytes']:>7} {k['workgroup'][0]:>4} {str(k.get('vgprs', '-')):>5} "
-              f"{str(k.get('scratch', '-')):>7} {str(k.get('spills', '-')):>6}  {k['path']}")
+        print(
+            f"{k['symbol']:<28} {k['arch']:<8} {k['bytes']:>7} {k['workgroup'][0]:>4} {str(k.get('vgprs', '-')):>5} "
+            f"{str(k.get('scratch', '-')):>7} {str(k.get('spills', '-')):>6}  {k['path']}"
+        )
     return 0
 
 
 def cmd_targets(args) -> int:
     from .lowering.target import known_targets
+
     print("\n".join(known_targets()))
     return 0
 
@@ -195,6 +219,7 @@ def cmd_generate(args) -> int:
     the reply to --prompt as a user message, by the checkpoint's chat template."""
     from . import llm
     from .llm.generation import DEFAULT_MAX_NEW_TOKENS
+
     if args.chat and args.ids:
         raise RocmcError("--chat takes a text prompt (the user's message), not --ids")
     if args.system is not None and not args.chat:
@@ -207,12 +232,19 @@ def cmd_generate(args) -> int:
         lm = llm.load(args.module, args.checkpoint, device=args.device, tensor_parallel=args.tp)
     else:
         lm = llm.load_hf(args.checkpoint, args.target, **kw)
-    settings = dict(do_sample=True if args.do_sample else None, temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, repetition_penalty=args.repetition_penalty, stop_strings=args.stop or None,
-                    seed=args.seed)
+    settings = dict(
+        do_sample=True if args.do_sample else None,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        stop_strings=args.stop or None,
+        seed=args.seed,
+    )
     if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
-            [{"role": "user", "content": args.prompt}]
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
         prompt = lm.encode_chat(messages)
     elif args.truncate and ids is None:
         prompt = lm.tokenizer.encode(args.prompt)
@@ -223,14 +255,16 @@ def cmd_generate(args) -> int:
         reserve = cfg.max_new_tokens if cfg.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS
         keep = lm.sizes.max_seq_len - reserve
         if keep < 1:
-            raise RocmcError(f"--truncate: {reserve} new tokens leave no room for the prompt in the KV cache of "
-                             f"{lm.sizes.max_seq_len} positions (--max-seq-len)")
+            raise RocmcError(
+                f"--truncate: {reserve} new tokens leave no room for the prompt in the KV cache of "
+                f"{lm.sizes.max_seq_len} positions (--max-seq-len)"
+            )
         prompt = prompt[-keep:]
     if args.ids:
         pieces, sep = (str(tok) for tok in lm.stream(prompt, args.max_new_tokens, **settings)), " "
     else:
         pieces, sep = lm.text_stream(prompt, args.max_new_tokens, **settings), ""
-    show = lm.rank == 0           # every rank computes the same tokens; rank 0 streams them
+    show = lm.rank == 0  # every rank computes the same tokens; rank 0 streams them
     for piece in pieces:
         if show:
             print(piece, end=sep, flush=True)
@@ -249,26 +283,39 @@ def _token_ids(text: str) -> list:
 def cmd_launch(args) -> int:
     """Start the command as ranks 0..n-1 of a tensor-parallel run (one process per GPU)."""
     from .runtime.launch import launch
+
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     return launch(args.nproc, command, port=args.master_port)
 
 
 def op_table() -> list[dict]:
     """Every graph op with its implementations (the lowering registry's) and, per target kind, the ones
-    that can lower it in the order they are preferred: the default ones, then those a vendor library
+    that can lower it in the order they are preferred: the default ones, then those a library role
     switch turns on (`libraries=`), then those used only when asked for by name (`impl=`)."""
     from .frontend.registry import OPS
     from .lowering.registry import REGISTRY
+
     rows = []
     for op in sorted(set(OPS) | set(REGISTRY)):
         impls = REGISTRY.get(op, {})
         doc = OPS[op].doc.strip().splitlines()[0] if op in OPS and OPS[op].doc.strip() else ""
         targets = {}
         for kind in DRIVERS:
-            usable = sorted((i for i in impls.values() if kind in i.kinds),
-                            key=lambda i: (0 if kind in i.default_on else 1 if i.library else 2, i.priority))
-            targets[kind] = [{"name": i.name, "use": "default" if kind in i.default_on else
-                              f"libraries=[{i.library!r}]" if i.library else "by name"} for i in usable]
+            usable = sorted(
+                (i for i in impls.values() if kind in i.kinds),
+                key=lambda i: (0 if kind in i.default_on else 1 if i.library else 2, i.priority),
+            )
+            targets[kind] = [
+                {
+                    "name": i.name,
+                    "use": "default"
+                    if kind in i.default_on
+                    else f"libraries=[{i.library!r}]"
+                    if i.library
+                    else "by name",
+                }
+                for i in usable
+            ]
         rows.append({"op": op, "targets": targets} | ({"doc": doc} if doc else {}))
     return rows
 
@@ -281,10 +328,14 @@ def cmd_ops(args) -> int:
     if args.json:
         print(json.dumps({"ops": rows}, indent=2))
         return 0
-    print(f"{len(rows)} ops; per target kind, the implementations in the order they are preferred "
-          f"(+: opt-in with libraries=[...], ?: only when asked for with impl=)")
-    table = [["op", *DRIVERS]] + [[r["op"], *(", ".join(i["name"] + _MARK.get(i["use"], "+") for i in r["targets"][k])
-                                              or "-" for k in DRIVERS)] for r in rows]
+    print(
+        f"{len(rows)} ops; per target kind, the implementations in the order they are preferred "
+        f"(+: opt-in with libraries=[...], ?: only when asked for with impl=)"
+    )
+    table = [["op", *DRIVERS]] + [
+        [r["op"], *(", ".join(i["name"] + _MARK.get(i["use"], "+") for i in r["targets"][k]) or "-" for k in DRIVERS)]
+        for r in rows
+    ]
     widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -295,6 +346,7 @@ def model_table() -> list[dict]:
     """The language-model families rocmc.llm builds: the config.json `model_type` and `architectures`
     each accepts, and what the family's model does differently (from rocmc.llm.config's family table)."""
     from .llm import config as C
+
     rows = []
     for name, fam in C._FAMILIES.items():
         notes = []
@@ -303,8 +355,9 @@ def model_table() -> list[dict]:
         if fam.sliding == "all":
             notes.append("sliding attention window on every layer (sliding_window)")
         elif fam.sliding == "qwen2":
-            notes.append("sliding window when use_sliding_window, on the layers from max_window_layers "
-                         "(or as layer_types says)")
+            notes.append(
+                "sliding window when use_sliding_window, on the layers from max_window_layers (or as layer_types says)"
+            )
         else:
             notes.append("no sliding window")
         if fam.gemma_style:
@@ -317,9 +370,13 @@ def model_table() -> list[dict]:
 
 def cmd_models(args) -> int:
     from .llm import config as C
+
     rows = model_table()
-    common = {"rope_types": list(C.SUPPORTED_ROPE_TYPES), "dtypes": list(C.SUPPORTED_DTYPES),
-              "activations": list(C.SUPPORTED_ACTIVATIONS)}
+    common = {
+        "rope_types": list(C.SUPPORTED_ROPE_TYPES),
+        "dtypes": list(C.SUPPORTED_DTYPES),
+        "activations": list(C.SUPPORTED_ACTIVATIONS),
+    }
     if args.json:
         print(json.dumps({"families": rows, "all_families": common}, indent=2))
         return 0
@@ -327,8 +384,10 @@ def cmd_models(args) -> int:
         print(f"{r['family']}: model_type {r['model_type']!r}, architectures {', '.join(r['architectures'])}")
         for n in r["notes"]:
             print(f"  - {n}")
-    print(f"all families: RoPE {', '.join(common['rope_types'])}; weights in {', '.join(common['dtypes'])}; "
-          f"a config with anything else is a ModelImportError naming the field")
+    print(
+        f"all families: RoPE {', '.join(common['rope_types'])}; weights in {', '.join(common['dtypes'])}; "
+        f"a config with anything else is a ModelImportError naming the field"
+    )
     return 0
 
 
@@ -350,27 +409,45 @@ def _common_options(sub) -> None:
 
 def _apply_common_options(args) -> None:
     from . import progress
+
     if args.quiet:
         progress.set_quiet(True)
-        os.environ["ROCMC_QUIET"] = "1"          # the ranks `rocmc launch` starts are quiet too
+        os.environ["ROCMC_QUIET"] = "1"  # the ranks `rocmc launch` starts are quiet too
     if args.verbose:
         progress.log_to_stderr()
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rocmc", description="Compile ML graphs to AMD GPUs (and CUDA, CPU) through IREE.")
+    ap = argparse.ArgumentParser(
+        prog="rocmc", description="Compile ML graphs to AMD GPUs (and CUDA, CPU) through IREE."
+    )
     ap.add_argument("-q", "--quiet", action="store_true", help=QUIET)
     ap.add_argument("-v", "--verbose", action="store_true", help=VERBOSE)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="compile a model (.py with build_graph(), .onnx, or a torch.export .pt2) to a "
-                       ".vmfb; a .py runs as code and a .pt2 is unpickled: trust both as code")
+    c = sub.add_parser(
+        "compile",
+        help="compile a model (.py with build_graph(), .onnx, or a torch.export .pt2) to a "
+        ".vmfb; a .py runs as code and a .pt2 is unpickled: trust both as code",
+    )
     c.add_argument("model")
     c.add_argument("-t", "--target", default="cpu", help="cpu, gfx942, rocm:gfx90a, cuda:sm_80, ... (rocmc targets)")
     c.add_argument("-o", "--output")
     c.add_argument("--dump-ir", metavar="DIR", help="write every lowering stage to DIR")
-    c.add_argument("--impl", action="append", default=[], metavar="OP=IMPL",
-                   help="choose an implementation per op (rms_norm=generated), or IMPL for all ops")
-    c.add_argument("--library", action="append", default=[], help="opt into a vendor library (miopen)")
+    c.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="OP=IMPL",
+        help="choose an implementation per op (rms_norm=generated), or IMPL for all ops",
+    )
+    c.add_argument(
+        "--library",
+        action="append",
+        default=[],
+        metavar="ROLE",
+        help="opt into a library role: dnn (MIOpen, cuDNN) or blas (hipBLASLt, cuBLASLt); "
+        "the old names miopen and hipblaslt are aliases",
+    )
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="option for build_graph()")
     c.add_argument("--no-cache", action="store_true")
     c.add_argument("--no-rewrite", action="store_true", help="compile the graph as given (no fused-op rewrites)")
@@ -397,33 +474,57 @@ def main(argv=None) -> int:
     gn.add_argument("checkpoint", help="directory with config.json, *.safetensors (and tokenizer.json for text)")
     gn.add_argument("--prompt", "-p", required=True)
     gn.add_argument("--ids", action="store_true", help="the prompt is token ids ('1, 450, 7483'); print ids")
-    gn.add_argument("-n", "--max-new-tokens", type=int, help="new tokens at most (default: the checkpoint's "
-                    "generation_config.json, else 32)")
-    gn.add_argument("--chat", action="store_true", help="the prompt is a user message: render it with the "
-                    "checkpoint's chat template and print the reply")
+    gn.add_argument(
+        "-n",
+        "--max-new-tokens",
+        type=int,
+        help="new tokens at most (default: the checkpoint's generation_config.json, else 32)",
+    )
+    gn.add_argument(
+        "--chat",
+        action="store_true",
+        help="the prompt is a user message: render it with the checkpoint's chat template and print the reply",
+    )
     gn.add_argument("--system", help="with --chat: a system message before the user's")
-    gn.add_argument("--truncate", action="store_true", help="keep the end of a prompt too long for the KV cache "
-                    "(its last max-seq-len minus max-new-tokens tokens)")
+    gn.add_argument(
+        "--truncate",
+        action="store_true",
+        help="keep the end of a prompt too long for the KV cache (its last max-seq-len minus max-new-tokens tokens)",
+    )
     gn.add_argument("-t", "--target", default="cpu", help="compile for this target (cpu, gfx942, cuda:sm_80, ...)")
     gn.add_argument("--module", help="a .vmfb from rocmc.llm.compile_hf to run instead of compiling")
     gn.add_argument("--device", help="local-task, hip, cuda (default: the target's)")
-    gn.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="compute dtype (default: f32 on the CPU, "
-                    "the checkpoint's on a GPU)")
+    gn.add_argument(
+        "--dtype",
+        choices=("f32", "f16", "bf16"),
+        help="compute dtype (default: f32 on the CPU, the checkpoint's on a GPU)",
+    )
     gn.add_argument("--max-seq-len", type=int, help="positions of the KV cache")
-    gn.add_argument("--do-sample", action="store_true", help="sample (default: the checkpoint's "
-                    "generation_config.json, else greedy; a --temperature > 0 also samples)")
+    gn.add_argument(
+        "--do-sample",
+        action="store_true",
+        help="sample (default: the checkpoint's generation_config.json, else greedy; a --temperature > 0 also samples)",
+    )
     gn.add_argument("--temperature", type=float, help="0: greedy; > 0: sample at this temperature")
     gn.add_argument("--top-k", type=int, help="sample among the k most likely tokens (0: all)")
     gn.add_argument("--top-p", type=float)
     gn.add_argument("--repetition-penalty", type=float, help="> 1 makes tokens already in the text less likely")
-    gn.add_argument("--stop", action="append", metavar="TEXT", help="stop once the new text contains TEXT "
-                    "(repeatable)")
+    gn.add_argument("--stop", action="append", metavar="TEXT", help="stop once the new text contains TEXT (repeatable)")
     gn.add_argument("--seed", type=int)
-    gn.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel over N GPUs: one of N ranks "
-                    "started by `rocmc launch -n N` (the module compiled with tensor_parallel=N)")
+    gn.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallel over N GPUs: one of N ranks "
+        "started by `rocmc launch -n N` (the module compiled with tensor_parallel=N)",
+    )
     gn.set_defaults(fn=cmd_generate)
-    la = sub.add_parser("launch", help="run a command as N ranks of a tensor-parallel run, one process per GPU "
-                        "(sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as torchrun does)")
+    la = sub.add_parser(
+        "launch",
+        help="run a command as N ranks of a tensor-parallel run, one process per GPU "
+        "(sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as torchrun does)",
+    )
     la.add_argument("-n", "--nproc", type=int, required=True, help="number of processes (GPUs)")
     la.add_argument("--master-port", type=int, help="rank 0's rendezvous port (default: a free one)")
     la.add_argument("command", nargs=argparse.REMAINDER, help="e.g. rocmc generate CKPT --module m.vmfb --tp 2 ...")
@@ -443,7 +544,7 @@ def main(argv=None) -> int:
         return args.fn(args)
     except RocmcError as e:
         print(f"rocmc: error: {e}", file=sys.stderr)
-    except OSError as e:   # a path given on the command line that can't be read or written
+    except OSError as e:  # a path given on the command line that can't be read or written
         where = f"{e.filename}: " if e.filename else ""
         print(f"rocmc: error: {where}{e.strerror or e}", file=sys.stderr)
     return 2

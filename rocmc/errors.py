@@ -41,7 +41,6 @@ class InputError(RocmcError, ValueError):
     """Inputs given at call time do not match the compiled signature."""
 
 
-
 class DistributedError(RocmcError):
     """The processes of a tensor-parallel run can't form or keep their group: a missing or dead rank,
     a bad launcher environment, ranks that loaded different things, an absent collective library."""

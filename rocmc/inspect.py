@@ -4,6 +4,7 @@ Reads rocmc's metadata from the module's reflection and the module's structure f
 iree-dump-module (shipped with the runtime), so it needs no compiler. The artifact was checked when
 it was loaded (`Artifact.load`); what the tool is handed is those checked bytes, not the file again.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ import tempfile
 
 from . import children
 from .artifact import Artifact, functions, rewrite_lines
-from .frontend.dtypes import ALL as DTYPES
+from .dtypes import ALL as DTYPES
 from .errors import ArtifactError
 
 DUMP_TIMEOUT_S = 120
@@ -22,13 +23,15 @@ DUMP_TIMEOUT_S = 120
 
 def _dump_module(vmfb: bytes, what: str) -> str:
     import iree._runtime_libs as libs
+
     tool = os.path.join(os.path.dirname(libs.__file__), "iree-dump-module")
     with tempfile.NamedTemporaryFile(suffix=".vmfb") as f:
         f.write(vmfb)
         f.flush()
         try:
-            proc = children.run([tool, f.name], capture_output=True, text=True, errors="replace",
-                                  timeout=DUMP_TIMEOUT_S)
+            proc = children.run(
+                [tool, f.name], capture_output=True, text=True, errors="replace", timeout=DUMP_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired:
             raise ArtifactError(f"{what}: iree-dump-module did not finish in {DUMP_TIMEOUT_S} s") from None
     if proc.returncode != 0:
@@ -54,34 +57,51 @@ def describe(art: Artifact) -> dict:
         exports = [f.group(1) for f in re.finditer(r"^\s*\[\s*\d+\]\s+(\S+\(.*\) -> .*)$", m.group(1), re.M)]
     formats = sorted(set(re.findall(r"`((?:rocm-hsaco|cuda-nvptx|embedded-elf|system-elf|vmvx)[\w-]*)`", dump)))
     # The dump shortens long strings to 32 characters and marks them with "...".
-    executables = sorted({n + ("..." if cut else "") for n, cut in
-                          re.findall(r"`(\w+_dispatch_\d+[\w$.-]*)`(\.\.\.)?", dump)},
-                         key=lambda n: int(re.search(r"_dispatch_(\d+)", n).group(1)))
+    executables = sorted(
+        {n + ("..." if cut else "") for n, cut in re.findall(r"`(\w+_dispatch_\d+[\w$.-]*)`(\.\.\.)?", dump)},
+        key=lambda n: int(re.search(r"_dispatch_(\d+)", n).group(1)),
+    )
     meta = art.metadata
     return {
-        "graph": meta.get("graph"), "graph_hash": meta.get("graph_hash"), "target": meta.get("target"),
-        "rocmc": meta.get("rocmc"), "iree": meta.get("iree"), "size": art.size,
-        "signature": meta.get("signature"), "functions": exports, "executable_formats": formats,
-        "executables": executables, "kernels": meta.get("kernels", []), "imports": imports,
+        "graph": meta.get("graph"),
+        "graph_hash": meta.get("graph_hash"),
+        "target": meta.get("target"),
+        "rocmc": meta.get("rocmc"),
+        "iree": meta.get("iree"),
+        "size": art.size,
+        "signature": meta.get("signature"),
+        "functions": exports,
+        "executable_formats": formats,
+        "executables": executables,
+        "kernels": meta.get("kernels", []),
+        "imports": imports,
         "implementations": meta.get("implementations", []),
         "signatures": {f["name"]: f["signature"] for f in functions(meta)},
-        "parameters": art.parameters, "parameter_source": art.parameter_source(),
+        "parameters": art.parameters,
+        "parameter_source": art.parameter_source(),
         "states": meta.get("states", []),
-        "rewrites": meta.get("rewrites"), "rewrite_summary": rewrite_lines(meta),
+        "rewrites": meta.get("rewrites"),
+        "rewrite_summary": rewrite_lines(meta),
     }
 
 
 def format_description(d: dict) -> str:
     fmt = lambda x: f"{x['name']}: {x['dtype']}[{','.join(map(str, x['shape']))}]"
-    lines = [f"graph      {d['graph']}  (hash {str(d['graph_hash'])[:16]})",
-             f"target     {d['target']}",
-             f"versions   rocmc {d['rocmc']}, IREE {d['iree']}",
-             f"size       {d['size']} bytes",
-             *[f"signature  {name}({', '.join(fmt(x) for x in sig['inputs'])}) -> "
-               f"({', '.join(fmt(x) for x in sig['outputs'])})" for name, sig in d["signatures"].items()],
-             "functions", *[f"  {f}" for f in d["functions"]],
-             f"executables ({', '.join(d['executable_formats']) or 'none'})",
-             *[f"  {e}" for e in d["executables"]]]
+    lines = [
+        f"graph      {d['graph']}  (hash {str(d['graph_hash'])[:16]})",
+        f"target     {d['target']}",
+        f"versions   rocmc {d['rocmc']}, IREE {d['iree']}",
+        f"size       {d['size']} bytes",
+        *[
+            f"signature  {name}({', '.join(fmt(x) for x in sig['inputs'])}) -> "
+            f"({', '.join(fmt(x) for x in sig['outputs'])})"
+            for name, sig in d["signatures"].items()
+        ],
+        "functions",
+        *[f"  {f}" for f in d["functions"]],
+        f"executables ({', '.join(d['executable_formats']) or 'none'})",
+        *[f"  {e}" for e in d["executables"]],
+    ]
     if d["parameters"]:
         total = sum(math.prod(p["shape"]) * DTYPES[p["dtype"]].np.itemsize for p in d["parameters"])
         lines.append(f"parameters  {len(d['parameters'])}, {total} bytes, from {d['parameter_source']}")

@@ -22,6 +22,7 @@ another) is converted once, in host memory, when the provider is made; the other
 are then served from a mapping of that file. IREE's index keeps every buffer it was given alive for as
 long as the provider module lives.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,30 +39,49 @@ from pathlib import Path
 import numpy as np
 
 from .arrays import as_numpy
-from .artifact import _umask
+from .dtypes import ALL as DTYPES, DType
 from .errors import ArtifactError, InputError
-from .frontend.dtypes import ALL as DTYPES, DType
+from .files import umask
 from .progress import byte_progress, format_bytes, step
 
-# Element types a parameter file may hold, by rocmc name; rocmc's own types come from its dtype table.
-_NUMPY = {"f64": np.dtype(np.float64), "i16": np.dtype(np.int16), "i8": np.dtype(np.int8),
-          "u8": np.dtype(np.uint8)} | {name: d.np for name, d in DTYPES.items()}
-_BY_NUMPY = {dt: name for name, dt in _NUMPY.items()}
-_SAFETENSORS = {"F64": "f64", "F32": "f32", "F16": "f16", "BF16": "bf16", "I64": "i64", "I32": "i32",
-                "I16": "i16", "I8": "i8", "U8": "u8", "BOOL": "bool"}
-_IREE_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
-               "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
+# Element types a parameter file may hold: rocmc's, by name (DTYPES), and by numpy type.
+_BY_NUMPY = {d.np: name for name, d in DTYPES.items()}
+_SAFETENSORS = {
+    "F64": "f64",
+    "F32": "f32",
+    "F16": "f16",
+    "BF16": "bf16",
+    "I64": "i64",
+    "I32": "i32",
+    "I16": "i16",
+    "I8": "i8",
+    "U8": "u8",
+    "BOOL": "bool",
+}
+_IREE_NAMES = {
+    "f64": "float64",
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "i64": "int64",
+    "i32": "int32",
+    "i16": "int16",
+    "i8": "int8",
+    "u8": "uint8",
+    "bool": "bool",
+}
 _FROM_IREE = {v: k for k, v in _IREE_NAMES.items()}
 _CONVERTIBLE = ("f32", "f16", "bf16")
 
-_MAX_HEADER = 100_000_000            # the safetensors format's own bound on its JSON header
-_TENSOR_METADATA = (b"TENSORv0:", b"PYTORCH:")   # IREE's metadata prefixes (the second: older writers)
+_MAX_HEADER = 100_000_000  # the safetensors format's own bound on its JSON header
+_TENSOR_METADATA = (b"TENSORv0:", b"PYTORCH:")  # IREE's metadata prefixes (the second: older writers)
 _ARRAYS = "the given arrays"
 
 
 @dataclass(frozen=True)
 class Spec:
     """One parameter a module needs: its name in the "model" scope, shape and rocmc dtype name."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str
@@ -80,22 +100,23 @@ class Spec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _NUMPY[self.dtype].itemsize
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
 
 @dataclass(frozen=True)
 class _Entry:
     """Where one tensor lives. shape/dtype None: an .irpa entry without tensor metadata (size only)."""
+
     shape: tuple[int, ...] | None
     dtype: str | None
     nbytes: int
-    origin: str                        # the file, or _ARRAYS, for messages
-    path: Path | None = None           # file-backed: the file, its format and the tensor's byte offset
+    origin: str  # the file, or _ARRAYS, for messages
+    path: Path | None = None  # file-backed: the file, its format and the tensor's byte offset
     format: str | None = None
     offset: int = 0
-    array: np.ndarray | None = None    # in memory
-    splat: bytes | None = None         # an .irpa splat: this pattern repeated to nbytes
-    part: bool = False                 # a range of a tensor of its file (a rank's slice): served mapped
+    array: np.ndarray | None = None  # in memory
+    splat: bytes | None = None  # an .irpa splat: this pattern repeated to nbytes
+    part: bool = False  # a range of a tensor of its file (a rank's slice): served mapped
 
 
 class Parameters:
@@ -119,11 +140,14 @@ class Parameters:
         if isinstance(source, (str, os.PathLike)):
             with step(f"reading the checkpoint headers of {source}", logger=__name__):
                 opened = cls(_open_path(Path(source)))
-            logging.getLogger(__name__).info("%s: %d tensors, %s", source, len(opened),
-                                             format_bytes(sum(e.nbytes for e in opened._entries.values())))
+            logging.getLogger(__name__).info(
+                "%s: %d tensors, %s", source, len(opened), format_bytes(sum(e.nbytes for e in opened._entries.values()))
+            )
             return opened
-        raise InputError(f"parameters: unsupported source {type(source).__name__}: expected a path, a dict "
-                         f"of arrays, a Parameters or a list of these")
+        raise InputError(
+            f"parameters: unsupported source {type(source).__name__}: expected a path, a dict "
+            f"of arrays, a Parameters or a list of these"
+        )
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -149,15 +173,14 @@ class Parameters:
     def check(self, specs, *, convert: bool = True) -> list[str]:
         """Check that every spec is here with its shape and dtype, reading no tensor bytes. Returns one
         note per tensor whose dtype will be converted when served (only with `convert`)."""
-        return [f"{name}: converted {src} -> {dst}"
-                for name, (src, dst) in self._conversions(specs, convert).items()]
+        return [f"{name}: converted {src} -> {dst}" for name, (src, dst) in self._conversions(specs, convert).items()]
 
     def array(self, name: str) -> np.ndarray:
         """One tensor as a numpy array: a read-only view of its file's mapping when file-backed."""
         e = self._entry(name)
         if e.array is not None:
             return e.array
-        dtype = _NUMPY[e.dtype] if e.dtype else np.dtype(np.uint8)
+        dtype = DTYPES[e.dtype].np if e.dtype else np.dtype(np.uint8)
         shape = e.shape if e.shape is not None else (e.nbytes,)
         if e.splat is not None:
             return np.frombuffer(e.splat * (e.nbytes // len(e.splat)), dtype).reshape(shape)
@@ -166,8 +189,9 @@ class Parameters:
         try:
             return np.memmap(e.path, dtype=dtype, mode="r", offset=e.offset, shape=shape).view(np.ndarray)
         except (OSError, ValueError) as err:
-            raise ArtifactError(f"{e.path}: cannot read tensor {name!r} ({e.nbytes} bytes at offset "
-                                f"{e.offset}): {err}") from None
+            raise ArtifactError(
+                f"{e.path}: cannot read tensor {name!r} ({e.nbytes} bytes at offset {e.offset}): {err}"
+            ) from None
 
     def shard(self, shards: dict, rank: int, parts: int) -> "Parameters":
         """Rank `rank`'s slices: {name: (source tensor, axis)} -> a Parameters holding under each name the
@@ -183,29 +207,36 @@ class Parameters:
                 out[name] = e
                 continue
             if e.shape is None or e.dtype is None or not 0 <= axis < len(e.shape):
-                raise InputError(f"parameter {source!r}: can't split along axis {axis}: its shape is "
-                                 f"{_dims(e.shape) if e.shape is not None else 'not recorded'} in {e.origin}")
+                raise InputError(
+                    f"parameter {source!r}: can't split along axis {axis}: its shape is "
+                    f"{_dims(e.shape) if e.shape is not None else 'not recorded'} in {e.origin}"
+                )
             if e.shape[axis] % parts:
-                raise InputError(f"parameter {source!r}: axis {axis} of {_dims(e.shape)} does not split into "
-                                 f"{parts} equal parts")
+                raise InputError(
+                    f"parameter {source!r}: axis {axis} of {_dims(e.shape)} does not split into {parts} equal parts"
+                )
             part = e.shape[axis] // parts
             shape = tuple(part if i == axis else d for i, d in enumerate(e.shape))
-            nbytes = math.prod(shape) * _NUMPY[e.dtype].itemsize
+            nbytes = math.prod(shape) * DTYPES[e.dtype].itemsize
             if axis == 0 and e.path is not None and e.splat is None:
-                out[name] = _Entry(shape, e.dtype, nbytes, e.origin, e.path, e.format, e.offset + rank * nbytes,
-                                   part=True)
+                out[name] = _Entry(
+                    shape, e.dtype, nbytes, e.origin, e.path, e.format, e.offset + rank * nbytes, part=True
+                )
                 continue
-            index = tuple(slice(rank * part, (rank + 1) * part) if i == axis else slice(None)
-                          for i in range(len(e.shape)))
+            index = tuple(
+                slice(rank * part, (rank + 1) * part) if i == axis else slice(None) for i in range(len(e.shape))
+            )
             copies.append((name, source, index, _Entry(shape, e.dtype, nbytes, e.origin)))
         # Slices along another axis are read from the checkpoint into host memory, one copy per rank.
         if not copies:
             return Parameters(out)
-        with byte_progress(f"reading rank {rank}'s slices of {len(copies)} tensors", sum(c[3].nbytes for c in copies),
-                           logger=__name__) as progress:
+        with byte_progress(
+            f"reading rank {rank}'s slices of {len(copies)} tensors", sum(c[3].nbytes for c in copies), logger=__name__
+        ) as progress:
             for name, source, index, e in copies:
-                out[name] = _Entry(e.shape, e.dtype, e.nbytes, e.origin,
-                                   array=np.ascontiguousarray(self.array(source)[index]))
+                out[name] = _Entry(
+                    e.shape, e.dtype, e.nbytes, e.origin, array=np.ascontiguousarray(self.array(source)[index])
+                )
                 progress.update(e.nbytes)
         return Parameters(out)
 
@@ -214,6 +245,7 @@ class Parameters:
         config.json), every tensor's name, shape, dtype and place, and each file's size and first and last
         MiB (reading no more: each rank holds a different part of the tensors; in-memory arrays in full)."""
         import hashlib
+
         h = hashlib.sha256(config)
         for name in sorted(self._entries):
             e = self._entries[name]
@@ -233,6 +265,7 @@ class Parameters:
         the program in the VmContext. With `specs`, they are checked first (see `check`), only the
         tensors they name are served, and a tensor of another float dtype is converted to theirs."""
         from iree import runtime as rt
+
         if specs is None:
             needed, conversions = list(self._entries), {}
         else:
@@ -241,12 +274,18 @@ class Parameters:
             needed = list(dict.fromkeys(s.name for s in specs))
         index = rt.ParameterIndex()
         files: dict[tuple[Path, str], list[str]] = {}
-        converting = byte_progress(f"reading and converting {len(conversions)} parameters",
-                                   sum(self._entries[n].nbytes for n in conversions), logger=__name__) \
-            if conversions else contextlib.nullcontext()
+        converting = (
+            byte_progress(
+                f"reading and converting {len(conversions)} parameters",
+                sum(self._entries[n].nbytes for n in conversions),
+                logger=__name__,
+            )
+            if conversions
+            else contextlib.nullcontext()
+        )
         with converting as progress:
             for name in conversions:
-                index.add_buffer(name, _flat_bytes(self.array(name).astype(_NUMPY[conversions[name][1]])))
+                index.add_buffer(name, _flat_bytes(self.array(name).astype(DTYPES[conversions[name][1]].np)))
                 progress.update(self._entries[name].nbytes)
         for name in needed:
             e = self._entries[name]
@@ -256,8 +295,9 @@ class Parameters:
                 _add_entry(index, name, e)
             else:
                 files.setdefault((e.path, e.format), []).append(name)
-        mapped_files = {self._entries[name].path for name in conversions} | \
-            {e.path for name, e in self._entries.items() if e.part and name in needed}
+        mapped_files = {self._entries[name].path for name in conversions} | {
+            e.path for name, e in self._entries.items() if e.part and name in needed
+        }
         for (path, fmt), names in files.items():
             if path in mapped_files:
                 handle = _map_file(rt, path)
@@ -288,18 +328,23 @@ class Parameters:
             e = self._entries[s.name]
             if e.shape is None:
                 if e.nbytes != s.nbytes:
-                    raise InputError(f"parameter {s.name!r}: expected {s.nbytes} bytes "
-                                     f"({_typed(s.shape, s.dtype)}), found {e.nbytes} in {e.origin}")
+                    raise InputError(
+                        f"parameter {s.name!r}: expected {s.nbytes} bytes "
+                        f"({_typed(s.shape, s.dtype)}), found {e.nbytes} in {e.origin}"
+                    )
                 continue
             if e.shape != s.shape:
-                raise InputError(f"parameter {s.name!r}: expected shape {_dims(s.shape)}, found "
-                                 f"{_dims(e.shape)} in {e.origin}")
+                raise InputError(
+                    f"parameter {s.name!r}: expected shape {_dims(s.shape)}, found {_dims(e.shape)} in {e.origin}"
+                )
             if e.dtype == s.dtype:
                 continue
             if not (convert and e.dtype in _CONVERTIBLE and s.dtype in _CONVERTIBLE):
                 why = "" if convert else " (conversion is off)"
-                raise InputError(f"parameter {s.name!r}: expected dtype {s.dtype}, found {e.dtype} in "
-                                 f"{e.origin}{why}; only {', '.join(_CONVERTIBLE)} convert into one another")
+                raise InputError(
+                    f"parameter {s.name!r}: expected dtype {s.dtype}, found {e.dtype} in "
+                    f"{e.origin}{why}; only {', '.join(_CONVERTIBLE)} convert into one another"
+                )
             conversions[s.name] = (e.dtype, s.dtype)
         return conversions
 
@@ -308,6 +353,7 @@ def save_parameters(path, source) -> Path:
     """Write the tensors of `source` (anything `Parameters.open` takes) to an .irpa archive, each with
     its shape and dtype in IREE's tensor metadata. The file appears whole or not at all."""
     from iree import runtime as rt
+
     path = Path(path)
     if path.suffix != ".irpa":
         raise InputError(f"save_parameters: {path}: the file name must end in .irpa")
@@ -323,10 +369,13 @@ def save_parameters(path, source) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        with step(f"writing {len(params)} parameters ({format_bytes(sum(e.nbytes for e in params._entries.values()))}) "
-                  f"to {path}", logger=__name__):
+        with step(
+            f"writing {len(params)} parameters ({format_bytes(sum(e.nbytes for e in params._entries.values()))}) "
+            f"to {path}",
+            logger=__name__,
+        ):
             index.create_archive_file(tmp)
-        os.chmod(tmp, 0o644 & ~_umask())       # a weights file is shared like a saved model
+        os.chmod(tmp, 0o644 & ~umask())  # a weights file is shared like a saved model
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -337,20 +386,24 @@ def save_parameters(path, source) -> Path:
 
 # ---- opening sources -----------------------------------------------------------------------------
 
+
 def _open_path(path: Path) -> dict[str, _Entry]:
     if not path.exists():
         raise InputError(f"parameters: {path} does not exist")
-    path = Path(os.path.abspath(path))      # not resolve(): a Hugging Face cache links each file to a blob
+    path = Path(os.path.abspath(path))  # not resolve(): a Hugging Face cache links each file to a blob
     if path.is_dir():
         for name in ("model.safetensors.index.json", "model.safetensors"):
             if (path / name).is_file():
                 return _open_path(path / name)
-        raise InputError(f"parameters: directory {path} holds neither model.safetensors.index.json nor "
-                         f"model.safetensors")
+        raise InputError(
+            f"parameters: directory {path} holds neither model.safetensors.index.json nor model.safetensors"
+        )
     readers = {".safetensors": _read_safetensors, ".json": _read_sharded, ".irpa": _read_irpa}
     if path.suffix not in readers:
-        raise InputError(f"parameters: {path}: unsupported file kind {path.suffix!r}: expected .irpa, "
-                         f".safetensors or a sharded checkpoint's .json index")
+        raise InputError(
+            f"parameters: {path}: unsupported file kind {path.suffix!r}: expected .irpa, "
+            f".safetensors or a sharded checkpoint's .json index"
+        )
     return readers[path.suffix](path)
 
 
@@ -363,7 +416,7 @@ def _from_arrays(arrays: dict) -> dict[str, _Entry]:
             a = np.asarray(as_numpy(value, f"parameter {name!r}"))
         except InputError:
             raise
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001
             raise InputError(f"parameter {name!r}: not an array: {err}") from None
         dtype = _dtype_name(a.dtype, f"parameter {name!r}")
         entries[name] = _Entry(tuple(a.shape), dtype, a.nbytes, _ARRAYS, array=a)
@@ -375,8 +428,7 @@ def _merge(parts: list[dict[str, _Entry]]) -> dict[str, _Entry]:
     for part in parts:
         for name, e in part.items():
             if name in merged:
-                raise InputError(f"parameter {name!r} is defined twice: in {merged[name].origin} and in "
-                                 f"{e.origin}")
+                raise InputError(f"parameter {name!r} is defined twice: in {merged[name].origin} and in {e.origin}")
             merged[name] = e
     return merged
 
@@ -391,8 +443,10 @@ def _read_safetensors(path: Path) -> dict[str, _Entry]:
                 raise ArtifactError(f"{path}: not a safetensors file: {size} bytes, shorter than its header length")
             (n,) = struct.unpack("<Q", head)
             if n > _MAX_HEADER or 8 + n > size:
-                raise ArtifactError(f"{path}: safetensors header of {n} bytes does not fit the file "
-                                    f"({size} bytes, at most {_MAX_HEADER} of header)")
+                raise ArtifactError(
+                    f"{path}: safetensors header of {n} bytes does not fit the file "
+                    f"({size} bytes, at most {_MAX_HEADER} of header)"
+                )
             raw = f.read(n)
     except OSError as err:
         raise ArtifactError(f"{path}: cannot read: {err}") from None
@@ -411,7 +465,7 @@ def _read_safetensors(path: Path) -> dict[str, _Entry]:
 
 def _check_disjoint(spans: list[tuple[int, int, str]], path: Path) -> None:
     """ArtifactError if two tensors share a byte (empty tensors share none)."""
-    reach, reacher = 0, None              # the furthest end so far, and whose it is
+    reach, reacher = 0, None  # the furthest end so far, and whose it is
     for begin, end, name in sorted(spans):
         if begin < end and begin < reach:
             raise ArtifactError(f"{path}: tensors {reacher!r} and {name!r} overlap in the data section")
@@ -435,12 +489,15 @@ def _safetensors_entry(desc, path: Path, name: str, data_size: int):
         raise ArtifactError(f"{where}: data_offsets must be two ints, got {offsets!r}")
     begin, end = offsets
     if not 0 <= begin <= end <= data_size:
-        raise ArtifactError(f"{where}: data_offsets [{begin}, {end}] fall outside the data section of "
-                            f"{data_size} bytes (truncated file?)")
-    expected = math.prod(shape) * _NUMPY[dtype].itemsize
+        raise ArtifactError(
+            f"{where}: data_offsets [{begin}, {end}] fall outside the data section of "
+            f"{data_size} bytes (truncated file?)"
+        )
+    expected = math.prod(shape) * DTYPES[dtype].itemsize
     if end - begin != expected:
-        raise ArtifactError(f"{where}: data_offsets span {end - begin} bytes, its shape {_typed(shape, dtype)} "
-                            f"needs {expected}")
+        raise ArtifactError(
+            f"{where}: data_offsets span {end - begin} bytes, its shape {_typed(shape, dtype)} needs {expected}"
+        )
     return tuple(shape), dtype, begin, end
 
 
@@ -464,8 +521,10 @@ def _read_sharded(path: Path) -> dict[str, _Entry]:
     for shard, entries in shards.items():
         for tensor in entries:
             if weight_map.get(tensor) != shard:
-                raise ArtifactError(f"{path}: shard {shard!r} holds tensor {tensor!r}, which the index "
-                                    f"places in {weight_map.get(tensor, 'no shard')!r}")
+                raise ArtifactError(
+                    f"{path}: shard {shard!r} holds tensor {tensor!r}, which the index "
+                    f"places in {weight_map.get(tensor, 'no shard')!r}"
+                )
     return _merge(list(shards.values()))
 
 
@@ -482,10 +541,11 @@ def _read_shard(index: Path, shard: str) -> dict[str, _Entry]:
 def _read_irpa(path: Path) -> dict[str, _Entry]:
     """The entries of an .irpa archive, as IREE's parser (which bounds every segment) reports them."""
     from iree import runtime as rt
+
     index = rt.ParameterIndex()
     try:
         index.load(str(path), format="irpa")
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001
         raise ArtifactError(f"{path}: not a readable .irpa archive: {err}") from None
     entries = {}
     for name, e in index.items():
@@ -495,8 +555,10 @@ def _read_irpa(path: Path) -> dict[str, _Entry]:
         if e.is_splat:
             pattern = bytes(e.splat_pattern)
             if not pattern or e.length % len(pattern):
-                raise ArtifactError(f"{path}: tensor {name!r}: splat pattern of {len(pattern)} bytes does "
-                                    f"not divide its {e.length} bytes")
+                raise ArtifactError(
+                    f"{path}: tensor {name!r}: splat pattern of {len(pattern)} bytes does "
+                    f"not divide its {e.length} bytes"
+                )
             entries[name] = _Entry(shape, dtype, e.length, str(path), path, "irpa", splat=pattern)
         elif e.is_file:
             entries[name] = _Entry(shape, dtype, e.length, str(path), path, "irpa", e.file_storage[1])
@@ -510,25 +572,33 @@ def _irpa_tensor_info(metadata: bytes, length: int, path: Path, name: str):
     prefix = next((p for p in _TENSOR_METADATA if metadata.startswith(p)), None)
     if prefix is None:
         return None, None
-    d = _parse_json(metadata[len(prefix):], path, f"metadata of tensor {name!r}")
+    d = _parse_json(metadata[len(prefix) :], path, f"metadata of tensor {name!r}")
     shape, dtype = d.get("shape"), _FROM_IREE.get(d.get("dtype"))
-    if d.get("type") != "Tensor" or dtype is None or not isinstance(shape, list) \
-            or not all(type(x) is int and x >= 0 for x in shape):
-        raise ArtifactError(f"{path}: tensor {name!r}: malformed tensor metadata (type {d.get('type')!r}, "
-                            f"dtype {d.get('dtype')!r}, shape {shape!r})")
-    if math.prod(shape) * _NUMPY[dtype].itemsize != length:
+    if (
+        d.get("type") != "Tensor"
+        or dtype is None
+        or not isinstance(shape, list)
+        or not all(type(x) is int and x >= 0 for x in shape)
+    ):
+        raise ArtifactError(
+            f"{path}: tensor {name!r}: malformed tensor metadata (type {d.get('type')!r}, "
+            f"dtype {d.get('dtype')!r}, shape {shape!r})"
+        )
+    if math.prod(shape) * DTYPES[dtype].itemsize != length:
         raise ArtifactError(f"{path}: tensor {name!r}: {length} bytes, its metadata says {_typed(shape, dtype)}")
     return tuple(shape), dtype
 
 
 def _parse_json(raw: bytes, path: Path, what: str) -> dict:
     """A JSON object from untrusted bytes; duplicate keys are rejected rather than silently resolved."""
+
     def pairs(items):
         keys = [k for k, _ in items]
         if len(set(keys)) != len(keys):
             dup = next(k for k in keys if keys.count(k) > 1)
             raise ArtifactError(f"{path}: {what}: key {dup!r} appears twice")
         return dict(items)
+
     try:
         value = json.loads(raw.decode("utf-8"), object_pairs_hook=pairs)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
@@ -539,6 +609,7 @@ def _parse_json(raw: bytes, path: Path, what: str) -> dict:
 
 
 # ---- serving -------------------------------------------------------------------------------------
+
 
 def _add_entry(index, name: str, e: _Entry, handle=None) -> None:
     """Add one tensor as it is: an array's bytes, a splat, or a range of a mapped file (`handle`)."""
@@ -553,7 +624,7 @@ def _add_entry(index, name: str, e: _Entry, handle=None) -> None:
 def _load_whole(index, path: Path, fmt: str) -> None:
     try:
         index.load(str(path), format=fmt)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001
         raise ArtifactError(f"{path}: cannot load as {fmt}: {err}") from None
 
 
@@ -574,18 +645,19 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
 
 # ---- small helpers -------------------------------------------------------------------------------
 
+
 def _dtype_name(spec, what: str) -> str:
     if isinstance(spec, DType):
         spec = spec.name
-    if isinstance(spec, str):        # rocmc's names, or numpy's long ones ("float16", not "f2")
-        name = spec if spec in _NUMPY else _FROM_IREE.get(spec)
+    if isinstance(spec, str):  # rocmc's names, or numpy's long ones ("float16", not "f2")
+        name = spec if spec in DTYPES else _FROM_IREE.get(spec)
     else:
         try:
             name = _BY_NUMPY.get(np.dtype(spec))
         except TypeError:
             name = None
     if name is None:
-        raise InputError(f"{what}: unsupported dtype {spec!r}: expected one of {', '.join(_NUMPY)}")
+        raise InputError(f"{what}: unsupported dtype {spec!r}: expected one of {', '.join(DTYPES)}")
     return name
 
 

@@ -13,6 +13,7 @@ NullHandler: a library user sees nothing unless they configure logging (`logging
 logging.INFO)` shows every step). The terminal display is off when stderr is not a terminal, after
 `set_quiet(True)`, or with `ROCMC_QUIET=1` in the environment (`rocmc -q ...`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,7 +26,7 @@ import time
 ROOT = logging.getLogger("rocmc")
 ROOT.addHandler(logging.NullHandler())
 
-_quiet: bool | None = None          # set_quiet's choice; None: the environment decides
+_quiet: bool | None = None  # set_quiet's choice; None: the environment decides
 
 
 def set_quiet(quiet: bool | None = True) -> None:
@@ -50,7 +51,7 @@ def _terminal():
     err = sys.stderr
     try:
         return err if err is not None and err.isatty() else None
-    except (AttributeError, ValueError, OSError):       # replaced by an object without isatty, or closed
+    except (AttributeError, ValueError, OSError):  # replaced by an object without isatty, or closed
         return None
 
 
@@ -71,7 +72,7 @@ def format_bytes(n: float) -> str:
 # ---- the terminal display ------------------------------------------------------------------------------
 
 _SPINNER = "|/-\\"
-_TICK = 0.2                          # seconds between redraws of the spinners
+_TICK = 0.2  # seconds between redraws of the spinners
 
 
 class _Display:
@@ -80,19 +81,36 @@ class _Display:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.active: list = []           # [(bar, description)] of the running steps, outermost first
+        self.active: list = []  # [(bar, description)] of the running steps, outermost first
         self.ticker: threading.Thread | None = None
 
     def open(self, description: str, stream, total: int | None = None):
         from tqdm import tqdm
+
         with self.lock:
             position = len(self.active)
             if total is None:
-                bar = tqdm(total=None, desc=description, file=stream, position=position, leave=False,
-                           bar_format="{desc} {elapsed}", mininterval=_TICK)
+                bar = tqdm(
+                    total=None,
+                    desc=description,
+                    file=stream,
+                    position=position,
+                    leave=False,
+                    bar_format="{desc} {elapsed}",
+                    mininterval=_TICK,
+                )
             else:
-                bar = tqdm(total=total, desc=description, file=stream, position=position, leave=False,
-                           unit="B", unit_scale=True, unit_divisor=1024, mininterval=_TICK)
+                bar = tqdm(
+                    total=total,
+                    desc=description,
+                    file=stream,
+                    position=position,
+                    leave=False,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    mininterval=_TICK,
+                )
             self.active.append((bar, description, total is None))
             if self.ticker is None:
                 self.ticker = threading.Thread(target=self._tick, name="rocmc-progress", daemon=True)
@@ -124,6 +142,7 @@ _display = _Display()
 
 # ---- steps ---------------------------------------------------------------------------------------------
 
+
 class step:
     """`with step("compiling for gfx942", logger="rocmc.lowering"):` logs "compiling for gfx942 ..." at
     the start and "compiling for gfx942: done in 1.23 s" at the end (INFO; a failure is logged with the
@@ -154,14 +173,21 @@ class step:
         if exc_type is None:
             self.logger.log(self.level, "%s: done in %.2f s", self.description, self.elapsed, extra=extra)
         else:
-            self.logger.log(self.level, "%s: failed after %.2f s (%s)", self.description, self.elapsed,
-                            exc_type.__name__, extra=extra)
+            self.logger.log(
+                self.level,
+                "%s: failed after %.2f s (%s)",
+                self.description,
+                self.elapsed,
+                exc_type.__name__,
+                extra=extra,
+            )
 
     def __call__(self, fn):
         @functools.wraps(fn)
         def run(*args, **kwargs):
             with step(self.description, logger=self.logger, level=self.level):
                 return fn(*args, **kwargs)
+
         return run
 
 
@@ -170,8 +196,9 @@ class byte_progress:
     measured in bytes. Logs the start with the total and the end with bytes, seconds and rate
     (`record.elapsed`, `record.bytes`); on a terminal a bar of bytes done, with the rate."""
 
-    def __init__(self, description: str, total: int, *, logger: str | logging.Logger = "rocmc",
-                 level: int = logging.INFO):
+    def __init__(
+        self, description: str, total: int, *, logger: str | logging.Logger = "rocmc", level: int = logging.INFO
+    ):
         self.description, self.total = description, int(total)
         self.logger, self.level = _logger(logger), level
         self.done = 0
@@ -180,8 +207,13 @@ class byte_progress:
         self._bar = None
 
     def __enter__(self) -> "byte_progress":
-        self.logger.log(self.level, "%s (%s) ...", self.description, format_bytes(self.total),
-                        extra={"step": self.description, "bytes": self.total})
+        self.logger.log(
+            self.level,
+            "%s (%s) ...",
+            self.description,
+            format_bytes(self.total),
+            extra={"step": self.description, "bytes": self.total},
+        )
         self._start = time.perf_counter()
         stream = _terminal()
         if stream is not None:
@@ -201,14 +233,29 @@ class byte_progress:
         extra = {"step": self.description, "elapsed": self.elapsed, "bytes": self.done}
         rate = f", {format_bytes(self.done / self.elapsed)}/s" if self.elapsed > 0 and self.done else ""
         if exc_type is None:
-            self.logger.log(self.level, "%s: %s in %.2f s%s", self.description, format_bytes(self.done),
-                            self.elapsed, rate, extra=extra)
+            self.logger.log(
+                self.level,
+                "%s: %s in %.2f s%s",
+                self.description,
+                format_bytes(self.done),
+                self.elapsed,
+                rate,
+                extra=extra,
+            )
         else:
-            self.logger.log(self.level, "%s: failed after %s, %.2f s (%s)", self.description,
-                            format_bytes(self.done), self.elapsed, exc_type.__name__, extra=extra)
+            self.logger.log(
+                self.level,
+                "%s: failed after %s, %.2f s (%s)",
+                self.description,
+                format_bytes(self.done),
+                self.elapsed,
+                exc_type.__name__,
+                extra=extra,
+            )
 
 
 # ---- showing the log on a terminal -----------------------------------------------------------------------
+
 
 class _TerminalHandler(logging.Handler):
     """Writes records to stderr through tqdm, so they print above the live lines instead of through them."""
@@ -216,8 +263,9 @@ class _TerminalHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             from tqdm import tqdm
+
             tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:     # noqa: BLE001 - logging must not raise (logging.Handler's own contract)
+        except Exception:  # noqa: BLE001 - logging must not raise (logging.Handler's own contract)
             self.handleError(record)
 
 

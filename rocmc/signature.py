@@ -4,14 +4,15 @@
 A signature's inputs are {name, dtype, shape} dicts (the metadata's form); shapes hold ints and
 symbol names, and a call binds each symbol to one size.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from . import symbolic
 from .arrays import as_numpy
+from .dtypes import ALL as DTYPES, np_kind
 from .errors import InputError
-from .frontend.dtypes import ALL as DTYPES
 
 # numpy's dtype.kind letters that a float64 reference accepts for each kind of rocmc dtype
 _NP_KINDS = {"float": "f", "int": "iu", "bool": "b"}
@@ -25,12 +26,16 @@ def input_specs(graph) -> list[dict]:
     return [{"name": v.name, "dtype": v.dtype.name, "shape": list(v.shape)} for v in graph.inputs]
 
 
-def _kind(dtype: np.dtype) -> str:
-    return "f" if dtype.name == "bfloat16" else dtype.kind
-
-
-def bind(specs: list, args, kwargs: dict, constraints=(), *, arrays=(np.ndarray,), exact_dtype: bool = True,
-         what: str = "module") -> tuple[list, dict]:
+def bind(
+    specs: list,
+    args,
+    kwargs: dict,
+    constraints=(),
+    *,
+    arrays=(np.ndarray,),
+    exact_dtype: bool = True,
+    what: str = "module",
+) -> tuple[list, dict]:
     """The inputs in signature order and the size of each symbol; InputError for anything else.
 
     exact_dtype=False accepts any dtype of the input's kind (float, int or bool), as a float64
@@ -68,20 +73,23 @@ def _check_input(spec: dict, v, symbols: dict, arrays, exact_dtype: bool, what: 
         raise InputError(f"input {name!r}: expected a numpy array or a CPU torch tensor, got {type(v).__name__}")
     if exact_dtype and v.dtype != np_dtype(want):
         raise InputError(f"input {name!r}: dtype {v.dtype} but the {what} expects {want} ({np_dtype(want)})")
-    if not exact_dtype and _kind(np.dtype(v.dtype)) not in _NP_KINDS[DTYPES[want].kind]:
+    if not exact_dtype and np_kind(v.dtype) not in _NP_KINDS[DTYPES[want].kind]:
         raise InputError(f"input {name!r}: dtype {v.dtype} but the {what} expects {want} (an array of that kind)")
     shape = tuple(v.shape)
     if len(shape) != len(spec["shape"]):
-        raise InputError(f"input {name!r}: rank {len(shape)} {list(shape)}, expected rank "
-                         f"{len(spec['shape'])} {spec['shape']}")
+        raise InputError(
+            f"input {name!r}: rank {len(shape)} {list(shape)}, expected rank {len(spec['shape'])} {spec['shape']}"
+        )
     for axis, (got, d) in enumerate(zip(shape, spec["shape"])):
         if isinstance(d, int):
             if got != d:
-                raise InputError(f"input {name!r}: dim {axis} is {got}, expected {d} "
-                                 f"(shape {list(shape)} vs {spec['shape']})")
+                raise InputError(
+                    f"input {name!r}: dim {axis} is {got}, expected {d} (shape {list(shape)} vs {spec['shape']})"
+                )
         elif d in symbols and symbols[d][0] != got:
             first, other, other_axis = symbols[d]
-            raise InputError(f"input {name!r}: dim {axis} ({d}) is {got}, but {d}={first} "
-                             f"from input {other!r} dim {other_axis}")
+            raise InputError(
+                f"input {name!r}: dim {axis} ({d}) is {got}, but {d}={first} from input {other!r} dim {other_axis}"
+            )
         else:
             symbols.setdefault(d, (int(got), name, axis))

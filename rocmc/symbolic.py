@@ -16,6 +16,7 @@ and max. Every rule is written against an arithmetic passed in (`INT` here; the 
 that emits index ops), so one definition gives static sizes, call-time checks and the module's asserts.
 `call_dim` is how the op rules use them: the size for static dims, else the call's spelling.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,16 +24,16 @@ import operator
 import re
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NoReturn
 
 from .errors import GraphError, InputError
 
-MAX_LENGTH = 10_000     # characters of one expression
-MAX_DEPTH = 100         # nesting of parentheses and calls (the parser recurses)
-MAX_INT = 2 ** 63 - 1   # sizes and literals are int64, as in the module
+MAX_LENGTH = 10_000  # characters of one expression
+MAX_DEPTH = 100  # nesting of parentheses and calls (the parser recurses)
+MAX_INT = 2**63 - 1  # sizes and literals are int64, as in the module
 
 # ONNX spells "to the end" as INT_MAX-like numbers; beyond this, an index means "past the edge".
-BIG = 2 ** 31 - 1
+BIG = 2**31 - 1
 
 
 class _Inexact(ArithmeticError):
@@ -46,11 +47,20 @@ def _exact_div(a: int, b: int) -> int:
 
 
 # Integer arithmetic; the lowering passes emitters with the same names.
-INT = SimpleNamespace(add=operator.add, sub=operator.sub, mul=operator.mul, div=_exact_div,
-                      floordiv=operator.floordiv, ceildiv=lambda a, b: -(-a // b), min=min, max=max)
+INT = SimpleNamespace(
+    add=operator.add,
+    sub=operator.sub,
+    mul=operator.mul,
+    div=_exact_div,
+    floordiv=operator.floordiv,
+    ceildiv=lambda a, b: -(-a // b),
+    min=min,
+    max=max,
+)
 
 
 # ---- size rules ------------------------------------------------------------------------------
+
 
 def slice_bounds(dim, start: int, end: int, step: int, ar=INT):
     """ONNX Slice on one axis of size `dim`: (first index, element count).
@@ -59,12 +69,14 @@ def slice_bounds(dim, start: int, end: int, step: int, ar=INT):
     to [0, dim-1] / [-1, dim-1] for negative ones. `ar` does the arithmetic, so one rule gives the
     static sizes and emits index ops in the lowering (where `dim` may be a run-time value).
     """
+
     def at(i, lo):
         if i >= BIG:
             return dim if step > 0 else ar.sub(dim, 1)
         if i <= -BIG:
             return lo
         return ar.add(dim, i) if i < 0 else i
+
     if step > 0:
         s = ar.min(ar.max(at(start, 0), 0), dim)
         e = ar.min(ar.max(at(end, 0), 0), dim)
@@ -90,7 +102,7 @@ def pool_size(ar, size, kernel, stride, pad_lo, pad_hi, dilation, ceil=False):
     if not ceil:
         return ar.add(ar.floordiv(span, stride), 1)
     out = ar.add(ar.ceildiv(span, stride), 1)
-    past = ar.sub(ar.mul(ar.sub(out, 1), stride), ar.add(size, pad_lo))    # >= 0: the last window starts past
+    past = ar.sub(ar.mul(ar.sub(out, 1), stride), ar.add(size, pad_lo))  # >= 0: the last window starts past
     return ar.sub(out, ar.min(ar.max(ar.add(past, 1), 0), 1))
 
 
@@ -108,9 +120,9 @@ def slice_size(ar, dim, start, end, step):
 class _Rule:
     fn: Callable
     arity: int
-    literals_from: int          # arguments from this one on are int literals (the rules branch on them)
-    flags: tuple = ()           # trailing bare words, passed as True
-    windowed: bool = False      # a result below 1 means the window does not fit the input
+    literals_from: int  # arguments from this one on are int literals (the rules branch on them)
+    flags: tuple = ()  # trailing bare words, passed as True
+    windowed: bool = False  # a result below 1 means the window does not fit the input
 
 
 FUNCTIONS = {
@@ -124,6 +136,7 @@ FUNCTIONS = {
 
 
 # ---- expressions -----------------------------------------------------------------------------
+
 
 class Expr:
     """A size: `evaluate` it for given symbol sizes, or `compute` it with another arithmetic."""
@@ -198,8 +211,9 @@ _APPLY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv"}
 @dataclass(frozen=True)
 class Chain(Expr):
     """Operators of one precedence applied left to right, spelled in parentheses: '(a*b*4)'."""
+
     first: Expr
-    rest: tuple                 # ((operator, Expr), ...)
+    rest: tuple  # ((operator, Expr), ...)
 
     def compute(self, ar, sizes):
         v = self.first.compute(ar, sizes)
@@ -225,8 +239,7 @@ class Call(Expr):
     flags: tuple = ()
 
     def compute(self, ar, sizes):
-        return FUNCTIONS[self.name].fn(ar, *(a.compute(ar, sizes) for a in self.args),
-                                       **{f: True for f in self.flags})
+        return FUNCTIONS[self.name].fn(ar, *(a.compute(ar, sizes) for a in self.args), **{f: True for f in self.flags})
 
     def children(self):
         return self.args
@@ -285,7 +298,7 @@ class _Parser:
         self.toks = _tokens(text, self.fail)
         self.i = self.depth = 0
 
-    def fail(self, why: str):
+    def fail(self, why: str) -> NoReturn:
         raise self.error(f"size expression {self.text[:80]!r}{'...' if len(self.text) > 80 else ''}: {why}")
 
     def peek(self):
@@ -352,7 +365,8 @@ class _Parser:
             self.fail(f"unknown function {name!r}; expected one of {', '.join(FUNCTIONS)}")
         self.take("(")
         self.enter()
-        args, flags = [], []
+        args: list[Expr] = []
+        flags: list[str] = []
         while True:
             if self.peek() == "name" and self.toks[self.i][1] in rule.flags and len(args) == rule.arity:
                 flags.append(self.take("name"))
@@ -365,7 +379,7 @@ class _Parser:
         self.depth -= 1
         if len(args) != rule.arity:
             self.fail(f"{name} takes {rule.arity} sizes, got {len(args)}")
-        if not all(isinstance(a, Int) for a in args[rule.literals_from:]):
+        if not all(isinstance(a, Int) for a in args[rule.literals_from :]):
             self.fail(f"{name}: arguments after the first {rule.literals_from} must be integers")
         return Call(name, tuple(args), tuple(flags))
 
@@ -394,11 +408,13 @@ def parse(text, error=GraphError) -> Expr:
 
 # ---- constraints -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Constraint:
     """What the sizes of a call must satisfy for a node's types to hold: `lhs` divisible by `rhs`
     ("divisible") or `lhs >= rhs` ("at_least")."""
-    node: str                   # the node's description, e.g. 'reshape(%1)'
+
+    node: str  # the node's description, e.g. 'reshape(%1)'
     kind: str
     lhs: Expr
     rhs: Expr
@@ -426,8 +442,10 @@ class Constraint:
         if bound is not None:
             sym = bound[0]
             least, most = (ranges or {}).get(sym) or ranges_of([self])[sym]
-            return (f"{_dim(sym, where)} is {sizes[sym]}; allowed range is "
-                    f"[{least}, {'inf)' if most is None else f'{most}]'} ({self.node})")
+            return (
+                f"{_dim(sym, where)} is {sizes[sym]}; allowed range is "
+                f"[{least}, {'inf)' if most is None else f'{most}]'} ({self.node})"
+            )
         at = ", ".join(f"{_dim(n, where)} = {sizes[n]}" for n in sorted(self.lhs.symbols() | self.rhs.symbols()))
         at = f" with {at}" if at else ""
         lhs, rhs = bare(self.lhs), bare(self.rhs)
@@ -536,7 +554,7 @@ def check(cs: Iterable[Constraint], sizes: dict, where: dict | None = None) -> N
 # (floor divisions, min/max, window sizes), so (seq+1)-1 is seq again and batch*seq is the product
 # reshape understands.
 
-ASSUMED_AT_LEAST = 2    # what a comparison of symbols assumes, as torch.export does (0 and 1 specialize)
+ASSUMED_AT_LEAST = 2  # what a comparison of symbols assumes, as torch.export does (0 and 1 specialize)
 
 
 class Undecided(ArithmeticError):
@@ -564,6 +582,7 @@ def _poly(e: Expr) -> dict:
             else:
                 acc = _pdiv(acc, p, op)
         return acc
+    assert isinstance(e, Call), e  # what is not + - * is a call of a size function
     return {(_atom_text(e),): 1}
 
 
@@ -627,7 +646,7 @@ def dim_of(p: dict):
     if set(p) <= {()}:
         return p.get((), 0)
     if len(p) == 1:
-        (m, c), = p.items()
+        ((m, c),) = p.items()
         if c > 0:
             return _monomial(m, c)
     return f"({_text(p)})"
@@ -679,7 +698,7 @@ def dim_max(a, b, assumed: dict | None = None):
     return _extreme("max", a, b, assumed)
 
 
-def _extreme(name: str, a, b, assumed: set | None):
+def _extreme(name: str, a, b, assumed: dict | None):
     """min/max of two sizes: the one that is, when `decide` says which (with `assumed` given, also by
     assuming least sizes of symbols, which are added to it), else 'min(a,b)'."""
     for relation, pick in (("<=", a if name == "min" else b), (">=", b if name == "min" else a)):

@@ -12,21 +12,37 @@ os.environ.setdefault("ROCMC_CACHE_DIR", tempfile.mkdtemp(prefix="rocmc-test-cac
 
 # ---- random inputs: fresh on every run, reproducible from one printed seed --------------------------
 
+
 def pytest_addoption(parser):
-    parser.addoption("--seed", type=int, default=None,
-                     help="seed of the run's random inputs (printed in the report header; replays a run)")
+    parser.addoption(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the run's random inputs (printed in the report header; replays a run)",
+    )
     # tests/gpu: compile here, run on a GPU machine (tests/gpu/gpu_harness.py)
-    parser.addoption("--gpu-compile", metavar="DIR", default=None,
-                     help="compile the GPU tests' modules for cuda:sm_80 into DIR (with a manifest.json)")
-    parser.addoption("--gpu-artifacts", metavar="DIR", default=None,
-                     help="run the GPU tests on the cuda device from the modules compiled into DIR")
+    parser.addoption(
+        "--gpu-compile",
+        metavar="DIR",
+        default=None,
+        help="compile the GPU tests' modules for cuda:sm_80 into DIR (with a manifest.json)",
+    )
+    parser.addoption(
+        "--gpu-artifacts",
+        metavar="DIR",
+        default=None,
+        help="run the GPU tests on the cuda device from the modules compiled into DIR",
+    )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: numerics on an NVIDIA GPU from modules compiled ahead "
-                                       "(--gpu-compile / --gpu-artifacts); skipped without them")
+    config.addinivalue_line(
+        "markers",
+        "gpu: numerics on an NVIDIA GPU from modules compiled ahead "
+        "(--gpu-compile / --gpu-artifacts); skipped without them",
+    )
     workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:                     # an xdist worker: the controller chose the seed
+    if workerinput is not None:  # an xdist worker: the controller chose the seed
         config.rocmc_seed = int(workerinput["rocmc_seed"])
     else:
         seed = config.getoption("--seed")
@@ -36,7 +52,7 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):                    # xdist: every worker draws from the same run seed
+def pytest_configure_node(node):  # xdist: every worker draws from the same run seed
     node.workerinput["rocmc_seed"] = node.config.rocmc_seed
 
 

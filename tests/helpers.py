@@ -1,10 +1,12 @@
 """Shared test helpers: fresh random inputs, running graphs, comparing with the float64 reference."""
+
 from __future__ import annotations
 
 import numpy as np
 
 import rocmc
 from rocmc import ops
+from rocmc.frontend.ops.rnn import GATES
 
 # (rtol, atol) per dtype, for results compared with the float64 reference.
 TOL = {"f32": (2e-5, 2e-5), "f16": (4e-3, 4e-3), "bf16": (2.5e-2, 2.5e-2)}
@@ -61,8 +63,12 @@ def resnet_block(rng, cin, cout, groups, dtype="f32", h=9, w=11):
         wt = rng.uniform(-1, 1, (cout, cin // groups, k, k)) / np.sqrt(cin * k * k)
         b = rng.uniform(-0.5, 0.5, cout).astype(np_t) if bias else None
         y = ops.conv2d(v, wt.astype(np_t), b, stride=stride, padding=padding, groups=groups)
-        stats = [rng.uniform(-0.5, 0.5, cout), rng.uniform(0.5, 2.0, cout), rng.uniform(-1.5, 1.5, cout),
-                 rng.uniform(-0.5, 0.5, cout)]
+        stats = [
+            rng.uniform(-0.5, 0.5, cout),
+            rng.uniform(0.5, 2.0, cout),
+            rng.uniform(-1.5, 1.5, cout),
+            rng.uniform(-0.5, 0.5, cout),
+        ]
         return ops.batch_norm(y, *(s.astype(np_t) for s in stats), eps=1e-5)
 
     hid = ops.relu(conv_bn(x, cin, 3, 2, 1, groups=groups))
@@ -70,3 +76,32 @@ def resnet_block(rng, cin, cout, groups, dtype="f32", h=9, w=11):
     plain = ops.conv2d(x, (rng.uniform(-1, 1, (cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np_t), padding=1)
     g.output(ops.relu(main + conv_bn(x, cin, 1, 2, 0)), plain + r)
     return g
+
+
+# ---- LSTM / GRU graphs (tests/lowering/test_rnn.py, tests/runtime/test_rnn_extern.py) ----------
+
+
+def rnn_weight(rng, *shape, dtype="f32", scale=0.6):
+    return rand(rng, shape, dtype, -scale, scale)
+
+
+def rnn_graph(op, rng, dtype="f32", seq="seq", batch=3, inp=5, hidden=7, biases=True, states=True):
+    """A graph with x (and the initial states) as inputs and weights as constants."""
+    g = rocmc.Graph(op)
+    x = g.input("x", (seq, batch, inp), dtype)
+    gates = GATES[op] * hidden
+    feeds = [rand(rng, (seq if isinstance(seq, int) else 6, batch if isinstance(batch, int) else 2, inp), dtype)]
+    kw = {}
+    if biases:
+        kw.update(b_ih=rnn_weight(rng, gates, dtype=dtype), b_hh=rnn_weight(rng, gates, dtype=dtype))
+    if states:
+        kw["h0"] = g.input("h0", (1, batch, hidden), dtype)
+        feeds.append(rand(rng, (1, feeds[0].shape[1], hidden), dtype, -1.0, 1.0))
+        if op == "lstm":
+            kw["c0"] = g.input("c0", (1, batch, hidden), dtype)
+            feeds.append(rand(rng, (1, feeds[0].shape[1], hidden), dtype, -1.0, 1.0))
+    outs = getattr(ops, op)(
+        x, rnn_weight(rng, gates, inp, dtype=dtype), rnn_weight(rng, gates, hidden, dtype=dtype), **kw
+    )
+    g.output(*outs)
+    return g, feeds

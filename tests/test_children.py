@@ -1,7 +1,7 @@
 """Child processes end with the process that started them (rocmc.children): when it is killed with SIGKILL,
 whichever thread started them, through every path that starts one (iree-compile, the kernel build's clang,
 the host C compiler, iree-dump-module, the ranks of `rocmc launch`), and not earlier."""
-import json
+
 import os
 import select
 import signal
@@ -37,9 +37,14 @@ def _wait_gone(pids, seconds=5.0) -> list:
 
 
 def _start(script: str, *args, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_files(paths, parent: subprocess.Popen, seconds=8.0) -> list[int]:
@@ -53,8 +58,9 @@ def _wait_for_files(paths, parent: subprocess.Popen, seconds=8.0) -> list[int]:
             break
         time.sleep(0.02)
     out, err = _end(parent)
-    pytest.fail(f"the children never started (missing: {[p.name for p, t in zip(paths, texts) if not t]}):\n"
-                f"{out}\n{err}")
+    pytest.fail(
+        f"the children never started (missing: {[p.name for p, t in zip(paths, texts) if not t]}):\n{out}\n{err}"
+    )
 
 
 def _end(parent: subprocess.Popen) -> tuple[str, str]:
@@ -84,7 +90,8 @@ case "$1" in
   --version) echo "clang version 19.1.7"; exit 0;;
   --print-targets) echo "  Registered Targets:"; echo "    amdgcn     - AMD GCN GPUs"; exit 0;;
 esac
-echo $$ > "$FAKE_PID_DIR/$(basename "$0").tmp" && mv "$FAKE_PID_DIR/$(basename "$0").tmp" "$FAKE_PID_DIR/$(basename "$0")"
+name="$FAKE_PID_DIR/$(basename "$0")"
+echo $$ > "$name.tmp" && mv "$name.tmp" "$name"
 exec sleep 300
 """
 
@@ -118,7 +125,7 @@ def test_child_started_by_an_ended_thread_lives_on_and_ends_with_its_killed_pare
         line = parent.stdout.readline() if select.select([parent.stdout], [], [], 10)[0] else ""
         assert line.strip().isdigit(), _end(parent)[1]
         child = int(line)
-        time.sleep(0.5)                                      # the thread that started it has ended
+        time.sleep(0.5)  # the thread that started it has ended
         assert not _gone(child), "the child died with the thread that started it"
         parent.send_signal(signal.SIGKILL)
         parent.wait()
@@ -162,7 +169,11 @@ def test_run_kills_and_reaps_its_child_on_a_timeout_or_an_interrupt(tmp_path):
 def test_run_reports_like_subprocess(tmp_path):
     res = children.run(["sh", "-c", 'cat; echo "$PPID" >&2; exit 3'], input="in", capture_output=True, text=True)
     assert (res.args, res.returncode, res.stdout, res.stderr.strip()) == (
-        ["sh", "-c", 'cat; echo "$PPID" >&2; exit 3'], 3, "in", str(os.getpid()))
+        ["sh", "-c", 'cat; echo "$PPID" >&2; exit 3'],
+        3,
+        "in",
+        str(os.getpid()),
+    )
     with pytest.raises(subprocess.CalledProcessError):
         children.run(["false"], check=True)
     with pytest.raises(FileNotFoundError):
@@ -240,8 +251,12 @@ def test_every_tool_ends_with_its_killed_parent(tmp_path):
     names = ["iree-compile", "clang-fake", "cc-fake", "iree-dump-module"]
     for name in names:
         _fake_tool(fakes, name)
-    env = {"FAKE_PID_DIR": str(pids_dir), "ROCMC_CLANG": str(fakes / "clang-fake"), "CC": str(fakes / "cc-fake"),
-           "ROCMC_CACHE_DIR": str(tmp_path / "cache")}
+    env = {
+        "FAKE_PID_DIR": str(pids_dir),
+        "ROCMC_CLANG": str(fakes / "clang-fake"),
+        "CC": str(fakes / "cc-fake"),
+        "ROCMC_CACHE_DIR": str(tmp_path / "cache"),
+    }
     parent = _start(TOOLS, fakes, tmp_path / "out", env=env)
     pids = []
     try:
@@ -267,7 +282,7 @@ def test_ranks_keep_their_session_and_end_with_their_killed_launcher(tmp_path):
     ranks = []
     try:
         ranks = _wait_for_files([tmp_path / "rank0", tmp_path / "rank1"], parent)
-        for pid in ranks:                                    # each rank leads its own session, for stop()
+        for pid in ranks:  # each rank leads its own session, for stop()
             assert os.getsid(pid) == pid != os.getsid(parent.pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait()

@@ -1,5 +1,6 @@
 """`rocmc ops`, `rocmc models` and `rocmc targets`: what rocmc supports, from its own tables; and the
 cuda:sm_90 / sm_100 targets they list."""
+
 import json
 
 import numpy as np
@@ -27,20 +28,20 @@ def test_ops_json_lists_every_op_with_its_implementations(capsys):
             listed = {i["name"] for i in by_op[op]["targets"][kind]}
             assert listed == {i.name for i in impls.values() if kind in i.kinds}, (op, kind)
     # preference order: rms_norm's hand-written kernel first on GPUs; generated alone on the CPU
-    assert [i["name"] for i in by_op["rms_norm"]["targets"]["rocm"]][0] == "hip"
+    assert [i["name"] for i in by_op["rms_norm"]["targets"]["rocm"]][0] == "kernel"
     assert by_op["rms_norm"]["targets"]["rocm"][0]["use"] == "default"
     assert [i["name"] for i in by_op["rms_norm"]["targets"]["cpu"]] == ["generated"]
     # an opt-in library says how to turn it on
-    hipblaslt = next(i for i in by_op["matmul"]["targets"]["rocm"] if i["name"] == "hipblaslt")
-    assert hipblaslt["use"] == "libraries=['hipblaslt']"
+    blas = next(i for i in by_op["matmul"]["targets"]["rocm"] if i["name"] == "blas")
+    assert blas["use"] == "libraries=['blas']"
 
 
 def test_ops_text(capsys):
     out = run(capsys, "ops").splitlines()
     assert out[1].split() == ["op", "cpu", "rocm", "cuda"]
     row = next(l for l in out if l.startswith("rms_norm "))
-    assert row.split(None, 1)[1].split() == ["generated", "hip,", "generated", "hip,", "generated"]
-    assert any(l.startswith("matmul ") and "hipblaslt+" in l for l in out)
+    assert row.split(None, 1)[1].split() == ["generated", "kernel,", "generated", "kernel,", "generated"]
+    assert any(l.startswith("matmul ") and "blas+" in l for l in out)
     assert len(out) == 2 + len(set(OPS) | set(REGISTRY))
 
 
@@ -55,8 +56,10 @@ def test_models_lists_the_families(capsys):
     assert data["all_families"]["rope_types"] == list(llm_config.SUPPORTED_ROPE_TYPES)
     # every listed model_type / architecture is one the config reader accepts
     for r in data["families"]:
-        assert llm_config._family_of({"model_type": r["model_type"], "architectures": r["architectures"]},
-                                     "test") == r["family"]
+        assert (
+            llm_config._family_of({"model_type": r["model_type"], "architectures": r["architectures"]}, "test")
+            == r["family"]
+        )
     text = run(capsys, "models")
     assert "mistral: model_type 'mistral', architectures MistralForCausalLM" in text
 
@@ -68,8 +71,16 @@ def test_quiet_option_works_on_the_new_commands(capsys):
 
 # ---- targets that run sm_80 code ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,target", [("cuda:sm_90", "cuda:sm_90"), ("sm_90a", "cuda:sm_90"),
-                                         ("cuda:sm_100", "cuda:sm_100"), ("cuda:sm_100a", "cuda:sm_100")])
+
+@pytest.mark.parametrize(
+    "spec,target",
+    [
+        ("cuda:sm_90", "cuda:sm_90"),
+        ("sm_90a", "cuda:sm_90"),
+        ("cuda:sm_100", "cuda:sm_100"),
+        ("cuda:sm_100a", "cuda:sm_100"),
+    ],
+)
 def test_newer_cuda_targets_compile_sm80_code(spec, target):
     t = Target.parse(spec)
     assert str(t) == target and t.code_arch == "sm_80"

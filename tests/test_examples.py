@@ -1,4 +1,5 @@
 """The example models run end to end on the CPU and match the float64 reference; they compile for gfx942."""
+
 import runpy
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """Progress of long steps: log records under `rocmc`, the terminal display (only on a terminal, not when
 quiet), and the CLI's -q/-v."""
+
 import io
 import logging
 import os
@@ -80,13 +81,17 @@ def test_checkpoint_bytes_are_logged(caplog, tmp_path):
     x = g.input("x", shape=(2, 64), dtype="f16")
     g.output(ops.matmul(x, g.parameter("w", (64, 16), "f16")))
     mod = rocmc.load(rocmc.compile(g, "cpu", cache=False), parameters=tmp_path / "w.irpa")
-    conv = [r for r in caplog.records if getattr(r, "step", "").startswith("reading and converting 1 parameters")
-            and hasattr(r, "elapsed")]
+    conv = [
+        r
+        for r in caplog.records
+        if getattr(r, "step", "").startswith("reading and converting 1 parameters") and hasattr(r, "elapsed")
+    ]
     assert conv and conv[0].bytes == w.nbytes
-    assert any(getattr(r, "step", "").startswith("loading uses_w on local-task with 1 parameters (2.0 KiB)")
-               for r in caplog.records)
-    np.testing.assert_allclose(mod(np.ones((2, 64), np.float16)), np.ones((2, 64)) @ w.astype(np.float16),
-                               rtol=1e-2)
+    assert any(
+        getattr(r, "step", "").startswith("loading uses_w on local-task with 1 parameters (2.0 KiB)")
+        for r in caplog.records
+    )
+    np.testing.assert_allclose(mod(np.ones((2, 64), np.float16)), np.ones((2, 64)) @ w.astype(np.float16), rtol=1e-2)
 
 
 def test_library_user_sees_nothing_by_default(capfd):
@@ -124,6 +129,7 @@ def test_terminal_display_and_quiet(monkeypatch):
 
 def test_spinner_redraws_while_a_step_runs(monkeypatch):
     import time
+
     term = FakeTerminal()
     monkeypatch.setattr("sys.stderr", term)
     with progress.step("a long step"):
@@ -147,18 +153,22 @@ def test_set_quiet_checks_its_argument():
 
 def test_cli_quiet_and_verbose(tmp_path, monkeypatch, capsys):
     model = tmp_path / "m.py"
-    model.write_text("import numpy as np, rocmc\nfrom rocmc import ops\n"
-                     "def build_graph():\n    g = rocmc.Graph('clim')\n"
-                     "    x = g.input('x', shape=(2, 8), dtype='f32')\n    g.output(ops.relu(x))\n    return g\n")
-    monkeypatch.setenv("ROCMC_QUIET", "0")        # restored (unset) after the test: the CLI sets it
+    model.write_text(
+        "import numpy as np, rocmc\nfrom rocmc import ops\n"
+        "def build_graph():\n    g = rocmc.Graph('clim')\n"
+        "    x = g.input('x', shape=(2, 8), dtype='f32')\n    g.output(ops.relu(x))\n    return g\n"
+    )
+    monkeypatch.setenv("ROCMC_QUIET", "0")  # restored (unset) after the test: the CLI sets it
     term = FakeTerminal()
     monkeypatch.setattr("sys.stderr", term)
     # on a terminal, the display shows the compile's steps
     assert cli.main(["compile", str(model), "-o", str(tmp_path / "a.vmfb"), "--no-cache"]) == 0
     assert "compiling clim for cpu" in term.getvalue()
     # -q before or after the subcommand turns it off, for this process and the processes it starts
-    for argv in (["-q", "compile", str(model), "-o", str(tmp_path / "b.vmfb"), "--no-cache"],
-                 ["compile", str(model), "-o", str(tmp_path / "c.vmfb"), "--no-cache", "-q"]):
+    for argv in (
+        ["-q", "compile", str(model), "-o", str(tmp_path / "b.vmfb"), "--no-cache"],
+        ["compile", str(model), "-o", str(tmp_path / "c.vmfb"), "--no-cache", "-q"],
+    ):
         progress.set_quiet(None)
         os.environ["ROCMC_QUIET"] = "0"
         term.seek(0)

@@ -9,6 +9,7 @@ not run (no GPU here): a Python statement that loads on a hip or cuda device, an
 module compiled for a GPU, are left out, each with its reason. `pip install` lines are checked against
 pyproject.toml's extras (installing needs the package index); `make test` is this suite, so it is not run.
 """
+
 import ast
 import os
 import re
@@ -33,9 +34,9 @@ transformers = pytest.importorskip("transformers")
 
 @dataclass
 class Block:
-    lang: str          # "python" or "sh"
+    lang: str  # "python" or "sh"
     text: str
-    line: int          # of the block's first line in README.md
+    line: int  # of the block's first line in README.md
 
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
@@ -71,6 +72,7 @@ def test_readme_blocks_are_found():
 
 # ---- what the README takes as given -------------------------------------------------------------------
 
+
 class TinyLM(torch.nn.Module):
     """ids, mask (batch, seq) -> logits f32[batch, seq, vocab]."""
 
@@ -82,37 +84,39 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, ids, mask):
         h = self.embed(ids) * mask.unsqueeze(-1).to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm       # RMSNorm, as exporters write it
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * self.norm  # RMSNorm, as exporters write it
         return self.out(torch.nn.functional.silu(h))
 
 
 def tiny_llama(directory: Path, *, tokenizer: bool) -> None:
     """A 2-layer Llama checkpoint whose vocabulary holds the README's token ids (up to 7483)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        import llm_models
-    finally:
-        sys.path.remove(str(ROOT / "tests"))
+    import llm_models  # tests/llm_models.py: pytest puts tests/ on sys.path
+
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**{**llm_models._SIZES, "vocab_size": 8192, "num_key_value_heads": 4,
-                                         "bos_token_id": 1, "eos_token_id": 2})
+    config = transformers.LlamaConfig(
+        **{**llm_models._SIZES, "vocab_size": 8192, "num_key_value_heads": 4, "bos_token_id": 1, "eos_token_id": 2}
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    if tokenizer:          # covering the model's vocabulary, as a checkpoint's tokenizer does
+    if tokenizer:  # covering the model's vocabulary, as a checkpoint's tokenizer does
         tk = llm_models.train_tokenizer("byte_fallback", 300)
         tk.add_tokens([f"<t{i}>" for i in range(tk.get_vocab_size(), config.vocab_size)])
-        llm_models.save_tokenizer(tk, directory, bos_template=True,
-                                  config={"add_bos_token": True, "chat_template": CHAT_TEMPLATE})
+        llm_models.save_tokenizer(
+            tk, directory, bos_template=True, config={"add_bos_token": True, "chat_template": CHAT_TEMPLATE}
+        )
 
 
 # A Llama 2 style chat template, as such checkpoints carry in tokenizer_config.json.
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
-                 "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
 
 
 def make_given(work: Path) -> dict:
     """Files the README's commands name and the Python names its blocks take as given."""
     import rocmc
     from rocmc import ops
+
     (work / "examples").symlink_to(ROOT / "examples")
     tiny_llama(work / "TinyLlama-1.1B", tokenizer=True)
     tiny_llama(work / "Llama-2-7b", tokenizer=False)
@@ -121,16 +125,28 @@ def make_given(work: Path) -> dict:
     model = TinyLM().eval()
     ids = torch.randint(0, 64, (2, 8))
     mask = torch.ones(2, 8, dtype=torch.int64)
-    torch.onnx.export(model, (ids, mask), str(work / "model.onnx"), dynamo=False, input_names=["ids", "mask"],
-                      dynamic_axes={"ids": {1: "seq"}, "mask": {1: "seq"}})
+    torch.onnx.export(
+        model,
+        (ids, mask),
+        str(work / "model.onnx"),
+        dynamo=False,
+        input_names=["ids", "mask"],
+        dynamic_axes={"ids": {1: "seq"}, "mask": {1: "seq"}},
+    )
     torch.export.save(torch.export.export(model, (ids, mask)), str(work / "model.pt2"))
     g = rocmc.Graph("model")
     x = g.input("x", shape=(2, "n"), dtype="f32")
     g.output(ops.relu(x))
     rocmc.compile(g, "cpu").save(work / "model.vmfb")
     np.save(work / "x.npy", np.linspace(-1, 1, 10, dtype=np.float32).reshape(2, 5))
-    return {"torch": torch, "transformers": transformers, "model": model, "ids": ids, "mask": mask,
-            "Dim": torch.export.Dim}
+    return {
+        "torch": torch,
+        "transformers": transformers,
+        "model": model,
+        "ids": ids,
+        "mask": mask,
+        "Dim": torch.export.Dim,
+    }
 
 
 # ---- running blocks -----------------------------------------------------------------------------------
@@ -142,7 +158,7 @@ def run_python(block: Block, ns: dict, left_out: list) -> None:
     tree = ast.parse(block.text, filename=f"README.md:{block.line}")
     lines = block.text.splitlines()
     for stmt in tree.body:
-        src = "\n".join(lines[stmt.lineno - 1:stmt.end_lineno])
+        src = "\n".join(lines[stmt.lineno - 1 : stmt.end_lineno])
         where = f"README.md:{block.line + stmt.lineno - 1}"
         if _GPU_DEVICE.search(src):
             left_out.append((where, src.strip(), "loads on a GPU device (none here); its artifact was compiled"))
@@ -174,6 +190,7 @@ def commands(text: str) -> list[tuple[int, str]]:
 def _gpu_module(argv: list, work: Path) -> str | None:
     """The GPU target of the module a `rocmc run/generate/launch` command runs, if any."""
     from rocmc.artifact import Artifact
+
     names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--module"]
     if len(argv) > 2 and argv[:2] == ["rocmc", "run"]:
         names.append(argv[2])
@@ -218,7 +235,9 @@ def run_sh(block: Block, work: Path, env: dict, left_out: list) -> None:
             left_out.append((where, cmd, f"runs a module compiled for {target} (no GPU here); the module was compiled"))
             continue
         proc = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{where}: `{cmd}` exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, (
+            f"{where}: `{cmd}` exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
 
 
 def test_readme_runs_as_written(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@
 - llama2l_decoder_torch.onnx: a Llama-style decoder of 2 layers (RMSNorm, rotary embedding,
   grouped-query causal attention, SwiGLU MLP), input_ids i64[batch, seq] with dynamic sizes.
 """
+
 from __future__ import annotations
 
 import sys
@@ -136,16 +137,30 @@ def export(out_dir: Path = HERE) -> None:
     resnet = ResNet18().eval()
     _randomize_bn(resnet, gen)
     batch = torch.export.Dim("N", min=1, max=64)
-    torch.onnx.export(resnet, (torch.randn(2, 3, 64, 64),), str(out_dir / "resnet18_narrow_torch.onnx"),
-                      input_names=["image"], output_names=["logits"], dynamic_shapes={"x": {0: batch}},
-                      dynamo=True, opset_version=18, external_data=False)
+    torch.onnx.export(
+        resnet,
+        (torch.randn(2, 3, 64, 64),),
+        str(out_dir / "resnet18_narrow_torch.onnx"),
+        input_names=["image"],
+        output_names=["logits"],
+        dynamic_shapes={"x": {0: batch}},
+        dynamo=True,
+        opset_version=18,
+        external_data=False,
+    )
     llama = Llama().eval()
     ids = torch.randint(0, 256, (2, 7))
-    torch.onnx.export(llama, (ids,), str(out_dir / "llama2l_decoder_torch.onnx"),
-                      input_names=["input_ids"], output_names=["logits"],
-                      dynamic_shapes={"input_ids": {0: torch.export.Dim("batch", max=64),
-                                                    1: torch.export.Dim("seq", max=128)}},
-                      dynamo=True, opset_version=18, external_data=False)
+    torch.onnx.export(
+        llama,
+        (ids,),
+        str(out_dir / "llama2l_decoder_torch.onnx"),
+        input_names=["input_ids"],
+        output_names=["logits"],
+        dynamic_shapes={"input_ids": {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=128)}},
+        dynamo=True,
+        opset_version=18,
+        external_data=False,
+    )
     for name in ("resnet18_narrow_torch.onnx", "llama2l_decoder_torch.onnx"):
         print(f"{out_dir / name}: {(out_dir / name).stat().st_size / 1e6:.2f} MB")
 

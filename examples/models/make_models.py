@@ -12,6 +12,7 @@ node by node so the opset-23 fused ops (RMSNormalization, RotaryEmbedding, Atten
   RotaryEmbedding, grouped-query Attention with is_causal, SwiGLU MLP); inputs `input_ids`
   i64[batch, seq] and `position_ids` i64[batch, seq], output logits f32[batch, seq, vocab].
 """
+
 from __future__ import annotations
 
 import sys
@@ -40,8 +41,11 @@ class Builder:
         if value is None:
             fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else int(shape[0])
             value = self.rng.normal(0.0, scale if scale is not None else 1.0 / np.sqrt(fan_in), size=shape)
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32)
-                                                  if np.asarray(value).dtype.kind == "f" else np.asarray(value), name))
+        self.inits.append(
+            numpy_helper.from_array(
+                np.asarray(value, dtype=np.float32) if np.asarray(value).dtype.kind == "f" else np.asarray(value), name
+            )
+        )
         return name
 
     def op(self, op_type: str, inputs, n_out: int = 1, **attrs):
@@ -52,13 +56,16 @@ class Builder:
 
 # ---- ResNet-18, narrow ------------------------------------------------------------------------
 
+
 def _conv_bn(b: Builder, x: str, cin: int, cout: int, k: int, stride: int, relu: bool) -> str:
     w = b.weight("conv_w", (cout, cin, k, k), scale=np.sqrt(2.0 / (cin * k * k)))
     y = b.op("Conv", [x, w], kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
-    bn = [b.weight("bn_scale", (cout,), value=b.rng.uniform(0.5, 1.5, cout)),
-          b.weight("bn_bias", (cout,), value=b.rng.uniform(-0.2, 0.2, cout)),
-          b.weight("bn_mean", (cout,), value=b.rng.uniform(-0.2, 0.2, cout)),
-          b.weight("bn_var", (cout,), value=b.rng.uniform(0.5, 1.5, cout))]
+    bn = [
+        b.weight("bn_scale", (cout,), value=b.rng.uniform(0.5, 1.5, cout)),
+        b.weight("bn_bias", (cout,), value=b.rng.uniform(-0.2, 0.2, cout)),
+        b.weight("bn_mean", (cout,), value=b.rng.uniform(-0.2, 0.2, cout)),
+        b.weight("bn_var", (cout,), value=b.rng.uniform(0.5, 1.5, cout)),
+    ]
     y = b.op("BatchNormalization", [y, *bn], epsilon=1e-5)
     return b.op("Relu", [y]) if relu else y
 
@@ -84,13 +91,17 @@ def resnet18_narrow(widths=(8, 16, 32, 64), classes: int = 10, size: int = 64, s
     fc_b = b.weight("fc_b", (classes,), scale=0.1)
     b.nodes.append(helper.make_node("Gemm", [x, fc_w, fc_b], ["logits"], name="fc", transB=1))
     graph = helper.make_graph(
-        b.nodes, "resnet18_narrow",
+        b.nodes,
+        "resnet18_narrow",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, size, size])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], b.inits)
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
+        b.inits,
+    )
     return _finish(graph, opset=18)
 
 
 # ---- Llama-style decoder ----------------------------------------------------------------------
+
 
 def _rope_tables(max_pos: int, head_dim: int, theta: float = 10000.0):
     inv = 1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)
@@ -98,17 +109,22 @@ def _rope_tables(max_pos: int, head_dim: int, theta: float = 10000.0):
     return np.cos(ang), np.sin(ang)
 
 
-def _decoder_layer(b: Builder, x: str, pos: str, cos: str, sin: str, hidden: int, heads: int, kv_heads: int,
-                   head_dim: int, ffn: int) -> str:
+def _decoder_layer(
+    b: Builder, x: str, pos: str, cos: str, sin: str, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int
+) -> str:
     def linear(v, fin, fout):
         return b.op("MatMul", [v, b.weight("w", (fin, fout), scale=1.0 / np.sqrt(fin))])
 
-    def heads_first(v, n):   # [B, S, n*D] -> [B, n, S, D]
+    def heads_first(v, n):  # [B, S, n*D] -> [B, n, S, D]
         shape = b.weight("shape", None, value=np.asarray([0, 0, n, head_dim], dtype=np.int64))
         return b.op("Transpose", [b.op("Reshape", [v, shape])], perm=[0, 2, 1, 3])
 
-    h = b.op("RMSNormalization", [x, b.weight("attn_norm", (hidden,), value=b.rng.uniform(0.8, 1.2, hidden))],
-             axis=-1, epsilon=1e-6)
+    h = b.op(
+        "RMSNormalization",
+        [x, b.weight("attn_norm", (hidden,), value=b.rng.uniform(0.8, 1.2, hidden))],
+        axis=-1,
+        epsilon=1e-6,
+    )
     q = heads_first(linear(h, hidden, heads * head_dim), heads)
     k = heads_first(linear(h, hidden, kv_heads * head_dim), kv_heads)
     v = heads_first(linear(h, hidden, kv_heads * head_dim), kv_heads)
@@ -118,15 +134,27 @@ def _decoder_layer(b: Builder, x: str, pos: str, cos: str, sin: str, hidden: int
     merged = b.weight("shape", None, value=np.asarray([0, 0, heads * head_dim], dtype=np.int64))
     a = b.op("Reshape", [b.op("Transpose", [a], perm=[0, 2, 1, 3]), merged])
     x = b.op("Add", [x, linear(a, heads * head_dim, hidden)])
-    h = b.op("RMSNormalization", [x, b.weight("mlp_norm", (hidden,), value=b.rng.uniform(0.8, 1.2, hidden))],
-             axis=-1, epsilon=1e-6)
+    h = b.op(
+        "RMSNormalization",
+        [x, b.weight("mlp_norm", (hidden,), value=b.rng.uniform(0.8, 1.2, hidden))],
+        axis=-1,
+        epsilon=1e-6,
+    )
     gate = linear(h, hidden, ffn)
     silu = b.op("Mul", [gate, b.op("Sigmoid", [gate])])
     return b.op("Add", [x, linear(b.op("Mul", [silu, linear(h, hidden, ffn)]), ffn, hidden)])
 
 
-def llama_decoder(layers: int = 2, vocab: int = 256, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                  ffn: int = 172, max_pos: int = 128, seed: int = 1) -> onnx.ModelProto:
+def llama_decoder(
+    layers: int = 2,
+    vocab: int = 256,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    ffn: int = 172,
+    max_pos: int = 128,
+    seed: int = 1,
+) -> onnx.ModelProto:
     b = Builder(seed)
     head_dim = hidden // heads
     cos_t, sin_t = _rope_tables(max_pos, head_dim)
@@ -134,14 +162,23 @@ def llama_decoder(layers: int = 2, vocab: int = 256, hidden: int = 64, heads: in
     x = b.op("Gather", [b.weight("embed", (vocab, hidden), scale=0.5), "input_ids"], axis=0)
     for _ in range(layers):
         x = _decoder_layer(b, x, "position_ids", cos, sin, hidden, heads, kv_heads, head_dim, ffn)
-    x = b.op("RMSNormalization", [x, b.weight("final_norm", (hidden,), value=b.rng.uniform(0.8, 1.2, hidden))],
-             axis=-1, epsilon=1e-6)
+    x = b.op(
+        "RMSNormalization",
+        [x, b.weight("final_norm", (hidden,), value=b.rng.uniform(0.8, 1.2, hidden))],
+        axis=-1,
+        epsilon=1e-6,
+    )
     b.nodes.append(helper.make_node("MatMul", [x, b.weight("lm_head", (hidden, vocab))], ["logits"], name="lm_head"))
     graph = helper.make_graph(
-        b.nodes, "llama2l_decoder",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])], b.inits)
+        b.nodes,
+        "llama2l_decoder",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])],
+        b.inits,
+    )
     return _finish(graph, opset=23)
 
 

@@ -3,6 +3,7 @@
 Shapes hold ints (static) or strings (symbolic, e.g. "seq"). Types are inferred when a node is
 built, so a Graph is always well typed; printing gives one readable, typed line per node.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,8 @@ import numpy as np
 
 from ..arrays import as_numpy
 from ..errors import GraphError
-from . import dtypes as _dt
-from .dtypes import DType
+from .. import dtypes as _dt
+from ..dtypes import DType
 from .registry import get_op
 
 Dim = Union[int, str]
@@ -27,7 +28,7 @@ _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:]{0,255}$")
 # IREE holds dims, element counts and byte sizes as signed 64-bit integers; a tensor beyond that can't
 # be written in the module (an MLIR parse failure much later), so building it is the error.
-MAX_SIZE = 2 ** 63 - 1
+MAX_SIZE = 2**63 - 1
 
 # The op builders behind Value's operators (`a + b` is ops.add(a, b)), by name. The builders are
 # written on this module (rocmc/frontend/ops), so they register here as they are defined rather
@@ -49,6 +50,7 @@ def _hash_pool():
     global _pool
     if _pool is None:
         from concurrent.futures import ThreadPoolExecutor
+
         _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="rocmc-hash")
     return _pool
 
@@ -64,18 +66,18 @@ class ContentDigest:
     compile (or a cache hit) only waits for what is left."""
 
     def __init__(self, a: np.ndarray):
-        data = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        data = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
         self._value = None
         if len(data) <= 2 * _CHUNK:
             self._value = _sha256(data) if len(data) <= (1 << 20) else None
             self._parts = None if self._value else [_hash_pool().submit(_sha256, data)]
         else:
-            self._parts = [_hash_pool().submit(_sha256, data[i:i + _CHUNK]) for i in range(0, len(data), _CHUNK)]
+            self._parts = [_hash_pool().submit(_sha256, data[i : i + _CHUNK]) for i in range(0, len(data), _CHUNK)]
         self._chunked = len(data) > 2 * _CHUNK
 
     def result(self) -> bytes:
         if self._value is None:
-            ds = [f.result() for f in self._parts]
+            ds = [f.result() for f in self._parts or ()]
             self._value = _sha256(b"".join(ds)) if self._chunked else ds[0]
             self._parts = None
         return self._value
@@ -111,7 +113,7 @@ class TensorType:
 def check_shape(shape, what: str) -> tuple:
     if isinstance(shape, (int, str)):
         shape = (shape,)
-    out = []
+    out: list[int | str] = []
     for d in shape:
         if isinstance(d, (bool, np.bool_)):
             raise GraphError(f"{what}: dim {d!r} is a bool, expected an int >= 0 or a symbol name")
@@ -133,8 +135,10 @@ def check_size(t: TensorType, what: str) -> None:
         raise GraphError(f"{what}: {t} has a dim larger than 2**63-1, the largest size IREE can represent")
     n = math.prod(static)
     if n * t.dtype.np.itemsize > MAX_SIZE:
-        raise GraphError(f"{what}: {t} holds {n} elements ({n * t.dtype.np.itemsize} bytes); a tensor holds "
-                         f"at most 2**63-1 bytes, the largest size IREE can represent")
+        raise GraphError(
+            f"{what}: {t} holds {n} elements ({n * t.dtype.np.itemsize} bytes); a tensor holds "
+            f"at most 2**63-1 bytes, the largest size IREE can represent"
+        )
 
 
 class Value:
@@ -158,24 +162,47 @@ class Value:
         return f"%{self.id}:{self.type}"
 
     # Operators call the op builders (rocmc.ops) so `a + b`, `a @ b` read naturally.
-    def __add__(self, o): return _OPERATORS["add"](self, o)
-    def __radd__(self, o): return _OPERATORS["add"](o, self)
-    def __sub__(self, o): return _OPERATORS["sub"](self, o)
-    def __rsub__(self, o): return _OPERATORS["sub"](o, self)
-    def __mul__(self, o): return _OPERATORS["mul"](self, o)
-    def __rmul__(self, o): return _OPERATORS["mul"](o, self)
-    def __truediv__(self, o): return _OPERATORS["div"](self, o)
-    def __rtruediv__(self, o): return _OPERATORS["div"](o, self)
-    def __pow__(self, o): return _OPERATORS["pow"](self, o)
-    def __neg__(self): return _OPERATORS["neg"](self)
-    def __matmul__(self, o): return _OPERATORS["matmul"](self, o)
-    def __rmatmul__(self, o): return _OPERATORS["matmul"](o, self)
+    def __add__(self, o):
+        return _OPERATORS["add"](self, o)
+
+    def __radd__(self, o):
+        return _OPERATORS["add"](o, self)
+
+    def __sub__(self, o):
+        return _OPERATORS["sub"](self, o)
+
+    def __rsub__(self, o):
+        return _OPERATORS["sub"](o, self)
+
+    def __mul__(self, o):
+        return _OPERATORS["mul"](self, o)
+
+    def __rmul__(self, o):
+        return _OPERATORS["mul"](o, self)
+
+    def __truediv__(self, o):
+        return _OPERATORS["div"](self, o)
+
+    def __rtruediv__(self, o):
+        return _OPERATORS["div"](o, self)
+
+    def __pow__(self, o):
+        return _OPERATORS["pow"](self, o)
+
+    def __neg__(self):
+        return _OPERATORS["neg"](self)
+
+    def __matmul__(self, o):
+        return _OPERATORS["matmul"](self, o)
+
+    def __rmatmul__(self, o):
+        return _OPERATORS["matmul"](o, self)
 
 
 @dataclass
 class Node:
     op: str
-    inputs: list            # Values, or None for an absent optional operand
+    inputs: list  # Values, or None for an absent optional operand
     attrs: dict
     outputs: list = field(default_factory=list)
     id: int = -1
@@ -211,10 +238,10 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
-        self.parameters: dict[str, TensorType] = {}   # weights known by name only (see `parameter`)
-        self.states: dict[str, TensorType] = {}       # device-resident tensors kept across calls
-        self.assigns: dict[str, Value] = {}           # state name -> its value after a call
-        self.assumptions: list = []                   # symbolic.Constraint the graph was built assuming
+        self.parameters: dict[str, TensorType] = {}  # weights known by name only (see `parameter`)
+        self.states: dict[str, TensorType] = {}  # device-resident tensors kept across calls
+        self.assigns: dict[str, Value] = {}  # state name -> its value after a call
+        self.assumptions: list = []  # symbolic.Constraint the graph was built assuming
         self._digests: dict[str, tuple] = {}
         self._ids = 0
         self._names: set[str] = set()
@@ -288,17 +315,30 @@ class Graph:
         """A weight known only by name, shape and dtype: the compiled module holds no bytes of it, and
         they come at load time (`rocmc.load(art, parameters=...)`) from an .irpa or .safetensors file,
         or from arrays. `name` is the tensor's name there, e.g. "model.layers.0.mlp.up_proj.weight"."""
-        return self._named_leaf("parameter", self.parameters, name, shape, dtype,
-                                "a tensor name of letters, digits and _.-/: (at most 256 characters)",
-                                "a parameter's shape is static")
+        return self._named_leaf(
+            "parameter",
+            self.parameters,
+            name,
+            shape,
+            dtype,
+            "a tensor name of letters, digits and _.-/: (at most 256 characters)",
+            "a parameter's shape is static",
+        )
 
     def state(self, name: str, shape, dtype="f32") -> Value:
         """A tensor that lives on the device across calls (a KV cache): its value at the start of a call.
         It starts as zeros when the module is loaded; `assign(name, value)` sets its value for the next
         call. Functions compiled together (`rocmc.compile({"prefill": g1, "decode": g2})`) share the
         states of the same name."""
-        return self._named_leaf("state", self.states, name, shape, dtype, "a name of letters, digits and _.-/:",
-                                "a state's shape is static (size it for the largest use)")
+        return self._named_leaf(
+            "state",
+            self.states,
+            name,
+            shape,
+            dtype,
+            "a name of letters, digits and _.-/:",
+            "a state's shape is static (size it for the largest use)",
+        )
 
     def _named_leaf(self, op: str, table: dict, name, shape, dtype, name_rule: str, static_rule: str) -> Value:
         """A parameter or state: a checked name new to `table`, a static shape, no operands."""
@@ -319,8 +359,10 @@ class Graph:
     def assign(self, name: str, value: Value) -> None:
         """Make `value` the state's value after this call (at most once per state and call)."""
         if name not in self.states:
-            raise GraphError(f"assign({name!r}): graph {self.name!r} has no state of that name; declare it "
-                             f"with graph.state(name, shape, dtype)")
+            raise GraphError(
+                f"assign({name!r}): graph {self.name!r} has no state of that name; declare it "
+                f"with graph.state(name, shape, dtype)"
+            )
         if not isinstance(value, Value) or value.graph is not self:
             raise GraphError(f"assign({name!r}): {value!r} is not a value of graph {self.name!r}")
         if name in self.assigns:
@@ -350,12 +392,15 @@ class Graph:
         importer deciding `seq == 1` as false assumes seq >= 2): checked on every call, like the
         constraints of its types."""
         from ..symbolic import Constraint
+
         if not isinstance(constraint, Constraint):
             raise GraphError(f"assume: {constraint!r} is not a rocmc.symbolic.Constraint")
         unknown = (constraint.lhs.symbols() | constraint.rhs.symbols()) - set(self.symbols())
         if unknown:
-            raise GraphError(f"assume: {constraint.describe()} names {', '.join(sorted(unknown))}, not a dim of "
-                             f"any input of graph {self.name!r}")
+            raise GraphError(
+                f"assume: {constraint.describe()} names {', '.join(sorted(unknown))}, not a dim of "
+                f"any input of graph {self.name!r}"
+            )
         if constraint not in self.assumptions:
             self.assumptions.append(constraint)
 

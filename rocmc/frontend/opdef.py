@@ -1,9 +1,10 @@
 """Op definitions: each op is defined once, with its attributes, shape/dtype rule and float64 reference.
 
 Frontend modules under rocmc/frontend/ops/ register ops in the op registry (registry.py) with
-`@defop` (the shape rule) and `@reference` (numpy semantics); user-facing builders are wrapped with `@builder` so unknown keyword
-arguments give a typed GraphError naming the op.
+`@defop` (the shape rule) and `@reference` (numpy semantics); user-facing builders are wrapped with
+`@builder` so unknown keyword arguments give a typed GraphError naming the op.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,28 +14,33 @@ import numpy as np
 
 from .. import symbolic
 from ..errors import GraphError
-from .dtypes import DType
+from ..dtypes import DType, np_kind
 from .graph import Dim, Graph, TensorType, Value
 from .registry import OPS, OpDef
 
 
 def defop(name: str, attrs=()):
     """Register the shape/dtype rule of an op: `infer(node, types, attrs) -> TensorType | list`."""
+
     def deco(fn):
         def infer(node, types, a):
             out = fn(node, types, a)
             return list(out) if isinstance(out, (list, tuple)) else [out]
+
         OPS[name] = OpDef(name, infer, tuple(attrs), doc=fn.__doc__ or "")
         return fn
+
     return deco
 
 
 def reference(*names: str):
     """Register the float64 numpy semantics of one or more ops."""
+
     def deco(fn):
         for n in names:
             OPS[n].reference = fn
         return fn
+
     return deco
 
 
@@ -50,10 +56,12 @@ def builder(fn):
         except TypeError as e:
             raise GraphError(f"{fn.__name__}: {e}; expected arguments ({', '.join(p.name for p in params)})") from None
         return fn(*args, **kwargs)
+
     return wrapper
 
 
 # ---- helpers for builders and shape rules ----------------------------------------------------
+
 
 def graph_of(op: str, *operands) -> Graph:
     for v in operands:
@@ -81,12 +89,34 @@ def as_value(op: str, arg: str, x, graph: Graph, like: Value | None = None) -> V
     raise GraphError(f"{op}: argument {arg!r} must be a Value, numpy array or scalar, got {type(x).__name__}")
 
 
-def normalize_axis(op: str, axis: int, rank: int, arg: str = "axis") -> int:
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+def _axis_int(op: str, axis, arg: str) -> None:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
         raise GraphError(f"{op}: {arg}={axis!r} must be an int")
-    if not -rank <= axis < max(rank, 1):
-        raise GraphError(f"{op}: {arg}={axis} out of range for rank {rank}")
-    return int(axis) % max(rank, 1)
+
+
+def _axis_range_error(op: str, axis, rank: int, arg: str, lo: int, hi: int) -> GraphError:
+    expect = f"expected {lo}..{hi}" if lo <= hi else "a 0-d tensor has no axes"
+    return GraphError(f"{op}: {arg}={int(axis)} is out of range for rank {rank}; {expect}")
+
+
+def normalize_axis(op: str, axis, rank: int, arg: str = "axis", *, scalar_axis: bool = True) -> int:
+    """A numpy-style axis of a rank-`rank` tensor (negative counts from the end), made non-negative.
+
+    With `scalar_axis`, a 0-d tensor takes axis 0 (the shape rule then decides); without it a 0-d
+    tensor has no axes (reductions, resize)."""
+    _axis_int(op, axis, arg)
+    top = max(rank, 1) if scalar_axis else rank
+    if not -rank <= axis < top:
+        raise _axis_range_error(op, axis, rank, arg, -rank, top - 1)
+    return int(axis) % top
+
+
+def check_axis(op: str, axis, rank: int, arg: str = "axis") -> int:
+    """A stored (already normalized) axis attribute: an int in 0..rank-1."""
+    _axis_int(op, axis, arg)
+    if not 0 <= axis < rank:
+        raise _axis_range_error(op, axis, rank, arg, 0, rank - 1)
+    return int(axis)
 
 
 def broadcast_shapes(op: str, *shapes) -> tuple:
@@ -102,8 +132,10 @@ def broadcast_shapes(op: str, *shapes) -> tuple:
             if d == 1:
                 d = x
             else:
-                raise GraphError(f"{op}: shapes {' and '.join('[' + ','.join(map(str, s)) + ']' for s in shapes)} "
-                                 f"do not broadcast: dim {i} is {d} vs {x}")
+                raise GraphError(
+                    f"{op}: shapes {' and '.join('[' + ','.join(map(str, s)) + ']' for s in shapes)} "
+                    f"do not broadcast: dim {i} is {d} vs {x}"
+                )
         out.append(d)
     return tuple(out)
 
@@ -147,4 +179,4 @@ def np_float(x):
     if x is None:
         return None
     a = np.asarray(x)
-    return a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
+    return a.astype(np.float64) if np_kind(a.dtype) == "f" else a

@@ -1,4 +1,5 @@
 """Evaluate a graph with the ops' float64 numpy references (the ground truth of every test)."""
+
 from __future__ import annotations
 
 import contextvars
@@ -15,7 +16,7 @@ from .registry import get_op
 
 # Sizes of the graph's symbolic dims during `evaluate`, for references whose result sizes name a
 # symbol that their operands lack (broadcast_to a graph symbol, reshape of (b*seq) to (b, seq)).
-_SYMBOLS: contextvars.ContextVar = contextvars.ContextVar("rocmc_symbol_sizes", default={})
+_SYMBOLS: contextvars.ContextVar = contextvars.ContextVar("rocmc_symbol_sizes", default={})  # noqa: B039 - never mutated: set() replaces it
 
 
 def _array(x):
@@ -35,8 +36,9 @@ def evaluate(graph: Graph, *args, **feeds):
 
     Inputs are checked as a compiled module checks them (InputError), except that any float dtype
     is accepted for a float input and any integer dtype for an integer one (converted to the input's
-    dtype: integer results wrap at each node's width, as the module's). round_to_dtype=True rounds every intermediate result to its graph
-    dtype (models storage rounding); an array passed as `round_to_dtype=` is the input of that name.
+    dtype: integer results wrap at each node's width, as the module's). round_to_dtype=True rounds every
+    intermediate result to its graph dtype (models storage rounding); an array passed as `round_to_dtype=`
+    is the input of that name.
     parameters={name: array} gives the graph's parameters. A graph with states takes state={name:
     array} (their values before the call) and returns (outputs, new state dict).
     """
@@ -49,8 +51,14 @@ def evaluate(graph: Graph, *args, **feeds):
     if graph.states:
         _check_leaves(graph, "state", graph.states, state if state is not None else {})
     state = dict(state or {})
-    given, sizes = bind(input_specs(graph), [_array(a) for a in args], {k: _array(v) for k, v in feeds.items()},
-                        dim_constraints(graph), exact_dtype=False, what="graph")
+    given, sizes = bind(
+        input_specs(graph),
+        [_array(a) for a in args],
+        {k: _array(v) for k, v in feeds.items()},
+        dim_constraints(graph),
+        exact_dtype=False,
+        what="graph",
+    )
     values = {v.id: _input(v, a) for v, a in zip(graph.inputs, given)}
     _SYMBOLS.set(sizes)
     for node in graph.nodes:

@@ -13,6 +13,7 @@ given), the special tokens by name (`bos_token`, `eos_token`, ...), a `raise_exc
 ensure_ascii=False, indent, separators and sort_keys). The rendered text already holds the tokens the
 template writes (a BOS, say), so it is encoded without adding special tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,14 @@ DEFAULT = "default"
 def load_templates(directory) -> dict[str, str]:
     """{name: template source} of the checkpoint in `directory` ({} when it has none)."""
     from .config import read_json
+
     directory = Path(directory)
     found: dict[str, str] = {}
     if (directory / TEMPLATE_FILE).is_file():
         found[DEFAULT] = _read(directory / TEMPLATE_FILE)
     if (directory / TEMPLATE_DIR).is_dir():
         for path in sorted((directory / TEMPLATE_DIR).glob("*.jinja")):
-            found[path.name[:-len(".jinja")]] = _read(path)
+            found[path.name[: -len(".jinja")]] = _read(path)
     if found:
         return found
     config = directory / "tokenizer_config.json"
@@ -47,40 +49,60 @@ def load_templates(directory) -> dict[str, str]:
         return {}
     if isinstance(raw, str):
         return {DEFAULT: raw}
-    if isinstance(raw, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                     and isinstance(t.get("template"), str) for t in raw):
+    if isinstance(raw, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in raw
+    ):
         return {t["name"]: t["template"] for t in raw}
-    raise ModelImportError(f"{config}: chat_template must be a string or a list of {{\"name\", \"template\"}} "
-                           f"objects, got {type(raw).__name__}")
+    raise ModelImportError(
+        f'{config}: chat_template must be a string or a list of {{"name", "template"}} '
+        f"objects, got {type(raw).__name__}"
+    )
 
 
 def select(templates: dict[str, str], name: str | None = None, where: str = "the checkpoint") -> str:
     """The source of the template `name` (None: "default")."""
     if not templates:
-        raise InputError(f"{where} has no chat template (no chat_template in tokenizer_config.json, no "
-                         f"{TEMPLATE_FILE})")
+        raise InputError(
+            f"{where} has no chat template (no chat_template in tokenizer_config.json, no {TEMPLATE_FILE})"
+        )
     if name is None:
         if DEFAULT not in templates:
-            raise InputError(f"{where} has several chat templates and none named {DEFAULT!r}: pass "
-                             f"template= one of {sorted(templates)}")
+            raise InputError(
+                f"{where} has several chat templates and none named {DEFAULT!r}: pass "
+                f"template= one of {sorted(templates)}"
+            )
         return templates[DEFAULT]
     if name not in templates:
         raise InputError(f"template={name!r}: {where} has the chat templates {sorted(templates)}")
     return templates[name]
 
 
-def render(source: str, messages, *, add_generation_prompt: bool = True, special_tokens: dict | None = None,
-           tools=None, documents=None, **variables) -> str:
+def render(
+    source: str,
+    messages,
+    *,
+    add_generation_prompt: bool = True,
+    special_tokens: dict | None = None,
+    tools=None,
+    documents=None,
+    **variables,
+) -> str:
     """The text of `messages` (a list of {"role", "content", ...} dicts) by the template `source`.
     special_tokens: {"bos_token": "<s>", ...}; variables: more names the template reads (they win over
     special tokens of the same name). A template's raise_exception() is an InputError."""
     import jinja2
+
     messages = normalize_messages(messages)
     template = _compile(source)
     context = {**(special_tokens or {}), **variables}
     try:
-        return template.render(messages=messages, add_generation_prompt=bool(add_generation_prompt), tools=tools,
-                               documents=documents, **context)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=bool(add_generation_prompt),
+            tools=tools,
+            documents=documents,
+            **context,
+        )
     except jinja2.exceptions.TemplateError as e:
         raise InputError(f"chat template: {e}") from None
 
@@ -88,8 +110,10 @@ def render(source: str, messages, *, add_generation_prompt: bool = True, special
 def normalize_messages(messages) -> list[dict]:
     """Messages as plain dicts, keys whose value is None dropped (as transformers does)."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise InputError(f"messages: expected a non-empty list of {{'role': ..., 'content': ...}} dicts, got "
-                         f"{type(messages).__name__ if not isinstance(messages, (list, tuple)) else 'an empty list'}")
+        raise InputError(
+            f"messages: expected a non-empty list of {{'role': ..., 'content': ...}} dicts, got "
+            f"{type(messages).__name__ if not isinstance(messages, (list, tuple)) else 'an empty list'}"
+        )
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -116,6 +140,7 @@ def _compile(source: str):
 
     class Generation(Extension):
         """`{% generation %}...{% endgeneration %}`: marks the assistant's part; renders the body as it is."""
+
         tags = {"generation"}
 
         def parse(self, parser):
@@ -149,8 +174,7 @@ def _compile(source: str):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)

@@ -21,8 +21,10 @@ matmuls during pretraining and transformers ignores it.
 RoPE is the half-split form of transformers' Llama (`rotate_half`): dimension j pairs with j + head_dim/2,
 both rotated by position * inv_freq[j].
 """
+
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -32,7 +34,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import ModelImportError, RocmcError
-from ..frontend.dtypes import dtype as _rocmc_dtype
+from ..dtypes import dtype as _rocmc_dtype
 
 # The KV cache `default_max_seq_len` sizes for: 4 GiB holds, e.g., a batch of one at 8192 positions of
 # Llama-3-8B in f16 (128 KiB a position), and leaves the rest of a 16 GiB+ GPU for weights and activations.
@@ -49,90 +51,154 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 @dataclass(frozen=True)
 class _Family:
     """How one family reads its config.json (transformers' config class and modeling file for it)."""
+
     architecture: str
-    defaults: Mapping[str, Any]            # the config class's defaults for keys a config.json may omit
-    qkv_bias: str | bool                   # the key that switches q/k/v biases, or a fixed answer
+    defaults: Mapping[str, Any]  # the config class's defaults for keys a config.json may omit
+    qkv_bias: str | bool  # the key that switches q/k/v biases, or a fixed answer
     o_bias: str | bool
     mlp_bias: str | bool
-    gemma_style: bool = False              # embedding * sqrt(hidden), RMSNorm by (1 + w)
+    gemma_style: bool = False  # embedding * sqrt(hidden), RMSNorm by (1 + w)
     activation_keys: tuple = ("hidden_act",)
     activation_aliases: Mapping[str, str] = field(default_factory=dict)
-    sliding: str | None = None             # "all" (mistral), "qwen2", or None: no sliding window
-    ignored: tuple[str, ...] = ()          # switches this family's model does not read: must be off
+    sliding: str | None = None  # "all" (mistral), "qwen2", or None: no sliding window
+    ignored: tuple[str, ...] = ()  # switches this family's model does not read: must be off
 
 
-_COMMON_DEFAULTS = {"head_dim": None, "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-                    "pad_token_id": None}
+_COMMON_DEFAULTS = {
+    "head_dim": None,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": None,
+}
 _NO_SLIDING = ("sliding_window", "use_sliding_window")
 
 _FAMILIES: dict[str, _Family] = {
     "llama": _Family(
         "LlamaForCausalLM",
-        {**_COMMON_DEFAULTS, "num_key_value_heads": None, "max_position_embeddings": 2048,
-         "bos_token_id": 1, "eos_token_id": 2, "attention_bias": False, "mlp_bias": False},
-        qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias", ignored=_NO_SLIDING),
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": None,
+            "max_position_embeddings": 2048,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        qkv_bias="attention_bias",
+        o_bias="attention_bias",
+        mlp_bias="mlp_bias",
+        ignored=_NO_SLIDING,
+    ),
     "mistral": _Family(
         "MistralForCausalLM",
-        {**_COMMON_DEFAULTS, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
-         "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 4096},
-        qkv_bias=False, o_bias=False, mlp_bias=False, sliding="all",
-        ignored=("attention_bias", "mlp_bias")),
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 4096 * 32,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "sliding_window": 4096,
+        },
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        sliding="all",
+        ignored=("attention_bias", "mlp_bias"),
+    ),
     "qwen2": _Family(
         "Qwen2ForCausalLM",
-        {**_COMMON_DEFAULTS, "num_key_value_heads": 32, "max_position_embeddings": 32768,
-         "bos_token_id": None, "eos_token_id": None, "use_sliding_window": False, "sliding_window": 4096,
-         "max_window_layers": 28, "layer_types": None},
-        qkv_bias=True, o_bias=False, mlp_bias=False, sliding="qwen2", ignored=("mlp_bias",)),
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": 32,
+            "max_position_embeddings": 32768,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "use_sliding_window": False,
+            "sliding_window": 4096,
+            "max_window_layers": 28,
+            "layer_types": None,
+        },
+        qkv_bias=True,
+        o_bias=False,
+        mlp_bias=False,
+        sliding="qwen2",
+        ignored=("mlp_bias",),
+    ),
     "gemma": _Family(
         "GemmaForCausalLM",
-        {**_COMMON_DEFAULTS, "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
-         "max_position_embeddings": 8192, "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
-         "pad_token_id": 0, "attention_bias": False, "hidden_activation": None},
-        qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias=False, gemma_style=True,
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "hidden_act": "gelu_pytorch_tanh",
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": True,
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+            "attention_bias": False,
+            "hidden_activation": None,
+        },
+        qkv_bias="attention_bias",
+        o_bias="attention_bias",
+        mlp_bias=False,
+        gemma_style=True,
         # older Gemma configs name the activation `hidden_activation`; plain "gelu" there meant the tanh form
-        activation_keys=("hidden_activation", "hidden_act"), activation_aliases={"gelu": "gelu_pytorch_tanh"},
-        ignored=(*_NO_SLIDING, "mlp_bias")),
+        activation_keys=("hidden_activation", "hidden_act"),
+        activation_aliases={"gelu": "gelu_pytorch_tanh"},
+        ignored=(*_NO_SLIDING, "mlp_bias"),
+    ),
 }
 
 # Features of related architectures that change the model when set (to anything but null or false).
-_FOREIGN_FEATURES = ("quantization_config", "attn_logit_softcapping", "final_logit_softcapping", "use_qk_norm",
-                     "qk_norm", "query_pre_attn_scalar", "attention_chunk_size", "no_rope_layers",
-                     "use_bidirectional_attention")
+_FOREIGN_FEATURES = (
+    "quantization_config",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "use_qk_norm",
+    "qk_norm",
+    "query_pre_attn_scalar",
+    "attention_chunk_size",
+    "no_rope_layers",
+    "use_bidirectional_attention",
+)
 
 
 @dataclass(frozen=True)
 class LlmConfig:
     """Everything about a checkpoint's model that its weights do not say; read with `from_json`/`load_config`."""
-    family: str                    # "llama", "mistral", "qwen2" or "gemma"
+
+    family: str  # "llama", "mistral", "qwen2" or "gemma"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    head_dim: int                  # may differ from hidden_size / num_attention_heads (gemma-7b: 256 vs 192)
+    head_dim: int  # may differ from hidden_size / num_attention_heads (gemma-7b: 256 vs 192)
     rms_norm_eps: float
     max_position_embeddings: int
-    tie_word_embeddings: bool      # lm_head reuses model.embed_tokens.weight
-    attention_bias: bool           # q_proj, k_proj, v_proj carry biases
+    tie_word_embeddings: bool  # lm_head reuses model.embed_tokens.weight
+    attention_bias: bool  # q_proj, k_proj, v_proj carry biases
     o_proj_bias: bool
-    mlp_bias: bool                 # gate_proj, up_proj, down_proj carry biases
-    hidden_act: str                # "silu" or "gelu_pytorch_tanh"; the MLP is down(act(gate(x)) * up(x))
-    embed_scale: float             # embeddings are multiplied by this (gemma: sqrt(hidden_size), in the weights' dtype)
-    norm_offset: float             # RMSNorm multiplies by (norm_offset + weight) (gemma: 1.0, in float32)
-    sliding_window: int | None     # a query at position i sees keys at positions > i - sliding_window
-    layer_types: tuple[str, ...]   # per layer: "full_attention" or "sliding_attention"
-    rope_type: str                 # "default", "linear" or "llama3"
+    mlp_bias: bool  # gate_proj, up_proj, down_proj carry biases
+    hidden_act: str  # "silu" or "gelu_pytorch_tanh"; the MLP is down(act(gate(x)) * up(x))
+    embed_scale: float  # embeddings are multiplied by this (gemma: sqrt(hidden_size), in the weights' dtype)
+    norm_offset: float  # RMSNorm multiplies by (norm_offset + weight) (gemma: 1.0, in float32)
+    sliding_window: int | None  # a query at position i sees keys at positions > i - sliding_window
+    layer_types: tuple[str, ...]  # per layer: "full_attention" or "sliding_attention"
+    rope_type: str  # "default", "linear" or "llama3"
     rope_theta: float
-    rope_factor: float             # linear and llama3: frequencies divided by it (1.0 for default)
-    rope_low_freq_factor: float | None            # llama3 only
-    rope_high_freq_factor: float | None           # llama3 only
-    rope_original_max_position_embeddings: int | None   # llama3 only
+    rope_factor: float  # linear and llama3: frequencies divided by it (1.0 for default)
+    rope_low_freq_factor: float | None  # llama3 only
+    rope_high_freq_factor: float | None  # llama3 only
+    rope_original_max_position_embeddings: int | None  # llama3 only
     rope_attention_scaling: float  # cos and sin are multiplied by it (1.0 for every supported type)
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]  # generation stops at any of these
     pad_token_id: int | None
-    dtype: str                     # the checkpoint's dtype: "float32", "float16" or "bfloat16"
+    dtype: str  # the checkpoint's dtype: "float32", "float16" or "bfloat16"
 
     @property
     def q_dim(self) -> int:
@@ -149,7 +215,7 @@ class LlmConfig:
 
     @property
     def attention_scale(self) -> float:
-        return self.head_dim ** -0.5
+        return self.head_dim**-0.5
 
     def attention_window(self, layer: int) -> int | None:
         """The sliding window of one layer, None where the layer attends to every earlier position."""
@@ -167,37 +233,54 @@ class LlmConfig:
 def load_config(path) -> LlmConfig:
     """The config of a checkpoint (a config.json file or its directory), with the bos/eos/pad ids of the
     generation_config.json beside it when there is one: those are the ids generation uses."""
+    return read_config(path)[0]
+
+
+def read_config(path) -> tuple[LlmConfig, bytes]:
+    """`load_config`'s config and the bytes of the config.json it was parsed from, read once (the ranks
+    of a tensor-parallel run compare those bytes)."""
     cfg_path = _config_path(path)
-    cfg = LlmConfig.from_json(cfg_path)
+    raw, data = _read_json(cfg_path)
+    cfg = _parse(raw, str(cfg_path))
     gen_path = cfg_path.parent / "generation_config.json"
     if not gen_path.is_file():
-        return cfg
-    return _with_generation_ids(cfg, read_json(gen_path), str(gen_path))
+        return cfg, data
+    return _with_generation_ids(cfg, read_json(gen_path), str(gen_path)), data
 
 
 # ---- reading ---------------------------------------------------------------------------------------
+
 
 def _config_path(path) -> Path:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
-        raise ModelImportError(f"model config: no such file {str(p)!r} (expected a config.json or a checkpoint directory)")
+        raise ModelImportError(
+            f"model config: no such file {str(p)!r} (expected a config.json or a checkpoint directory)"
+        )
     return p
 
 
 def read_json(path: Path) -> dict:
     """A checkpoint's JSON file (config, generation or tokenizer config): an object, or a ModelImportError."""
+    return _read_json(path)[0]
+
+
+def _read_json(path: Path) -> tuple[dict, bytes]:
+    """`read_json`'s object and the file's bytes, from one read."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        # decoded as Path.read_text decodes: UTF-8, universal newlines
+        obj = json.loads(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelImportError(f"{path}: cannot read JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ModelImportError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    if not isinstance(obj, dict):
+        raise ModelImportError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj, data
 
 
-_ASK = object()   # "read the value from the config", where None is a value
+_ASK = object()  # "read the value from the config", where None is a value
 
 
 class _Reader:
@@ -254,15 +337,19 @@ def _parse(raw: dict, source: str) -> LlmConfig:
     max_pos = r.int("max_position_embeddings")
     eos = r.token_ids("eos_token_id", r.get("eos_token_id"))
     return LlmConfig(
-        family=family, **sizes,
+        family=family,
+        **sizes,
         rms_norm_eps=r.float("rms_norm_eps", r.get("rms_norm_eps")),
         max_position_embeddings=max_pos,
         tie_word_embeddings=r.bool("tie_word_embeddings", r.get("tie_word_embeddings")),
-        attention_bias=_switch(r, fam.qkv_bias), o_proj_bias=_switch(r, fam.o_bias), mlp_bias=_switch(r, fam.mlp_bias),
+        attention_bias=_switch(r, fam.qkv_bias),
+        o_proj_bias=_switch(r, fam.o_bias),
+        mlp_bias=_switch(r, fam.mlp_bias),
         hidden_act=_activation(r, fam),
         embed_scale=math.sqrt(sizes["hidden_size"]) if fam.gemma_style else 1.0,
         norm_offset=1.0 if fam.gemma_style else 0.0,
-        sliding_window=window, layer_types=layer_types,
+        sliding_window=window,
+        layer_types=layer_types,
         **_rope(r, max_pos, sizes["head_dim"]),
         bos_token_id=r.int("bos_token_id", minimum=0, optional=True),
         eos_token_ids=eos,
@@ -279,14 +366,17 @@ def _family_of(raw: dict, source: str) -> str:
     supported = ", ".join(_FAMILIES)
     if archs is not None:
         if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in by_arch:
-            raise ModelImportError(f"{source}: field 'architectures' = {archs!r} is not supported "
-                                   f"(expected one of {', '.join(by_arch)})")
+            raise ModelImportError(
+                f"{source}: field 'architectures' = {archs!r} is not supported (expected one of {', '.join(by_arch)})"
+            )
     if model_type is None:
         if archs is None:
             raise ModelImportError(f"{source}: missing field 'model_type' (supported: {supported})")
         return by_arch[archs[0]]
     if model_type not in _FAMILIES:
-        raise ModelImportError(f"{source}: field 'model_type' = {model_type!r} is not supported (supported: {supported})")
+        raise ModelImportError(
+            f"{source}: field 'model_type' = {model_type!r} is not supported (supported: {supported})"
+        )
     if archs is not None and by_arch[archs[0]] != model_type:
         raise ModelImportError(f"{source}: field 'architectures' = {archs!r} does not match model_type {model_type!r}")
     return model_type
@@ -309,14 +399,22 @@ def _sizes(r: _Reader) -> dict:
     head_dim = r.get("head_dim")
     if head_dim is None:
         if hidden % heads:
-            r.fail("hidden_size", hidden, f"must be a multiple of num_attention_heads = {heads} when head_dim is not given")
+            r.fail(
+                "hidden_size", hidden, f"must be a multiple of num_attention_heads = {heads} when head_dim is not given"
+            )
         head_dim = hidden // heads
     head_dim = r.int("head_dim", value=head_dim)
     if head_dim % 2:
         r.fail("head_dim", head_dim, "must be even (RoPE rotates pairs of dimensions)")
-    return dict(vocab_size=r.int("vocab_size"), hidden_size=hidden, intermediate_size=r.int("intermediate_size"),
-                num_hidden_layers=r.int("num_hidden_layers"), num_attention_heads=heads,
-                num_key_value_heads=kv_heads, head_dim=head_dim)
+    return dict(
+        vocab_size=r.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=r.int("intermediate_size"),
+        num_hidden_layers=r.int("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+    )
 
 
 def _switch(r: _Reader, rule: str | bool) -> bool:
@@ -375,6 +473,7 @@ def _with_generation_ids(cfg: LlmConfig, gen: dict, source: str) -> LlmConfig:
 
 # ---- RoPE ------------------------------------------------------------------------------------------
 
+
 def _rope(r: _Reader, max_pos: int, head_dim: int) -> dict:
     """RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs).
     As in transformers, a non-empty `rope_scaling` wins over `rope_parameters`, and a `rope_theta` inside the
@@ -387,14 +486,22 @@ def _rope(r: _Reader, max_pos: int, head_dim: int) -> dict:
         r.fail(source, params, "RoPE parameters per layer type are not supported")
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        r.fail(f"{source}.rope_type", rope_type, f"RoPE type not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+        r.fail(
+            f"{source}.rope_type", rope_type, f"RoPE type not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
     partial = params.get("partial_rotary_factor", r.raw.get("partial_rotary_factor"))
     if partial is not None and partial != 1.0:
         r.fail("partial_rotary_factor", partial, "partial rotary embeddings are not supported")
     theta = params.get("rope_theta", r.raw.get("rope_theta", DEFAULT_ROPE_THETA))
-    out = dict(rope_type=rope_type, rope_theta=r.float(f"{source}.rope_theta", theta), rope_factor=1.0,
-               rope_low_freq_factor=None, rope_high_freq_factor=None, rope_original_max_position_embeddings=None,
-               rope_attention_scaling=1.0)
+    out = dict(
+        rope_type=rope_type,
+        rope_theta=r.float(f"{source}.rope_theta", theta),
+        rope_factor=1.0,
+        rope_low_freq_factor=None,
+        rope_high_freq_factor=None,
+        rope_original_max_position_embeddings=None,
+        rope_attention_scaling=1.0,
+    )
     if rope_type != "default":
         out["rope_factor"] = r.float(f"{source}.factor", params.get("factor"))
     if rope_type == "llama3":
@@ -407,11 +514,15 @@ def _llama3_rope(r: _Reader, source: str, params: dict, max_pos: int) -> dict:
     high = r.float(f"{source}.high_freq_factor", params.get("high_freq_factor"))
     if high <= low:
         r.fail(f"{source}.high_freq_factor", high, f"must exceed low_freq_factor = {low}")
-    # transformers takes a top-level original_max_position_embeddings first, then the dict's, then max_position_embeddings
+    # transformers takes a top-level original_max_position_embeddings first, then the dict's, then
+    # max_position_embeddings
     orig_key = "original_max_position_embeddings"
     orig = r.raw.get(orig_key, params.get(orig_key, max_pos))
-    return dict(rope_low_freq_factor=low, rope_high_freq_factor=high,
-                rope_original_max_position_embeddings=r.int(f"{source}.{orig_key}", value=orig))
+    return dict(
+        rope_low_freq_factor=low,
+        rope_high_freq_factor=high,
+        rope_original_max_position_embeddings=r.int(f"{source}.{orig_key}", value=orig),
+    )
 
 
 def _scale_linear(inv_freq: np.ndarray, cfg: LlmConfig) -> np.ndarray:
@@ -456,6 +567,7 @@ def rope_tables(cfg: LlmConfig, n_positions: int) -> tuple[np.ndarray, np.ndarra
 
 # ---- weights ---------------------------------------------------------------------------------------
 
+
 def param_names(cfg: LlmConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Every checkpoint tensor the model reads, in transformers' names and stored shapes (Linear: (out, in))."""
     h = cfg.hidden_size
@@ -489,13 +601,21 @@ def _layer_params(cfg: LlmConfig, prefix: str) -> list[tuple[str, tuple[int, ...
 
 # ---- KV cache --------------------------------------------------------------------------------------
 
+
 def kv_cache_bytes(cfg: LlmConfig, max_seq_len: int, max_batch: int = 1, dtype=None) -> int:
     """Bytes of a full K and V cache: every layer, max_batch sequences of max_seq_len positions.
     dtype: a rocmc or numpy dtype or its name; the checkpoint's dtype by default."""
     for name, v in (("max_seq_len", max_seq_len), ("max_batch", max_batch)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelImportError(f"kv_cache_bytes: {name} = {v!r}: expected a positive integer")
-    return 2 * cfg.num_hidden_layers * max_batch * max_seq_len * cfg.kv_dim * _itemsize(cfg.dtype if dtype is None else dtype)
+    return (
+        2
+        * cfg.num_hidden_layers
+        * max_batch
+        * max_seq_len
+        * cfg.kv_dim
+        * _itemsize(cfg.dtype if dtype is None else dtype)
+    )
 
 
 def default_max_seq_len(cfg: LlmConfig, budget_bytes: int = KV_CACHE_BUDGET, max_batch: int = 1, dtype=None) -> int:

@@ -20,6 +20,7 @@ Which path a setting takes (`GenerationConfig.path`):
 
 The same seed gives the same tokens on the same path; the device and host paths draw differently.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -38,8 +39,7 @@ DEFAULT_MAX_NEW_TOKENS = 32
 _HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 
 # The keys of generation_config.json that set a default here.
-_CHECKPOINT_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens",
-                    "max_length")
+_CHECKPOINT_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens", "max_length")
 
 SEED_LIMIT = 1 << 62
 
@@ -58,6 +58,7 @@ class GenerationConfig:
     stop_tokens: a row ends after one of these (None: the checkpoint's eos ids); stop_strings: a row ends
     once its generated text contains one of these. seed: in [0, 2**62), None for a fresh one.
     return_logprobs: give the log-probability of each chosen token."""
+
     max_new_tokens: int | None = None
     max_length: int | None = None
     limit_given: bool = False
@@ -86,8 +87,9 @@ class GenerationConfig:
         if not _is_number(self.temperature) or self.temperature < 0:
             raise InputError(f"temperature={self.temperature!r}: expected a number > 0 (0 only for greedy)")
         if self.do_sample and self.temperature == 0:
-            raise InputError("temperature=0 with do_sample=True: sampling needs a temperature > 0 "
-                             "(do_sample=False is greedy)")
+            raise InputError(
+                "temperature=0 with do_sample=True: sampling needs a temperature > 0 (do_sample=False is greedy)"
+            )
         if not _is_int(self.top_k, 0):
             raise InputError(f"top_k={self.top_k!r}: expected an int >= 1, or 0 for no top-k")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
@@ -97,8 +99,10 @@ class GenerationConfig:
         if not _is_int(self.num_return_sequences, 1):
             raise InputError(f"num_return_sequences={self.num_return_sequences!r}: expected an int >= 1")
         if self.num_return_sequences > 1 and not self.do_sample:
-            raise InputError(f"num_return_sequences={self.num_return_sequences} needs do_sample=True: greedy "
-                             f"decoding gives the same sequence every time")
+            raise InputError(
+                f"num_return_sequences={self.num_return_sequences} needs do_sample=True: greedy "
+                f"decoding gives the same sequence every time"
+            )
         if self.stop_tokens is not None and not all(_is_int(t, 0) for t in self.stop_tokens):
             raise InputError(f"stop_tokens={list(self.stop_tokens)!r}: expected token ids (ints >= 0)")
         if not all(isinstance(s, str) and s for s in self.stop_strings):
@@ -117,20 +121,24 @@ class GenerationConfig:
         elif self.max_length is not None:
             n, what = self.max_length - prompt_len, f"max_length={self.max_length}"
             if n < 1 and self.limit_given:
-                raise InputError(f"max_length={self.max_length} leaves no new token after a prompt of {prompt_len} "
-                                 f"tokens (max_length counts the prompt and the new tokens)")
+                raise InputError(
+                    f"max_length={self.max_length} leaves no new token after a prompt of {prompt_len} "
+                    f"tokens (max_length counts the prompt and the new tokens)"
+                )
         else:
             n, what = DEFAULT_MAX_NEW_TOKENS, f"max_new_tokens={DEFAULT_MAX_NEW_TOKENS}"
         if prompt_len + n > cache:
             if not self.limit_given and prompt_len < cache:
                 return cache - prompt_len
-            raise InputError(f"prompt of {prompt_len} tokens + {what} exceeds the cache of {cache} positions: "
-                             f"compile with a larger max_seq_len= (--max-seq-len on the command line; "
-                             f"`rocmc generate --truncate` keeps the end of the prompt)")
+            raise InputError(
+                f"prompt of {prompt_len} tokens + {what} exceeds the cache of {cache} positions: "
+                f"compile with a larger max_seq_len= (--max-seq-len on the command line; "
+                f"`rocmc generate --truncate` keeps the end of the prompt)"
+            )
         return max(n, 0)
 
     def path(self, sample_k: int, vocab_size: int) -> str:
-        """"argmax", "sample" (on the device) or "host"; see the module docstring."""
+        """ "argmax", "sample" (on the device) or "host"; see the module docstring."""
         if self.repetition_penalty != 1 or self.return_logprobs:
             return "host"
         if not self.do_sample:
@@ -144,6 +152,7 @@ def checkpoint_defaults(directory) -> dict:
     """The settings generation_config.json in `directory` gives (only those it gives; a null top_k is 0,
     no top-k). An unreadable file is a ModelImportError naming it; a bad value an InputError naming it."""
     from .config import read_json
+
     path = Path(directory) / "generation_config.json"
     if not path.is_file():
         return {}
@@ -165,8 +174,10 @@ def resolve(given: dict, defaults: dict | None = None) -> GenerationConfig:
     defaults = defaults or {}
     unknown = set(given) - {f.name for f in fields(GenerationConfig)} - {"limit_given"}
     if unknown:
-        raise InputError(f"unknown generation setting {sorted(unknown)[0]!r}: expected one of "
-                         f"{', '.join(f.name for f in fields(GenerationConfig) if f.name != 'limit_given')}")
+        raise InputError(
+            f"unknown generation setting {sorted(unknown)[0]!r}: expected one of "
+            f"{', '.join(f.name for f in fields(GenerationConfig) if f.name != 'limit_given')}"
+        )
     g = {k: v for k, v in given.items() if v is not None}
 
     def pick(name):
@@ -180,7 +191,7 @@ def resolve(given: dict, defaults: dict | None = None) -> GenerationConfig:
         do_sample = pick("do_sample")
     temperature = pick("temperature")
     if not do_sample and _is_number(temperature) and temperature == 0:
-        temperature = 1.0          # greedy: a temperature of 0 only says so
+        temperature = 1.0  # greedy: a temperature of 0 only says so
     limit_given = "max_new_tokens" in g or "max_length" in g
     source = g if limit_given else defaults
     lengths = {k: source[k] for k in ("max_new_tokens", "max_length") if k in source}
@@ -189,15 +200,23 @@ def resolve(given: dict, defaults: dict | None = None) -> GenerationConfig:
     stop_tokens = g.get("stop_tokens")
     stop_strings = g.get("stop_strings", ())
     return GenerationConfig(
-        **lengths, limit_given=limit_given, do_sample=do_sample, temperature=temperature,
-        top_k=pick("top_k"), top_p=pick("top_p"), repetition_penalty=pick("repetition_penalty"),
+        **lengths,
+        limit_given=limit_given,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=pick("top_k"),
+        top_p=pick("top_p"),
+        repetition_penalty=pick("repetition_penalty"),
         num_return_sequences=g.get("num_return_sequences", 1),
         stop_tokens=None if stop_tokens is None else _int_tuple(stop_tokens, "stop_tokens"),
         stop_strings=(stop_strings,) if isinstance(stop_strings, str) else _tuple(stop_strings, "stop_strings"),
-        seed=g.get("seed"), return_logprobs=g.get("return_logprobs", False))
+        seed=g.get("seed"),
+        return_logprobs=g.get("return_logprobs", False),
+    )
 
 
 # ---- logits processors (numpy, float64) ------------------------------------------------------------
+
 
 def apply_repetition_penalty(logits: np.ndarray, histories: Sequence[Sequence[int]], penalty: float) -> np.ndarray:
     """Each row's logits of the ids in its history (prompt + generated) divided by `penalty` where
@@ -223,7 +242,7 @@ def apply_top_k(logits: np.ndarray, top_k: int) -> np.ndarray:
     v = x.shape[-1]
     if top_k == 0 or top_k >= v:
         return x
-    kth = np.partition(x, v - top_k, axis=-1)[:, v - top_k:v - top_k + 1]
+    kth = np.partition(x, v - top_k, axis=-1)[:, v - top_k : v - top_k + 1]
     x[x < kth] = -np.inf
     return x
 
@@ -236,7 +255,7 @@ def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
     if top_p >= 1:
         return x
     for r in range(x.shape[0]):
-        order = np.argsort(x[r], kind="stable")               # least likely first
+        order = np.argsort(x[r], kind="stable")  # least likely first
         cum = np.cumsum(softmax(x[r, order]))
         drop = cum <= 1 - top_p
         drop[-1] = False
@@ -279,7 +298,7 @@ class HostSampler:
 
     def choose(self, logits: np.ndarray, histories: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, log-probabilities), one per row of `logits` (rows, vocab)."""
-        x = process(np.asarray(logits)[:len(histories)], histories, self.cfg)
+        x = process(np.asarray(logits)[: len(histories)], histories, self.cfg)
         logp = log_softmax(x)
         if not self.cfg.do_sample:
             toks = np.argmax(x, axis=-1)
@@ -295,6 +314,7 @@ class HostSampler:
 
 # ---- when a row ends ---------------------------------------------------------------------------------
 
+
 @dataclass
 class StopTracker:
     """Per row: the tokens kept, and whether (and why) the row has ended.
@@ -303,6 +323,7 @@ class StopTracker:
     text (decoded incrementally by `decoder()`, a StreamDecoder-like object with push(id) -> new text)
     contains one of `stop_strings` (the token that completes it is kept), or after `max_new` tokens.
     finish_reason: "stop" or "length" (None while running)."""
+
     rows: int
     max_new: int
     stop_tokens: frozenset = frozenset()
@@ -350,7 +371,7 @@ class StopTracker:
         before = len(self._text[r])
         self._text[r] += self._decoders[r].push(t)
         text = self._text[r]
-        return any(s in text[max(0, before - len(s) + 1):] for s in self.stop_strings)
+        return any(s in text[max(0, before - len(s) + 1) :] for s in self.stop_strings)
 
 
 @dataclass(frozen=True)
@@ -358,6 +379,7 @@ class GenerationResult:
     """One generated sequence: its new token ids (stop token included), their log-probabilities (when
     asked for, else None), the text of the new tokens (for a text prompt, else None) and why it ended
     ("stop": a stop token or string; "length": the length limit)."""
+
     tokens: list
     logprobs: list | None
     text: str | None
@@ -366,13 +388,15 @@ class GenerationResult:
 
 # ---- helpers -----------------------------------------------------------------------------------------
 
+
 def _is_int(v, minimum: int) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= minimum
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
-        and np.isfinite(v)
+    return (
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and np.isfinite(v)
+    )
 
 
 def _int_tuple(v, name: str) -> tuple:
@@ -391,5 +415,13 @@ def _tuple(v, name: str) -> tuple:
         raise InputError(f"{name}={v!r}: expected a string or a list of strings") from None
 
 
-__all__ = ["GenerationConfig", "GenerationResult", "HostSampler", "StopTracker", "checkpoint_defaults",
-           "resolve", "process", "DEFAULT_MAX_NEW_TOKENS"]
+__all__ = [
+    "GenerationConfig",
+    "GenerationResult",
+    "HostSampler",
+    "StopTracker",
+    "checkpoint_defaults",
+    "resolve",
+    "process",
+    "DEFAULT_MAX_NEW_TOKENS",
+]

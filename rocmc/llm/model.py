@@ -17,6 +17,7 @@ Batches are left-padded by the caller (rocmc.llm.runtime): rows share cache slot
 start at its first real token, and the masks (inputs, bool, true = attend) hide the padding and, for
 sliding-window layers, the positions outside the window.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import numpy as np
 
 from .. import ops
 from ..frontend.graph import Graph, Value
-from ..frontend.dtypes import dtype as _dtype
+from ..dtypes import dtype as _dtype
 from .config import LlmConfig, param_names, rope_tables
 from .sharding import EMBED, LM_HEAD, Plan
 
@@ -33,12 +34,11 @@ from .sharding import EMBED, LM_HEAD, Plan
 @dataclass(frozen=True)
 class Shape:
     """What a compiled model is sized for, besides its config."""
+
     max_seq_len: int
     max_batch: int
-    dtype: str          # compute and cache dtype: "f32", "f16" or "bf16"
+    dtype: str  # compute and cache dtype: "f32", "f16" or "bf16"
     sample_k: int = 64  # sampling draws from the sample_k most likely tokens (top_k <= sample_k)
-
-
 
 
 CACHE = "kv_cache"
@@ -46,8 +46,10 @@ CACHE = "kv_cache"
 
 def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, int]:
     """The KV cache of one rank (of `degree`, which holds 1/degree of the kv heads)."""
-    return (2 * cfg.num_hidden_layers * shape.max_seq_len,
-            shape.max_batch * cfg.num_key_value_heads // degree * cfg.head_dim)
+    return (
+        2 * cfg.num_hidden_layers * shape.max_seq_len,
+        shape.max_batch * cfg.num_key_value_heads // degree * cfg.head_dim,
+    )
 
 
 def build(cfg: LlmConfig, shape: Shape, functions=None, plan: Plan | None = None) -> dict:
@@ -62,7 +64,7 @@ def _prefill(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     every position (f32, as transformers returns them; a caller that wants only the token leaves them on
     the device: the lm_head over every position is a few percent of a prefill)."""
     g, w, h = _forward(cfg, shape, "prefill", "s", "s", plan)
-    every = _lm_head(cfg, w, h)                                            # (b, s, vocab)
+    every = _lm_head(cfg, w, h)  # (b, s, vocab)
     logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), (shape.max_batch, cfg.vocab_size))
     g.output(ops.argmax(logits, axis=-1), logits, every)
     return g
@@ -87,7 +89,7 @@ def _sample(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     logits = g.input("logits", (b, cfg.vocab_size), "f32")
     temperature, top_k = g.input("temperature", (b,), "f32"), g.input("top_k", (b,), "i64")
     top_p, key = g.input("top_p", (b,), "f32"), g.input("key", (b,), "i64")
-    values, ids = ops.topk(logits, k, axis=-1)                                   # (b, k), most likely first
+    values, ids = ops.topk(logits, k, axis=-1)  # (b, k), most likely first
     t = ops.reshape(temperature, (b, 1))
     scaled = values / ops.maximum(t, np.float32(1e-30))
     rank = ops.reshape(ops.arange(g, 0, k), (1, k))
@@ -116,7 +118,7 @@ class _Weights:
         self.n = plan.degree if plan else 1
         self.shapes = {k: s.local(self.n) for k, s in plan.shards.items()} if plan else dict(param_names(cfg))
         self.values: dict = {}
-        self.positions = positions      # the most tokens per row a call takes
+        self.positions = positions  # the most tokens per row a call takes
 
     def most(self, x: Value) -> int:
         """The most elements of an activation (b, t, k) of a call: what a collective is padded to on a GPU
@@ -125,7 +127,7 @@ class _Weights:
         return b * self.positions * k
 
     def __call__(self, name: str) -> Value:
-        if name not in self.values:      # a tied embedding is read twice, as one parameter
+        if name not in self.values:  # a tied embedding is read twice, as one parameter
             self.values[name] = self.g.parameter(name, self.shapes[name], self.dtype)
         return self.values[name]
 
@@ -147,15 +149,29 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv, plan: Plan | None =
     # the host knows it from the mask's shape, so nothing is read back from the device to place the write).
     start = 0 if t == "s" else f"{kv}-1"
 
-    cache = [g.state(CACHE, cache_shape(cfg, shape, w.n), dt)]     # the latest value, updated layer by layer
+    cache = [g.state(CACHE, cache_shape(cfg, shape, w.n), dt)]  # the latest value, updated layer by layer
     h = _gather_last(ops.embedding(tokens, w(EMBED)), w)
     if cfg.embed_scale != 1.0:
         h = h * np.asarray(cfg.embed_scale, dtype=_dtype(dt).np)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         x = _norm(cfg, h, w(p + "input_layernorm.weight"))
-        a = _attention(cfg, w, p + "self_attn.", x, i, cos, sin, positions, masks[cfg.layer_types[i]],
-                       cache, start, kv, t, shape.max_seq_len)
+        a = _attention(
+            cfg,
+            w,
+            p + "self_attn.",
+            x,
+            i,
+            cos,
+            sin,
+            positions,
+            masks[cfg.layer_types[i]],
+            cache,
+            start,
+            kv,
+            t,
+            shape.max_seq_len,
+        )
         h = h + a
         x = _norm(cfg, h, w(p + "post_attention_layernorm.weight"))
         h = h + _mlp(cfg, w, p + "mlp.", x)
@@ -200,16 +216,16 @@ def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv,
     # the whole cache to keep it (the reads here feed attention, which the next layer's writes wait for).
     rows_of = []
     for j, new in ((2 * layer, k), (2 * layer + 1, v)):
-        rows = ops.reshape(ops.permute(new, (1, 0, 2, 3)), (t, b * hkv * d))      # (t, b*hkv*d)
+        rows = ops.reshape(ops.permute(new, (1, 0, 2, 3)), (t, b * hkv * d))  # (t, b*hkv*d)
         base = j * max_seq_len
         at = base if isinstance(start, int) else f"{start}+{base}"
         cache[0] = ops.update_slice(cache[0], rows, at, axis=0)
         rows_of.append(base)
     read = []
-    if t != "s":                   # a prompt attends to its own keys: no need to read the cache back
+    if t != "s":  # a prompt attends to its own keys: no need to read the cache back
         for base in rows_of:
             past = ops.reshape(ops.narrow(cache[0], 0, base, kv), (kv, b, hkv, d))
-            read.append(ops.permute(past, (1, 2, 0, 3)))                         # (b, hkv, kv, d)
+            read.append(ops.permute(past, (1, 2, 0, 3)))  # (b, hkv, kv, d)
     q = ops.permute(q, (0, 2, 1, 3))
     keys, values = read or (ops.permute(k, (0, 2, 1, 3)), ops.permute(v, (0, 2, 1, 3)))
     a = ops.sdpa(q, keys, values, mask=mask, scale=cfg.attention_scale)
@@ -224,5 +240,5 @@ def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value) -> Value:
 
 
 def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:
-    name = EMBED if cfg.tie_word_embeddings and w.n == 1 else LM_HEAD     # a rank's tied head: its own slice
+    name = EMBED if cfg.tie_word_embeddings and w.n == 1 else LM_HEAD  # a rank's tied head: its own slice
     return _gather_last(ops.cast(ops.matmul(h, w(name), transpose_b=True), "f32"), w)

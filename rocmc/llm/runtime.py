@@ -4,6 +4,7 @@ The host keeps only token ids and the masks of a batch; the weights and the KV c
 A batch of prompts is left-padded to one length, so every row writes the same cache slot at each step;
 a row's positions count from its first real token, and the masks hide the padding.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,12 +13,12 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import compile as _compile, load as _load
 from ..artifact import Artifact
 from ..arrays import as_numpy
 from ..errors import InputError, ModelImportError
-from ..frontend.dtypes import f32
-from ..runtime.module import host_copy
+from ..dtypes import f32
+from ..lowering import compile as _compile
+from ..runtime.module import host_copy, load as _load
 from . import chat, generation, sharding
 from .config import LlmConfig, default_max_seq_len, load_config, param_names
 from .generation import GenerationConfig, GenerationResult, HostSampler, StopTracker
@@ -28,9 +29,18 @@ from .model import CACHE, FUNCTIONS, Shape, build, cache_shape
 _CHECKPOINT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
-def compile_hf(config, target: str = "cpu", *, dtype: str | None = None, max_seq_len: int | None = None,
-               max_batch: int = 1, sample_k: int = 64, functions=FUNCTIONS, tensor_parallel: int = 1,
-               **compile_kwargs) -> Artifact:
+def compile_hf(
+    config,
+    target: str = "cpu",
+    *,
+    dtype: str | None = None,
+    max_seq_len: int | None = None,
+    max_batch: int = 1,
+    sample_k: int = 64,
+    functions=FUNCTIONS,
+    tensor_parallel: int = 1,
+    **compile_kwargs,
+) -> Artifact:
     """Compile a causal LM from its config.json alone (a file, its directory, or an LlmConfig): no weight
     is read, and the module holds none (they are parameters named as in the checkpoint).
 
@@ -42,8 +52,15 @@ def compile_hf(config, target: str = "cpu", *, dtype: str | None = None, max_seq
     cfg = config if isinstance(config, LlmConfig) else load_config(config)
     plan = sharding.plan(cfg, tensor_parallel)
     shape = model_shape(cfg, target, dtype, max_seq_len, max_batch, sample_k)
-    info = {"llm": {"max_seq_len": shape.max_seq_len, "max_batch": shape.max_batch, "dtype": shape.dtype,
-                    "sample_k": shape.sample_k, "family": cfg.family}}
+    info = {
+        "llm": {
+            "max_seq_len": shape.max_seq_len,
+            "max_batch": shape.max_batch,
+            "dtype": shape.dtype,
+            "sample_k": shape.sample_k,
+            "family": cfg.family,
+        }
+    }
     if plan.degree > 1:
         info["llm"]["tensor_parallel"] = plan.to_json()
     return _compile(build(cfg, shape, functions, plan), target, info=info, **compile_kwargs)
@@ -51,6 +68,7 @@ def compile_hf(config, target: str = "cpu", *, dtype: str | None = None, max_seq
 
 def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch, sample_k: int = 64) -> Shape:
     from ..lowering.target import Target
+
     kind = Target.parse(target).kind
     if dtype is None:
         dtype = "f32" if kind == "cpu" else _CHECKPOINT_DTYPES[cfg.dtype]
@@ -63,24 +81,27 @@ def model_shape(cfg: LlmConfig, target: str, dtype, max_seq_len, max_batch, samp
     if not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or not 1 <= max_seq_len:
         raise InputError(f"max_seq_len={max_seq_len!r}: expected an int >= 1")
     if max_seq_len > cfg.max_position_embeddings:
-        raise InputError(f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings "
-                         f"({cfg.max_position_embeddings})")
+        raise InputError(
+            f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})"
+        )
     if isinstance(sample_k, bool) or not isinstance(sample_k, int) or sample_k < 1:
         raise InputError(f"sample_k={sample_k!r}: expected an int >= 1")
     return Shape(max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype, sample_k=min(sample_k, cfg.vocab_size))
 
 
-def load_hf(directory, target: str = "cpu", *, device: str | None = None, tensor_parallel: int = 1,
-            **compile_kwargs) -> "LanguageModel":
+def load_hf(
+    directory, target: str = "cpu", *, device: str | None = None, tensor_parallel: int = 1, **compile_kwargs
+) -> "LanguageModel":
     """Compile the checkpoint in `directory` (config.json + *.safetensors [+ tokenizer.json]) and load it;
     compile_kwargs as for `compile_hf` (dtype, max_seq_len, max_batch, sample_k, ...)."""
-    directory = _checkpoint_dir(directory)
-    art = compile_hf(directory, target, tensor_parallel=tensor_parallel, **compile_kwargs)
-    return LanguageModel(art, directory, device=device, tensor_parallel=tensor_parallel)
+    checkpoint = _Checkpoint(_checkpoint_dir(directory))
+    art = compile_hf(checkpoint.config, target, tensor_parallel=tensor_parallel, **compile_kwargs)
+    return LanguageModel(art, checkpoint, device=device, tensor_parallel=tensor_parallel)
 
 
-def load(artifact, checkpoint, *, device: str | None = None, tensor_parallel: int = 1,
-         parameters=None) -> "LanguageModel":
+def load(
+    artifact, checkpoint, *, device: str | None = None, tensor_parallel: int = 1, parameters=None
+) -> "LanguageModel":
     """A saved artifact (from compile_hf) with a checkpoint directory: needs no compiler.
 
     tensor_parallel=N: this process is one of N ranks started by `rocmc launch -n N` (or torchrun): each
@@ -89,8 +110,13 @@ def load(artifact, checkpoint, *, device: str | None = None, tensor_parallel: in
     parameters: the checkpoint's tensors from elsewhere than its directory (a dict of arrays, an .irpa, or
     a Parameters; with tensor_parallel, this rank's own slices named as the artifact's parameters)."""
     art = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
-    return LanguageModel(art, _checkpoint_dir(checkpoint), device=device, tensor_parallel=tensor_parallel,
-                         parameters=parameters)
+    return LanguageModel(
+        art,
+        _Checkpoint(_checkpoint_dir(checkpoint)),
+        device=device,
+        tensor_parallel=tensor_parallel,
+        parameters=parameters,
+    )
 
 
 def _checkpoint_dir(directory) -> Path:
@@ -100,19 +126,33 @@ def _checkpoint_dir(directory) -> Path:
     return d
 
 
+class _Checkpoint:
+    """A checkpoint directory as one load reads it: config.json once, parsed (with generation_config.json's
+    token ids) and as bytes (which the ranks of a tensor-parallel run compare)."""
+
+    def __init__(self, directory):
+        from .config import read_config
+
+        self.directory = directory
+        self.config, self.config_bytes = read_config(directory)
+
+
 class LanguageModel:
     """A compiled causal LM loaded with its weights on a device."""
 
-    def __init__(self, artifact: Artifact, checkpoint: Path, device: str | None = None, tensor_parallel: int = 1,
-                 parameters=None):
-        self.config = load_config(checkpoint)
+    def __init__(
+        self, artifact: Artifact, checkpoint: Path, device: str | None = None, tensor_parallel: int = 1, parameters=None
+    ):
+        source = checkpoint if isinstance(checkpoint, _Checkpoint) else _Checkpoint(checkpoint)
+        checkpoint = source.directory
+        self.config = source.config
         self.artifact = artifact
         self.plan = _plan_of(artifact, self.config, tensor_parallel)
         self.sizes = _sizes_of(artifact, self.config, self.plan.degree)
         _check_artifact(artifact, self.config, self.plan)
         self.group, self.rank = None, 0
         if self.plan.degree > 1:
-            self.group, params = _rank_parameters(artifact, checkpoint, self.plan, parameters)
+            self.group, device, params = _rank_setup(artifact, source, self.plan, device, parameters)
             self.rank = self.group.rank
         else:
             params = checkpoint if parameters is None else parameters
@@ -125,13 +165,22 @@ class LanguageModel:
         """The artifact's summary, and the conversions made when the checkpoint was loaded (a checkpoint
         whose dtype is the compute dtype is used as it is: mapped on the CPU, uploaded once to a GPU)."""
         notes = self.module.parameter_notes
-        head = (f"{self.config.family} model, {self.sizes.max_batch} x {self.sizes.max_seq_len} positions of KV "
-                f"cache, checkpoint tensors " + (f"converted at load ({len(notes)}):" if notes else "used as stored"))
+        head = (
+            f"{self.config.family} model, {self.sizes.max_batch} x {self.sizes.max_seq_len} positions of KV "
+            f"cache, checkpoint tensors " + (f"converted at load ({len(notes)}):" if notes else "used as stored")
+        )
         plan = self.plan.describe() if self.plan.degree > 1 else []
         if plan:
             plan[0] += f" this is rank {self.rank}"
-        return "\n".join([head, *[f"  {n}" for n in notes[:8]], *(["  ..."] if len(notes) > 8 else []), *plan,
-                          self.artifact.summary()])
+        return "\n".join(
+            [
+                head,
+                *[f"  {n}" for n in notes[:8]],
+                *(["  ..."] if len(notes) > 8 else []),
+                *plan,
+                self.artifact.summary(),
+            ]
+        )
 
     def logits(self, ids) -> np.ndarray:
         """The prompt's logits, (1, len, vocab) f32 (one prompt) or (rows, max_len, vocab) for a list of
@@ -139,7 +188,7 @@ class LanguageModel:
         prompts, _ = _prompts(ids)
         rows, batch = self._batch(prompts, 0)
         out = self.module.prefill(**batch.prefill_inputs(), output="device")
-        return host_copy(out[2], f32)[:len(rows)]
+        return host_copy(out[2], f32)[: len(rows)]
 
     def generation_config(self, **settings) -> GenerationConfig:
         """The settings of a generation (rocmc.llm.generation.GenerationConfig): those given (None: not
@@ -157,11 +206,23 @@ class LanguageModel:
         """{name: Jinja source} of the checkpoint's chat templates (rocmc.llm.chat)."""
         return chat.load_templates(self.checkpoint)
 
-    def generate(self, prompt, max_new_tokens: int | None = None, *, do_sample: bool | None = None,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 max_length: int | None = None, repetition_penalty: float | None = None,
-                 num_return_sequences: int = 1, stop_strings=None, stop_tokens=None, seed: int | None = None,
-                 return_logprobs: bool = False):
+    def generate(
+        self,
+        prompt,
+        max_new_tokens: int | None = None,
+        *,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        max_length: int | None = None,
+        repetition_penalty: float | None = None,
+        num_return_sequences: int = 1,
+        stop_strings=None,
+        stop_tokens=None,
+        seed: int | None = None,
+        return_logprobs: bool = False,
+    ):
         """Continue `prompt`, with transformers' meaning of each setting.
 
         prompt: a str (needs tokenizer.json; gives the new text), a list of token ids (gives the new ids), a
@@ -192,10 +253,19 @@ class LanguageModel:
         were chosen from (log_softmax of the processed logits: after the penalty, temperature, top_k and
         top_p), as transformers' compute_transition_scores(..., normalize_logits=True) gives them."""
         cfg = self.generation_config(
-            max_new_tokens=max_new_tokens, max_length=max_length, do_sample=do_sample, temperature=temperature,
-            top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-            num_return_sequences=num_return_sequences, stop_strings=stop_strings, stop_tokens=stop_tokens,
-            seed=seed, return_logprobs=return_logprobs)
+            max_new_tokens=max_new_tokens,
+            max_length=max_length,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            num_return_sequences=num_return_sequences,
+            stop_strings=stop_strings,
+            stop_tokens=stop_tokens,
+            seed=seed,
+            return_logprobs=return_logprobs,
+        )
         prompts, many = _prompts(prompt)
         rows = [self._ids(p, i) for i, p in enumerate(prompts)]
         results = self._generate(rows, [isinstance(p, str) for p in prompts], cfg)
@@ -211,8 +281,10 @@ class LanguageModel:
         prompts, many = _prompts(prompt)
         rows = self._expand([self._ids(p, i) for i, p in enumerate(prompts)], cfg)
         if len(rows) > self.sizes.max_batch:
-            raise InputError(f"stream: {len(rows)} rows but the model was compiled for max_batch="
-                             f"{self.sizes.max_batch} (generate() runs more prompts in chunks of max_batch)")
+            raise InputError(
+                f"stream: {len(rows)} rows but the model was compiled for max_batch="
+                f"{self.sizes.max_batch} (generate() runs more prompts in chunks of max_batch)"
+            )
         n_new = cfg.new_tokens(max(len(r) for r in rows), self.sizes.max_seq_len)
         tracker = self._tracker(len(rows), n_new, cfg)
         several = many or cfg.num_return_sequences > 1
@@ -224,6 +296,7 @@ class LanguageModel:
         """Yield the new text as it is made (whole characters only). prompt: a str, or the token ids of one
         prompt (chat ids from `encode_chat`, say); settings as for `generate`."""
         from .tokenizer import StreamDecoder
+
         if not isinstance(prompt, str) and (_prompts(prompt)[1] or settings.get("num_return_sequences", 1) != 1):
             raise InputError("text_stream: expected one prompt (a str or a list of token ids) and one sequence")
         if settings.get("return_logprobs"):
@@ -238,16 +311,22 @@ class LanguageModel:
         if rest:
             yield rest
 
-    def encode_chat(self, messages, *, add_generation_prompt: bool = True, template: str | None = None,
-                    **variables) -> list:
+    def encode_chat(
+        self, messages, *, add_generation_prompt: bool = True, template: str | None = None, **variables
+    ) -> list:
         """The token ids of `messages` ([{"role": "user", "content": "..."}, ...]) by the checkpoint's chat
         template (`template`: its name; default "default"), as transformers' apply_chat_template(...,
         tokenize=True) gives them: the template writes the special tokens it wants (a BOS, say), so the
         text is encoded without adding any. variables: more names the template reads."""
         tok = self._need_tokenizer()
         source = chat.select(self.chat_templates, template, f"checkpoint {str(self.checkpoint)!r}")
-        text = chat.render(source, messages, add_generation_prompt=add_generation_prompt,
-                           special_tokens=tok.special_tokens, **variables)
+        text = chat.render(
+            source,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=tok.special_tokens,
+            **variables,
+        )
         ids = tok.encode(text, add_bos=False, add_eos=False)
         if not ids:
             raise InputError("messages: the chat template rendered no text")
@@ -275,7 +354,7 @@ class LanguageModel:
         results = []
         b = self.sizes.max_batch
         for start in range(0, len(rows), b):
-            chunk = rows[start:start + b]
+            chunk = rows[start : start + b]
             tracker = self._tracker(len(chunk), n_new, cfg)
             logprobs = [[] for _ in chunk]
             for _, lps in self._steps(chunk, cfg, n_new, seed, start, tracker):
@@ -284,8 +363,9 @@ class LanguageModel:
                         logprobs[r].append(lp)
             for r, toks in enumerate(tracker.tokens):
                 text = self.tokenizer.decode(toks) if as_text[start + r] else None
-                results.append(GenerationResult(toks, logprobs[r] if cfg.return_logprobs else None, text,
-                                                tracker.finish_reason[r]))
+                results.append(
+                    GenerationResult(toks, logprobs[r] if cfg.return_logprobs else None, text, tracker.finish_reason[r])
+                )
         return results
 
     @staticmethod
@@ -297,8 +377,9 @@ class LanguageModel:
         decoder = None
         if cfg.stop_strings:
             from .tokenizer import StreamDecoder
+
             tok = self._need_tokenizer()
-            decoder = lambda: StreamDecoder(tok)          # noqa: E731
+            decoder = lambda: StreamDecoder(tok)  # noqa: E731
         return StopTracker(rows, n_new, frozenset(stop), cfg.stop_strings, decoder)
 
     def _seed(self, cfg: GenerationConfig) -> int | None:
@@ -306,7 +387,7 @@ class LanguageModel:
         if cfg.seed is not None or not cfg.do_sample:
             return cfg.seed
         seed = int(np.random.SeedSequence().entropy % generation.SEED_LIMIT)
-        if self.group is not None:          # every rank draws with rank 0's seed: the same tokens
+        if self.group is not None:  # every rank draws with rank 0's seed: the same tokens
             seed = int(self.group.broadcast(str(seed).encode()).decode())
         return seed
 
@@ -321,12 +402,17 @@ class LanguageModel:
         histories = [list(r) for r in rows]
         nxt, lps = choose(self.module.prefill, batch.prefill_inputs(), 0, histories)
         for step in range(n_new):
-            toks = tracker.push(nxt[:len(rows)])
+            toks = tracker.push(nxt[: len(rows)])
             for h, t in zip(histories, toks):
                 if t is not None:
                     h.append(t)
-            yield toks, [None if t is None or lps is None else float(lp)
-                         for t, lp in zip(toks, lps if lps is not None else toks)]
+            yield (
+                toks,
+                [
+                    None if t is None or lps is None else float(lp)
+                    for t, lp in zip(toks, lps if lps is not None else toks)
+                ],
+            )
             if tracker.all_done or step == n_new - 1:
                 return
             nxt, lps = choose(self.module.decode, batch.decode_inputs(nxt), step + 1, histories)
@@ -338,7 +424,7 @@ class LanguageModel:
         logits (GenerationConfig.path says which)."""
         b, k = self.sizes.max_batch, self.sizes.sample_k
         path = cfg.path(k, self.config.vocab_size)
-        if path == "argmax":      # the function's own argmax; only the tokens cross to the host
+        if path == "argmax":  # the function's own argmax; only the tokens cross to the host
             return lambda fn, feeds, n, hist: (np.array(fn(**feeds, output="device")[0].to_host()), None)
         if path == "host":
             sampler = HostSampler(cfg, range(first_row, first_row + n_rows), seed)
@@ -349,38 +435,47 @@ class LanguageModel:
                 full = np.zeros(b, np.int64)
                 full[:n_rows] = toks
                 return full, lps
+
             return host_step
         if "sample" not in self.module.functions:
-            raise InputError("this artifact was compiled without the 'sample' function (needed to sample on the "
-                             "device; repetition_penalty or return_logprobs sample on the host)")
+            raise InputError(
+                "this artifact was compiled without the 'sample' function (needed to sample on the "
+                "device; repetition_penalty or return_logprobs sample on the host)"
+            )
         top_k = k if cfg.top_k == 0 else min(cfg.top_k, k)
-        fixed = {"temperature": np.full(b, cfg.temperature, np.float32), "top_k": np.full(b, top_k, np.int64),
-                 "top_p": np.full(b, cfg.top_p, np.float32)}
+        fixed = {
+            "temperature": np.full(b, cfg.temperature, np.float32),
+            "top_k": np.full(b, top_k, np.int64),
+            "top_p": np.full(b, cfg.top_p, np.float32),
+        }
 
         def device_step(fn, feeds, n, hist):
             logits = fn(**feeds, output="device")[1]
             # One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate.
             key = np.array([(((seed << 20) | n) << 16 | (first_row + r)) % (1 << 63) for r in range(b)], np.int64)
             return np.array(self.module.sample(logits, key=key, **fixed)), None
+
         return device_step
 
     def _need_tokenizer(self):
         if self.tokenizer is None:
-            raise InputError(f"checkpoint {str(self.checkpoint)!r} has no tokenizer.json: pass token ids "
-                             f"instead of text")
+            raise InputError(
+                f"checkpoint {str(self.checkpoint)!r} has no tokenizer.json: pass token ids instead of text"
+            )
         return self.tokenizer
 
     def _batch(self, prompts, max_new_tokens: int):
         rows = [self._ids(p, i) for i, p in enumerate(prompts)]
         if len(rows) > self.sizes.max_batch:
-            raise InputError(f"{len(rows)} prompts but the model was compiled for max_batch="
-                             f"{self.sizes.max_batch}")
+            raise InputError(f"{len(rows)} prompts but the model was compiled for max_batch={self.sizes.max_batch}")
         longest = max(len(r) for r in rows)
         if longest + max_new_tokens > self.sizes.max_seq_len:
-            raise InputError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the cache of "
-                             f"{self.sizes.max_seq_len} positions: compile with a larger max_seq_len= "
-                             f"(--max-seq-len on the command line; `rocmc generate --truncate` keeps the end of "
-                             f"the prompt)")
+            raise InputError(
+                f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the cache of "
+                f"{self.sizes.max_seq_len} positions: compile with a larger max_seq_len= "
+                f"(--max-seq-len on the command line; `rocmc generate --truncate` keeps the end of "
+                f"the prompt)"
+            )
         return rows, _Batch(rows, self.sizes.max_batch, self.config)
 
     def _ids(self, prompt, i: int) -> list:
@@ -393,8 +488,10 @@ class LanguageModel:
                 raise InputError(f"prompt {i}: expected token ids (ints), got {list(prompt)[:4]!r}")
             ids = [int(t) for t in prompt]
         else:
-            raise InputError(f"prompt {i}: expected a str, a list of token ids, a numpy array or a torch tensor, "
-                             f"got {type(prompt).__name__}")
+            raise InputError(
+                f"prompt {i}: expected a str, a list of token ids, a numpy array or a torch tensor, "
+                f"got {type(prompt).__name__}"
+            )
         if not ids:
             raise InputError(f"prompt {i} is empty; give at least one token")
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
@@ -412,8 +509,10 @@ def _prompts(prompt) -> tuple[list, bool]:
         if prompt.ndim == 2:
             return list(prompt), True
         if prompt.ndim != 1:
-            raise InputError(f"prompt: expected a 1-D (one prompt) or 2-D (a row per prompt) array of token ids, "
-                             f"got shape {prompt.shape}")
+            raise InputError(
+                f"prompt: expected a 1-D (one prompt) or 2-D (a row per prompt) array of token ids, "
+                f"got shape {prompt.shape}"
+            )
         return [prompt], False
     if isinstance(prompt, (list, tuple)) and len(prompt) > 0:
         items = [as_numpy(p, f"prompt {i}") for i, p in enumerate(prompt)]
@@ -430,13 +529,16 @@ def check_checkpoint(directory, *, tokenizer: bool = False, chat_template: bool 
     directory = _checkpoint_dir(directory)
     cfg = load_config(directory)
     from ..parameters import Parameters
+
     params = Parameters.open(directory)
     dtype = _CHECKPOINT_DTYPES[cfg.dtype]
     params.check([(name, shape, dtype) for name, shape in param_names(cfg)])
     if tokenizer or chat_template:
         if not (directory / "tokenizer.json").is_file():
-            raise InputError(f"{directory / 'tokenizer.json'} does not exist: a text prompt needs the checkpoint's "
-                             f"tokenizer (or pass token ids with --ids)")
+            raise InputError(
+                f"{directory / 'tokenizer.json'} does not exist: a text prompt needs the checkpoint's "
+                f"tokenizer (or pass token ids with --ids)"
+            )
         _tokenizer(directory)
     if chat_template:
         chat.select(chat.load_templates(directory), None, f"checkpoint {str(directory)!r}")
@@ -457,14 +559,14 @@ class _Batch:
         self.pad_len = np.array([self.s - len(r) for r in rows])
         self.tokens = np.array([[pad] * (self.s - len(r)) + list(r) for r in rows], dtype=np.int64)
         j = np.arange(self.s)
-        self.valid = j[None, :] >= self.pad_len[:, None]                      # (b, s): a real token
+        self.valid = j[None, :] >= self.pad_len[:, None]  # (b, s): a real token
         self.positions = np.maximum(j[None, :] - self.pad_len[:, None], 0).astype(np.int64)
         self.next_pos = self.positions[:, -1] + 1
-        self.kv = self.s                                                      # filled cache slots
+        self.kv = self.s  # filled cache slots
 
     def prefill_inputs(self) -> dict:
         i, j = np.arange(self.s)[:, None], np.arange(self.s)[None, :]
-        keep = ((j <= i)[None] & self.valid[:, None, :]) | (i == j)[None]     # a padded query sees itself
+        keep = ((j <= i)[None] & self.valid[:, None, :]) | (i == j)[None]  # a padded query sees itself
         feeds = {"tokens": self.tokens, "positions": self.positions, "mask": keep[:, None]}
         if self.window:
             feeds["window_mask"] = (keep & (i - j < self.window)[None])[:, None]
@@ -476,8 +578,11 @@ class _Batch:
         self.kv += 1
         j = np.arange(self.kv)[None, :]
         keep = np.concatenate([self.valid, np.ones((len(self.valid), self.kv - self.s), bool)], axis=1)
-        feeds = {"tokens": np.asarray(nxt, dtype=np.int64).reshape(-1, 1),
-                 "positions": self.next_pos.reshape(-1, 1).astype(np.int64), "mask": keep[:, None, None, :]}
+        feeds = {
+            "tokens": np.asarray(nxt, dtype=np.int64).reshape(-1, 1),
+            "positions": self.next_pos.reshape(-1, 1).astype(np.int64),
+            "mask": keep[:, None, None, :],
+        }
         if self.window:
             feeds["window_mask"] = (keep & (slot - j < self.window))[:, None, None, :]
         self.next_pos = self.next_pos + 1
@@ -491,40 +596,50 @@ def _plan_of(art: Artifact, cfg: LlmConfig, tensor_parallel: int) -> "sharding.P
     if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
         raise InputError(f"tensor_parallel={tensor_parallel!r}: expected a number of GPUs >= 1")
     if plan.degree != tensor_parallel:
-        raise InputError(f"the artifact was compiled for tensor_parallel={plan.degree}, not {tensor_parallel}: "
-                         f"recompile with compile_hf(..., tensor_parallel={tensor_parallel}) or load it with "
-                         f"tensor_parallel={plan.degree}")
+        raise InputError(
+            f"the artifact was compiled for tensor_parallel={plan.degree}, not {tensor_parallel}: "
+            f"recompile with compile_hf(..., tensor_parallel={tensor_parallel}) or load it with "
+            f"tensor_parallel={plan.degree}"
+        )
     return plan
 
 
-def _rank_parameters(art: Artifact, checkpoint: Path, plan, given):
-    """This rank's group (every rank checked to run the same artifact on the same checkpoint) and its
-    slices of the checkpoint."""
+def _rank_setup(art: Artifact, checkpoint: _Checkpoint, plan, device, given):
+    """This rank's group (every rank checked to run the same artifact on the same checkpoint), the device
+    it runs on and its slices of the checkpoint. The process is set up as a rank where every
+    tensor-parallel module is (distributed.prepare), and the module it loads finds it so."""
     from ..parameters import Parameters
     from ..runtime import distributed
-    group = distributed.init(plan.degree)
+    from ..runtime.module import device_for
+
+    target = art.metadata["target"]
+    group, device = distributed.prepare(plan.degree, target.split(":")[0], device_for(target, device))
     group.agree("artifacts", art.metadata.get("graph_hash", "") + art.metadata.get("target", ""))
     if given is not None:
-        return group, given
-    source = Parameters.open(checkpoint)
-    group.agree("checkpoints", source.fingerprint((checkpoint / "config.json").read_bytes()))
-    return group, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
+        return group, device, given
+    source = Parameters.open(checkpoint.directory)
+    group.agree("checkpoints", source.fingerprint(checkpoint.config_bytes))
+    return group, device, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
 
 
 def _sizes_of(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:
     """What the artifact was compiled for (compile_hf records it), checked against its KV cache."""
     info = art.metadata.get("info", {}).get("llm")
     states = {s["name"]: s for s in art.metadata.get("states", [])}
-    ok = isinstance(info, dict) and all(isinstance(info.get(k), int) and info[k] >= 1
-                                        for k in ("max_seq_len", "max_batch", "sample_k")) \
+    ok = (
+        isinstance(info, dict)
+        and all(isinstance(info.get(k), int) and info[k] >= 1 for k in ("max_seq_len", "max_batch", "sample_k"))
         and info.get("dtype") in _CHECKPOINT_DTYPES.values()
+    )
     if not ok or CACHE not in states:
         raise ModelImportError("the artifact is not a causal LM compiled by rocmc.llm.compile_hf")
     sizes = Shape(info["max_seq_len"], info["max_batch"], info["dtype"], info["sample_k"])
     shape = cache_shape(cfg, sizes, degree)
     if tuple(states[CACHE]["shape"]) != shape:
-        raise ModelImportError(f"the artifact's KV cache is {states[CACHE]['shape']}, not the {list(shape)} of this "
-                               f"config with max_seq_len={sizes.max_seq_len}, max_batch={sizes.max_batch}")
+        raise ModelImportError(
+            f"the artifact's KV cache is {states[CACHE]['shape']}, not the {list(shape)} of this "
+            f"config with max_seq_len={sizes.max_seq_len}, max_batch={sizes.max_batch}"
+        )
     return sizes
 
 
@@ -538,12 +653,15 @@ def _check_artifact(art: Artifact, cfg: LlmConfig, plan=None) -> None:
     got = {p["name"]: p["shape"] for p in art.parameters}
     if got != {k: v for k, v in want.items() if k in got} or not set(got) <= set(want):
         diff = sorted(set(got) ^ set(want) | {k for k in set(got) & set(want) if got[k] != want[k]})
-        raise ModelImportError(f"the artifact was compiled for another model than this checkpoint's config.json "
-                               f"(parameter {diff[0]!r} differs)")
+        raise ModelImportError(
+            f"the artifact was compiled for another model than this checkpoint's config.json "
+            f"(parameter {diff[0]!r} differs)"
+        )
 
 
 def _tokenizer(directory: Path):
     if not (directory / "tokenizer.json").is_file():
         return None
     from .tokenizer import Tokenizer
+
     return Tokenizer.from_dir(directory)

@@ -19,6 +19,7 @@ artifact (`info.llm.tensor_parallel`) and shown by its summary; at load each ran
 checkpoint (rocmc.parameters.Parameters.shard): a split along axis 0 is a contiguous range of the file,
 along axis 1 one host copy per rank.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 class Shard:
     """One graph parameter of a rank: read from checkpoint tensor `source` (full shape `shape`), split
     into equal parts along `axis` (None: held whole)."""
+
     name: str
     source: str
     shape: tuple
@@ -51,7 +53,7 @@ class Shard:
 @dataclass(frozen=True)
 class Plan:
     degree: int
-    shards: dict            # graph parameter name -> Shard
+    shards: dict  # graph parameter name -> Shard
 
     def to_json(self) -> dict:
         return {"degree": self.degree, "shards": {n: [s.source, s.axis] for n, s in self.shards.items()}}
@@ -63,21 +65,31 @@ class Plan:
             counts[s.role] = counts.get(s.role, 0) + 1
         n = self.degree
         return [f"tensor parallel: {n} ranks (one process per GPU), each holding 1/{n} of every split tensor:"] + [
-            f"  {role:<46} {counts[role]} tensor(s)" for role in ROLES if role in counts]
+            f"  {role:<46} {counts[role]} tensor(s)" for role in ROLES if role in counts
+        ]
 
 
-ROLES = ("column-split (axis 0): q/k/v/gate/up", "row-split (axis 1) then all_reduce: o/down",
-         "bias added after the all_reduce (whole)", "embedding hidden-split (axis 1) then all_gather",
-         "lm_head vocab-split (axis 0) then all_gather", "whole on every rank (norms)")
+ROLES = (
+    "column-split (axis 0): q/k/v/gate/up",
+    "row-split (axis 1) then all_reduce: o/down",
+    "bias added after the all_reduce (whole)",
+    "embedding hidden-split (axis 1) then all_gather",
+    "lm_head vocab-split (axis 0) then all_gather",
+    "whole on every rank (norms)",
+)
 
 
 def plan(cfg: LlmConfig, degree: int) -> Plan:
     """The sharding of `cfg`'s model over `degree` ranks; InputError naming the sizes `degree` must divide."""
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise InputError(f"tensor_parallel={degree!r}: expected a number of GPUs >= 1")
-    sizes = {"num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-             "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-             "hidden_size": cfg.hidden_size}
+    sizes = {
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+    }
     bad = {k: v for k, v in sizes.items() if v % degree}
     if bad:
         common = 0
@@ -85,8 +97,10 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
             common = gcd(common, v)
         ok = [d for d in (1, 2, 4, 8, 16) if common % d == 0]
         k, v = next(iter(bad.items()))
-        raise InputError(f"tensor_parallel={degree} does not divide the model's {k} ({v}): every rank holds "
-                         f"whole heads and equal slices; this model splits over {', '.join(map(str, ok))} GPUs")
+        raise InputError(
+            f"tensor_parallel={degree} does not divide the model's {k} ({v}): every rank holds "
+            f"whole heads and equal slices; this model splits over {', '.join(map(str, ok))} GPUs"
+        )
     shards = {}
     for name, shape in param_names(cfg):
         shards[name] = _shard(name, name, shape)
@@ -104,8 +118,11 @@ def _shard(name: str, source: str, shape: tuple) -> Shard:
     if module in COLUMN:
         return Shard(name, source, shape, 0, ROLES[0])
     if module in ROW:
-        return Shard(name, source, shape, 1, ROLES[1]) if name.endswith(".weight") else \
-            Shard(name, source, shape, None, ROLES[2])
+        return (
+            Shard(name, source, shape, 1, ROLES[1])
+            if name.endswith(".weight")
+            else Shard(name, source, shape, None, ROLES[2])
+        )
     return Shard(name, source, shape, None, ROLES[5])
 
 
@@ -114,7 +131,12 @@ def from_json(meta, cfg: LlmConfig) -> Plan:
     if not isinstance(meta, dict):
         raise ModelImportError("the artifact's tensor-parallel plan is malformed")
     want = plan(cfg, meta.get("degree"))
-    if want.to_json() != {"degree": meta.get("degree"), "shards": {k: list(v) for k, v in meta.get("shards", {}).items()}}:
-        raise ModelImportError("the artifact's tensor-parallel plan is not the one of this checkpoint's config.json "
-                               "(was it compiled for another model?)")
+    if want.to_json() != {
+        "degree": meta.get("degree"),
+        "shards": {k: list(v) for k, v in meta.get("shards", {}).items()},
+    }:
+        raise ModelImportError(
+            "the artifact's tensor-parallel plan is not the one of this checkpoint's config.json "
+            "(was it compiled for another model?)"
+        )
     return want

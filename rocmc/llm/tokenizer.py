@@ -10,6 +10,7 @@ part of a UTF-8 character, and decoders strip or merge spaces across tokens. `St
 window of recent tokens and emits only the text that grew past the window's earlier text, holding it back
 while it ends in an incomplete character (U+FFFD).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,17 @@ _REPLACEMENT = "\ufffd"
 class Tokenizer:
     """Encode text to token ids and back, as transformers' tokenizer of the same checkpoint does."""
 
-    def __init__(self, backend, *, bos_token_id: int | None, eos_token_id: int | None,
-                 add_bos: bool, add_eos: bool, source: str = "tokenizer", special_tokens: dict | None = None):
+    def __init__(
+        self,
+        backend,
+        *,
+        bos_token_id: int | None,
+        eos_token_id: int | None,
+        add_bos: bool,
+        add_eos: bool,
+        source: str = "tokenizer",
+        special_tokens: dict | None = None,
+    ):
         self._backend = backend
         self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
         self.add_bos, self.add_eos = add_bos and bos_token_id is not None, add_eos and eos_token_id is not None
@@ -43,17 +53,26 @@ class Tokenizer:
         try:
             from tokenizers import Tokenizer as Backend
         except ImportError:
-            raise ModelImportError(f"{path}: reading it needs the 'tokenizers' package: pip install rocmc[llm]") from None
+            raise ModelImportError(
+                f"{path}: reading it needs the 'tokenizers' package: pip install rocmc[llm]"
+            ) from None
         try:
             backend = Backend.from_file(str(path))
-        except Exception as e:     # the library raises its own Exception type for every malformed file
+        except Exception as e:  # noqa: BLE001 - the library raises its own Exception type for every malformed file
             raise ModelImportError(f"{path}: cannot load tokenizer: {e}") from None
         config = _special_tokens_config(directory)
         bos = _token_id(backend, config.get("bos_token"), "bos_token", path)
         eos = _token_id(backend, config.get("eos_token"), "eos_token", path)
         add_bos, add_eos = _added_specials(backend, bos, eos, path)
-        return cls(backend, bos_token_id=bos, eos_token_id=eos, add_bos=add_bos, add_eos=add_eos, source=str(path),
-                   special_tokens=_special_token_texts(config))
+        return cls(
+            backend,
+            bos_token_id=bos,
+            eos_token_id=eos,
+            add_bos=add_bos,
+            add_eos=add_eos,
+            source=str(path),
+            special_tokens=_special_token_texts(config),
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -76,7 +95,9 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ModelImportError(f"Tokenizer.decode: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+            raise ModelImportError(
+                f"Tokenizer.decode: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            )
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def stream(self, skip_special_tokens: bool = True) -> "StreamDecoder":
@@ -97,8 +118,8 @@ class StreamDecoder:
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self._tok, self._skip = tokenizer, skip_special_tokens
         self._ids: list[int] = []
-        self._prefix = 0      # start of the window decoded for context
-        self._read = 0        # ids before this are emitted
+        self._prefix = 0  # start of the window decoded for context
+        self._read = 0  # ids before this are emitted
 
     def push(self, token_id: int) -> str:
         self._ids.append(int(token_id))
@@ -107,19 +128,20 @@ class StreamDecoder:
         if len(text) <= len(before) or text.endswith(_REPLACEMENT):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return text[len(before):]
+        return text[len(before) :]
 
     def flush(self) -> str:
         before = self._decode(self._prefix, self._read)
         text = self._decode(self._prefix, len(self._ids))
         self._prefix = self._read = len(self._ids)
-        return text[len(before):]
+        return text[len(before) :]
 
     def _decode(self, start: int, stop: int) -> str:
         return self._tok.decode(self._ids[start:stop], skip_special_tokens=self._skip) if stop > start else ""
 
 
 # ---- tokenizer_config.json -------------------------------------------------------------------------
+
 
 def _special_tokens_config(directory: Path) -> dict:
     """Special token names: tokenizer_config.json over special_tokens_map.json."""
@@ -163,9 +185,11 @@ def _added_specials(backend, bos: int | None, eos: int | None, path: Path) -> tu
         return False, False
     plain = backend.encode(_PROBE, add_special_tokens=False).ids
     full = backend.encode(_PROBE, add_special_tokens=True).ids
-    start = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), None)
-    prefix, suffix = (None, None) if start is None else (full[:start], full[start + len(plain):])
+    start = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), None)
+    prefix, suffix = (None, None) if start is None else (full[:start], full[start + len(plain) :])
     if prefix not in ([], [bos]) or suffix not in ([], [eos]):
-        raise ModelImportError(f"{path}: the post-processor adds tokens other than BOS/EOS around the text "
-                               f"(ids {full} for {plain}); rocmc cannot reproduce it")
+        raise ModelImportError(
+            f"{path}: the post-processor adds tokens other than BOS/EOS around the text "
+            f"(ids {full} for {plain}); rocmc cannot reproduce it"
+        )
     return bool(prefix), bool(suffix)

@@ -1,4 +1,5 @@
 """Lowering: graph -> MLIR (per-node implementations from the registry) -> iree-compile -> Artifact."""
+
 from __future__ import annotations
 
 import logging
@@ -12,22 +13,33 @@ from .._version import __version__
 from ..progress import step
 from ..errors import ArtifactError, CompileError, LoweringError
 from ..artifact import Artifact, seal
-from . import generated  # noqa: F401  (registers the generated implementation of every op)
-from . import hip  # noqa: F401
+from . import codegen  # noqa: F401  (registers the generated implementation of every op)
+from . import kernel  # noqa: F401  (registers the hand-written kernel implementation)
 from . import kernels
-from . import blas, collective, miopen  # noqa: F401
+from . import blas, collective, dnn  # noqa: F401
 from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_stale
 from .compiler import compile_bytecode, iree_version, owned_tempdir
 from .module import lower, program_hash, program_of
-from .registry import check_options
-from .target import Target, known_targets
+from .registry import check_options, current_options
+from .target import Target
 
 _stage_lock = threading.Lock()
 LOG = "rocmc.lowering"
 
 
-def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", cache: bool = True,
-            dump_ir=None, flags=(), info: dict | None = None, rewrite: bool = True) -> Artifact:
+def compile(
+    graph,
+    target="cpu",
+    *,
+    impl=None,
+    libraries=(),
+    constants="embed",
+    cache: bool = True,
+    dump_ir=None,
+    flags=(),
+    info: dict | None = None,
+    rewrite: bool = True,
+) -> Artifact:
     """Compile `graph` for `target` ("cpu", "gfx942", "rocm:gfx942", "cuda:sm_80", ...).
 
     graph: a Graph (the module's function `main`), or a dict {name: Graph} of functions compiled into one
@@ -37,7 +49,8 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
     them to an .irpa beside it), or a size in bytes from which a constant becomes a parameter.
 
     impl: {op: implementation} overrides, or one implementation name for every op ("generated").
-    libraries: opt into vendor-library implementations for every op they cover (e.g. ["miopen"]).
+    libraries: opt into library implementations for every op they cover (e.g. ["dnn"], ["blas"]).
+    Old names (rocmc.aliases: "miopen", "hipblaslt", "hip") are accepted for the current ones.
     dump_ir: a directory to write every lowering stage to.
     info: a JSON object kept in the artifact's metadata (`art.metadata["info"]`), e.g. what a model was
     built for.
@@ -47,6 +60,7 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
     """
     if not isinstance(rewrite, bool):
         raise LoweringError(f"compile(rewrite={rewrite!r}): expected True or False")
+    impl, libraries = current_options(impl, libraries)
     check_options(impl, libraries)
     program = program_of(graph)
     external = _external(constants)
@@ -55,11 +69,22 @@ def compile(graph, target="cpu", *, impl=None, libraries=(), constants="embed", 
     libraries = tuple(libraries)
     root = cache_root() if cache else None
     remove_stale(root, tempfile.gettempdir())
-    key = cache_key(graph=program_hash(program, external), functions=list(program), external=external,
-                    target=str(target), impl=impl, libraries=libraries, flags=list(flags), info=info, rewrite=rewrite,
-                    rocmc=__version__, code=code_digest(), iree=iree_version(),
-                    cpu=host_cpu() if target.kind == "cpu" else None,
-                    kernels=kernels.sources_digest() if target.is_gpu else None)
+    key = cache_key(
+        graph=program_hash(program, external),
+        functions=list(program),
+        external=external,
+        target=str(target),
+        impl=impl,
+        libraries=libraries,
+        flags=list(flags),
+        info=info,
+        rewrite=rewrite,
+        rocmc=__version__,
+        code=code_digest(),
+        iree=iree_version(),
+        cpu=host_cpu() if target.kind == "cpu" else None,
+        kernels=kernels.sources_digest() if target.is_gpu else None,
+    )
     with step(f"compiling {_names(program)} for {target}", logger=LOG):
         art, stages = _compile(program, target, key, root, impl, libraries, external, info, list(flags), rewrite)
     weakref.finalize(art, stages.remove_temporary)
@@ -80,23 +105,37 @@ def _compile(program, target, key, root, impl, libraries, external, info, flags,
         logging.getLogger(LOG).info("%s for %s: from the compile cache (%s)", _names(program), target, hit.dir)
         used = _flags_used(target, list(flags), hit.tuning_dropped)
         stages = _Stages(hit.dir / "module.mlirbc", target, used, hit.dir / "stages")
-        art = Artifact(None, {**hit.metadata, "compile_flags": used}, input_mlir=hit.dir / "input.mlir",
-                       path=str(hit.dir / "module.vmfb"), stage_dir=stages)
+        art = Artifact(
+            None,
+            {**hit.metadata, "compile_flags": used},
+            input_mlir=hit.dir / "input.mlir",
+            path=str(hit.dir / "module.vmfb"),
+            stage_dir=stages,
+        )
         art.cached = True
     else:
         with step(f"lowering {_names(program)} to MLIR for {target}", logger=LOG):
-            lowered = lower(program, target, impl=impl, libraries=libraries, external=external, info=info,
-                            rewrite=rewrite)
+            lowered = lower(
+                program, target, impl=impl, libraries=libraries, external=external, info=info, rewrite=rewrite
+            )
         vmfb, used, tuning_note = _compile_tuned(lowered.bytecode, target, list(flags))
         vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used
         note = "; ".join(n for n in (target.code_note, tuning_note) if n)
         if note:
             lowered.metadata["compile_note"] = note
-        d = store.put(key, vmfb, lowered.metadata, lowered.text, lowered.bytecode,
-                      tuning_dropped=tuning_note is not None) if store is not None else None
-        stages = _Stages(d / "module.mlirbc", target, used, d / "stages") if d else \
-            _Stages(lowered.bytecode, target, used, None)
+        d = (
+            store.put(
+                key, vmfb, lowered.metadata, lowered.text, lowered.bytecode, tuning_dropped=tuning_note is not None
+            )
+            if store is not None
+            else None
+        )
+        stages = (
+            _Stages(d / "module.mlirbc", target, used, d / "stages")
+            if d
+            else _Stages(lowered.bytecode, target, used, None)
+        )
         art = Artifact(vmfb, lowered.metadata, input_mlir=lowered.text, stage_dir=stages)
         art.cached = False
     art.parameter_arrays = _constant_parameters(program, art.metadata, rewrite)
@@ -114,19 +153,24 @@ def _external(constants) -> int | None:
         return EXTERNAL_MIN_BYTES
     if isinstance(constants, int) and not isinstance(constants, bool) and constants >= 0:
         return constants
-    raise LoweringError(f"compile(constants={constants!r}): expected 'embed', 'external' or a size in bytes "
-                        f"from which a constant becomes a parameter")
+    raise LoweringError(
+        f"compile(constants={constants!r}): expected 'embed', 'external' or a size in bytes "
+        f"from which a constant becomes a parameter"
+    )
 
 
 def _info(info) -> dict | None:
     import json
+
     if info is None:
         return None
     try:
         if not isinstance(info, dict) or json.loads(json.dumps(info)) != info:
             raise TypeError("not a JSON object")
     except (TypeError, ValueError) as e:
-        raise LoweringError(f"compile(info=...): expected a JSON object (dict of str keys, plain values): {e}") from None
+        raise LoweringError(
+            f"compile(info=...): expected a JSON object (dict of str keys, plain values): {e}"
+        ) from None
     return info
 
 
@@ -137,6 +181,7 @@ def _constant_parameters(program: dict, meta: dict, rewrite: bool) -> dict:
     wanted = {p["name"] for p in meta.get("parameters", []) if p.get("from") == "constant"}
     if rewrite and wanted - {name for g in program.values() for name in g.constants}:
         from ..rewrite import rewrite_program
+
         program = rewrite_program(program)[0]
     return {name: g.constants[name] for g in program.values() for name in g.constants if name in wanted}
 
@@ -169,7 +214,8 @@ class _Stages:
 
     def __init__(self, source: bytes | Path, target: Target, flags: list, keep_in: Path | None):
         self.source, self.target, self.flags, self.keep_in = source, target, flags, keep_in
-        self.dir = self.temporary = None
+        self.dir: Path | None = None
+        self.temporary: Path | None = None
 
     def __call__(self) -> Path:
         with _stage_lock:
@@ -184,12 +230,14 @@ class _Stages:
         if d is None:
             d = self.temporary = self.temporary or owned_tempdir("rocmc-stages-")
         else:
-            shutil.rmtree(d, ignore_errors=True)         # dumps of a compile that did not finish
+            shutil.rmtree(d, ignore_errors=True)  # dumps of a compile that did not finish
         try:
             source = self.source.read_bytes() if isinstance(self.source, Path) else self.source
         except OSError as e:
-            raise ArtifactError(f"the stages of this artifact can't be produced: its cached module "
-                                f"{self.source} is gone ({e.strerror}); compile it again") from None
+            raise ArtifactError(
+                f"the stages of this artifact can't be produced: its cached module "
+                f"{e.filename} is gone ({e.strerror}); compile it again"
+            ) from None
         with step(f"iree-compile for {self.target}, writing the stage dumps", logger=LOG):
             compile_bytecode(source, self.target, self.flags, dump_dir=d)
         (d / "done").write_text("")

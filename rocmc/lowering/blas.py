@@ -1,7 +1,8 @@
-"""The `hipblaslt` implementation: matmul, linear and fused_linear as calls into the vendor's GEMM library.
+"""The `blas` implementation: matmul, linear and fused_linear as calls into a GEMM library.
 
-`hipblaslt.matmul(a, b, bias, transpose_a, transpose_b, epilogue)` (rocmc.externs.HIPBLASLT) is served
-by hipBLASLt on hip devices, by its twin cuBLASLt on cuda devices and by numpy on the CPU. Operands
+`blas.matmul(a, b, bias, transpose_a, transpose_b, epilogue)` (rocmc.externs.BLAS) is served by the
+role's providers: hipBLASLt on hip devices, its twin cuBLASLt on cuda devices and the float64
+reference on the CPU. Operands
 are passed as they are stored, viewed as (batch, rows, cols): a transposed operand (linear's weight,
 `transpose_b=True`) is a flag to the library, never a copy. `linear`'s leading dims are the GEMM's
 rows; a matmul's batch dims are flattened into one, each operand either carrying the result's batch
@@ -12,8 +13,8 @@ When to call the library (`supports`): the library's kernels win on large GEMMs,
 the result), more than IREE's own code takes for a small GEMM or a decode step's GEMV. So a GEMM
 calls the library only when its row count M is at least MIN_ROWS (or symbolic: a prefill's sequence)
 and its N and K at least MIN_COLS; the reason a node stays generated is in `art.summary()`.
-The implementation is opt-in: `libraries=["hipblaslt"]` uses it for every GEMM the rule lets through,
-`impl={"matmul": "hipblaslt"}` for one op regardless of size. (It was on by default on rocm and cuda
+The implementation is opt-in: `libraries=["blas"]` uses it for every GEMM the rule lets through,
+`impl={"matmul": "blas"}` for one op regardless of size. (It was on by default on rocm and cuda
 targets, where it is faster; a 7B prefill through cuBLASLt then hit an illegal memory access at new
 sequence lengths in some runs, which CUDA_LAUNCH_BLOCKING=1 hides: a race not yet found. BENCHMARKS.md.)
 
@@ -24,22 +25,23 @@ its constants (the sources at LINEARS). The library applies it after the bias, b
 stored, where the separate ops round the GEMM's result to the storage type first: results differ by
 rounding only.
 
-Attention (`sdpa`) has a `hipblaslt` implementation too: scores = scale * q.k^T and out = p.v are
+Attention (`sdpa`) has a `blas` implementation too: scores = scale * q.k^T and out = p.v are
 two batched library GEMMs (the heads of a kv group are the rows of one GEMM, so grouped-query
 attention reads each k and v once, without copies), the mask and the softmax over keys IREE's code
 in between (f32 arithmetic; the scores and p are stored in the storage type, as PyTorch's math
 attention stores them). It materialises the (s, skv) scores, so it is chosen where they fit (the
 rule) and, with symbolic lengths, the module keeps IREE's fused attention in `@main_long` for calls
-whose scores would not (generated/attention.py).
+whose scores would not (codegen/attention.py).
 """
+
 from __future__ import annotations
 
-from ..externs import EPILOGUES, HIPBLASLT, to_bits
+from ..externs import BLAS, EPILOGUES, to_bits
 from ..frontend.graph import TensorType
 from . import extern
 from .emitter import Emitter, T, affine_map, tensor_type
 from .extern import reshaped_to
-from .generated import attention as generated_attention
+from .codegen import attention as generated_attention
 from .registry import lowering
 
 # Below these sizes IREE's code is faster than one library call (bench/gemm_gpu.py, BENCHMARKS.md).
@@ -94,8 +96,8 @@ def _gemm_dims(node):
 
 def supports(node, target) -> str | None:
     dtype = node.inputs[0].dtype.name
-    if dtype not in HIPBLASLT.dtypes:
-        return f"dtype {dtype} (the GEMM library takes {', '.join(HIPBLASLT.dtypes)})"
+    if dtype not in BLAS.dtypes:
+        return f"dtype {dtype} (the GEMM library takes {', '.join(BLAS.dtypes)})"
     if node.op == "matmul":
         a, b = node.inputs[0].type, node.inputs[1].type
         if a.rank < 2 or b.rank < 2:
@@ -103,8 +105,10 @@ def supports(node, target) -> str | None:
         batch = node.outputs[0].shape[:-2]
         for arg, t in (("a", a), ("b", b)):
             if _batch_role(t.shape[:-2], batch) is None:
-                return (f"{arg!r} broadcasts part of the batch ({list(t.shape[:-2])} over {list(batch)}); "
-                        f"the library takes a full batch or one matrix")
+                return (
+                    f"{arg!r} broadcasts part of the batch ({list(t.shape[:-2])} over {list(batch)}); "
+                    f"the library takes a full batch or one matrix"
+                )
     return None
 
 
@@ -112,8 +116,10 @@ def size_rule(node, target) -> str | None:
     """Whether the GEMM is large enough for a library call to pay (module docstring)."""
     m, n, k, _ = _gemm_dims(node)
     if isinstance(m, int) and m < MIN_ROWS:
-        return (f"M={m} rows, below the {MIN_ROWS}-row rule (one library call costs ~18 us; IREE's code is "
-                f"faster for so few rows)")
+        return (
+            f"M={m} rows, below the {MIN_ROWS}-row rule (one library call costs ~18 us; IREE's code is "
+            f"faster for so few rows)"
+        )
     for name, d in (("N", n), ("K", k)):
         if isinstance(d, int) and d < MIN_COLS:
             return f"{name}={d}, below the {MIN_COLS}-column rule (too small a GEMM for a library call)"
@@ -133,9 +139,11 @@ def lower_gemm(E: Emitter, node, ins: list, ctx) -> list:
     epilogue = node.attrs.get("activation", "none")
     if node.op in LINEARS:
         x, w, bias = ins
-        args = [extern.operand(E, ctx, node, 0, x, 3, elt, lambda t: _rows(E, t, 1)),
-                extern.operand(E, ctx, node, 1, w, 3, elt, lambda t: [1, *E.dims(t)]),
-                extern.operand(E, ctx, node, 2, bias, 1, elt)]
+        args = [
+            extern.operand(E, ctx, node, 0, x, 3, elt, lambda t: _rows(E, t, 1)),
+            extern.operand(E, ctx, node, 1, w, 3, elt, lambda t: [1, *E.dims(t)]),
+            extern.operand(E, ctx, node, 2, bias, 1, elt),
+        ]
         flags = [0, 1]
         sizes = E.dims(x)[:-1] + [E.dim(w, 0)]
     else:
@@ -146,31 +154,59 @@ def lower_gemm(E: Emitter, node, ins: list, ctx) -> list:
             if _batch_role(t.shape[:-2], batch) == "one":
                 return [1, *E.dims(t)[-2:]]
             return _rows(E, t, 2)
-        args = [extern.operand(E, ctx, node, 0, a, 3, elt, view), extern.operand(E, ctx, node, 1, b, 3, elt, view),
-                extern.operand(E, ctx, node, 2, None, 1, elt)]
+
+        args = [
+            extern.operand(E, ctx, node, 0, a, 3, elt, view),
+            extern.operand(E, ctx, node, 1, b, 3, elt, view),
+            extern.operand(E, ctx, node, 2, None, 1, elt),
+        ]
         ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
         flags = [int(ta), int(tb)]
         full = a if _batch_role(a.shape[:-2], batch) == "full" else b
-        sizes = E.dims(full)[:-2] + [E.dim(a, a.rank - 1 if ta else a.rank - 2),
-                                     E.dim(b, b.rank - 2 if tb else b.rank - 1)]
-    r, r_ty = extern.call(E, ctx, node, HIPBLASLT, dtype, args, flags + [EPILOGUES.index(epilogue), to_bits(1.0)], 3,
-                          elt, op="matmul")
+        sizes = E.dims(full)[:-2] + [
+            E.dim(a, a.rank - 1 if ta else a.rank - 2),
+            E.dim(b, b.rank - 2 if tb else b.rank - 1),
+        ]
+    r, r_ty = extern.call(
+        E, ctx, node, BLAS, dtype, args, flags + [EPILOGUES.index(epilogue), to_bits(1.0)], 3, elt, op="matmul"
+    )
     return [T(reshaped_to(E, r, r_ty, sizes, tensor_type(out.shape, elt)), out.type)]
 
 
-def _gemm(E: Emitter, ctx, node, a: str, b: str, dtype: str, elt: str, transpose_b: bool = False,
-          alpha: float = 1.0) -> tuple[str, str]:
+def _gemm(
+    E: Emitter, ctx, node, a: str, b: str, dtype: str, elt: str, transpose_b: bool = False, alpha: float = 1.0
+) -> tuple[str, str]:
     """One library call on two (batch, rows, cols) buffer views, no bias."""
     none = extern.operand(E, ctx, node, None, None, 1, elt)
-    return extern.call(E, ctx, node, HIPBLASLT, dtype, [a, b, none],
-                       [0, int(transpose_b), EPILOGUES.index("none"), to_bits(alpha)], 3, elt, op="matmul")
+    return extern.call(
+        E,
+        ctx,
+        node,
+        BLAS,
+        dtype,
+        [a, b, none],
+        [0, int(transpose_b), EPILOGUES.index("none"), to_bits(alpha)],
+        3,
+        elt,
+        op="matmul",
+    )
 
 
-lowering("matmul", *LINEARS, impl="hipblaslt", kinds=("cpu", "rocm", "cuda"), default_on=(),
-         library="hipblaslt", priority=20, supports=supports, rule=size_rule)(lower_gemm)
+lowering(
+    "matmul",
+    *LINEARS,
+    impl="blas",
+    kinds=("cpu", "rocm", "cuda"),
+    default_on=(),
+    library="blas",
+    priority=20,
+    supports=supports,
+    rule=size_rule,
+)(lower_gemm)
 
 
 # ---- attention as two library GEMMs -------------------------------------------------------------
+
 
 def _scores(node) -> int | None:
     """b * hq * s * skv of an sdpa node: the scores it materialises (None when a size is symbolic)."""
@@ -185,8 +221,8 @@ def _scores(node) -> int | None:
 
 def sdpa_supports(node, target) -> str | None:
     dtype = node.inputs[0].dtype.name
-    if dtype not in HIPBLASLT.dtypes:
-        return f"dtype {dtype} (the GEMM library takes {', '.join(HIPBLASLT.dtypes)})"
+    if dtype not in BLAS.dtypes:
+        return f"dtype {dtype} (the GEMM library takes {', '.join(BLAS.dtypes)})"
     return None
 
 
@@ -195,8 +231,10 @@ def sdpa_rule(node, target) -> str | None:
     step's single query row is IREE's fused attention."""
     n = _scores(node)
     if n is not None and n > generated_attention.DECOMPOSE_UP_TO_SCORES:
-        return (f"{n} scores to materialise (over {generated_attention.DECOMPOSE_UP_TO_SCORES}); IREE's fused "
-                f"attention keeps them in registers")
+        return (
+            f"{n} scores to materialise (over {generated_attention.DECOMPOSE_UP_TO_SCORES}); IREE's fused "
+            f"attention keeps them in registers"
+        )
     s = node.inputs[0].shape[2]
     if isinstance(s, int) and s < MIN_ROWS:
         return f"{s} query rows, below the {MIN_ROWS}-row rule"
@@ -204,7 +242,7 @@ def sdpa_rule(node, target) -> str | None:
 
 
 def lower_sdpa(E: Emitter, node, ins: list, ctx) -> list:
-    if ctx.sdpa_form == "fused":      # @main_long: calls whose scores would not fit
+    if ctx.sdpa_form == "fused":  # @main_long: calls whose scores would not fit
         return generated_attention.lower_sdpa(E, node, ins, ctx)
     q, k, v, mask = ins
     elt, dtype = q.mlir_elt, node.inputs[0].dtype.name
@@ -233,8 +271,13 @@ def lower_sdpa(E: Emitter, node, ins: list, ctx) -> list:
 def _softmax(E: Emitter, node, scores: str, scores_ty: str, mask: T | None, dims, elt: str) -> str:
     """p = softmax over keys of the masked scores, in f32, stored in the storage type."""
     m = generated_attention._mask(E, node, mask, dims)
-    B, H, G, M, K2 = (generated_attention.B, generated_attention.H, generated_attention.G, generated_attention.M,
-                      generated_attention.K2)
+    B, H, G, M, K2 = (
+        generated_attention.B,
+        generated_attention.H,
+        generated_attention.G,
+        generated_attention.M,
+        generated_attention.K2,
+    )
     loops = [B, H, G, M, K2]
     size = {B: dims.b, H: dims.hkv, G: dims.g, M: dims.s, K2: dims.skv}
     ins = [(scores, scores_ty, loops)] + ([m] if m else [])
@@ -248,7 +291,7 @@ def _softmax(E: Emitter, node, scores: str, scores_ty: str, mask: T | None, dims
             return x
         if m[1].endswith("xi1>"):
             return E.op(f"arith.select {a[1]}, {x}, {E.const(float('-inf'), 'f32')} : f32")
-        return E.op(f"arith.addf {x}, {E.cast_scalar(a[1], elt, 'f32')} : f32")     # an additive mask has q's type
+        return E.op(f"arith.addf {x}, {E.cast_scalar(a[1], elt, 'f32')} : f32")  # an additive mask has q's type
 
     def run(out_loops, extra, init_value, out_elt, reduce, body):
         sizes = [size[x] for x in out_loops]
@@ -260,17 +303,34 @@ def _softmax(E: Emitter, node, scores: str, scores_ty: str, mask: T | None, dims
         return E.generic([(n, t) for n, t, _ in operands], [(init, ty)], maps, iters, body)[0], ty
 
     rows = [B, H, G, M]
-    mx, mx_ty = run(rows, [], float("-inf"), "f32", True,
-                    lambda E, a: [E.op(f"arith.maximumf {masked(E, a)}, {a[-1]} : f32")])
+    mx, mx_ty = run(
+        rows, [], float("-inf"), "f32", True, lambda E, a: [E.op(f"arith.maximumf {masked(E, a)}, {a[-1]} : f32")]
+    )
 
     def exp(E, a):
         return E.op(f"math.exp {E.op(f'arith.subf {masked(E, a)}, {a[len(ins)]} : f32')} : f32")
-    total, total_ty = run(rows, [(mx, mx_ty, rows)], 0.0, "f32", True,
-                          lambda E, a: [E.op(f"arith.addf {exp(E, a)}, {a[-1]} : f32")])
-    p, _ = run(loops, [(mx, mx_ty, rows), (total, total_ty, rows)], None, elt, False,
-               lambda E, a: [E.cast_scalar(E.op(f"arith.divf {exp(E, a)}, {a[len(ins) + 1]} : f32"), "f32", elt)])
+
+    total, total_ty = run(
+        rows, [(mx, mx_ty, rows)], 0.0, "f32", True, lambda E, a: [E.op(f"arith.addf {exp(E, a)}, {a[-1]} : f32")]
+    )
+    p, _ = run(
+        loops,
+        [(mx, mx_ty, rows), (total, total_ty, rows)],
+        None,
+        elt,
+        False,
+        lambda E, a: [E.cast_scalar(E.op(f"arith.divf {exp(E, a)}, {a[len(ins) + 1]} : f32"), "f32", elt)],
+    )
     return p
 
 
-lowering("sdpa", impl="hipblaslt", kinds=("cpu", "rocm", "cuda"), default_on=(), library="hipblaslt",
-         priority=20, supports=sdpa_supports, rule=sdpa_rule)(lower_sdpa)
+lowering(
+    "sdpa",
+    impl="blas",
+    kinds=("cpu", "rocm", "cuda"),
+    default_on=(),
+    library="blas",
+    priority=20,
+    supports=sdpa_supports,
+    rule=sdpa_rule,
+)(lower_sdpa)

@@ -13,6 +13,7 @@ inode) changes, so a later hit costs a few stats, not a read of the module (hash
 ~0.35 s). A damaged entry is removed and rebuilt. No compile flags are read from an entry: it records only
 whether the target's tuning flags were dropped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,6 @@ import os
 import platform
 import re
 import shutil
-import stat
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,51 +29,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import CacheWarning
+from ..files import cache_root, distrust  # noqa: F401  (cache_root: also the lowering's name for it)
 from .compiler import owned_tempdir, remove_orphans
 
 FILES = ("module.vmfb", "module.mlirbc", "input.mlir")
 RECORD = "entry.json"
-FORMAT = 2
-_STAGING = re.compile(r"\.[0-9a-f]{8}-(\d+)-[a-z0-9_]+")     # owned_tempdir(".<key[:8]>-")
+FORMAT = 3  # 3: modules import the library roles (dnn.*, blas.*); entries of 2 are rebuilt
+_STAGING = re.compile(r"\.[0-9a-f]{8}-(\d+)-[a-z0-9_]+")  # owned_tempdir(".<key[:8]>-")
 
 
 def _warn(message: str) -> None:
     warnings.warn(message, CacheWarning, stacklevel=4)
-
-
-def cache_root() -> Path | None:
-    """The user's cache directory (created 0700). None when caching is off (ROCMC_CACHE=0) or when the
-    directory can't be used or trusted (with a CacheWarning)."""
-    if os.environ.get("ROCMC_CACHE", "1").lower() in ("0", "off", "false", "no"):
-        return None
-    root = os.environ.get("ROCMC_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "rocmc")
-    root = Path(root)
-    try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        why = distrust(os.stat(root), directory=True)
-    except OSError as e:
-        why = e.strerror or str(e)
-    if why is None and not os.access(root, os.W_OK | os.X_OK):
-        why = "not writable"
-    if why is not None:
-        _warn(f"compile cache {root} can't be used ({why}); compiling without the cache")
-        return None
-    return root
-
-
-def distrust(st: os.stat_result, *, directory: bool) -> str | None:
-    """Why a cache file or directory can't be trusted, or None: it must be a plain file (directory) of
-    this user's that no one else can write."""
-    if not (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
-        return "not a plain directory" if directory else "not a plain file"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}"
-    if st.st_mode & 0o022:
-        return f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
 
 
 @lru_cache(maxsize=None)
@@ -116,7 +82,7 @@ def cache_key(**parts) -> str:
 class Hit:
     dir: Path
     metadata: dict
-    tuning_dropped: bool     # the module was compiled without the target's tuning flags
+    tuning_dropped: bool  # the module was compiled without the target's tuning flags
 
 
 class _Rejected(Exception):
@@ -158,15 +124,24 @@ class Cache:
         _remove(path)
         return None
 
-    def put(self, key: str, vmfb: bytes, metadata: dict, input_mlir: str, bytecode: bytes, *,
-            tuning_dropped: bool) -> Path | None:
+    def put(
+        self, key: str, vmfb: bytes, metadata: dict, input_mlir: str, bytecode: bytes, *, tuning_dropped: bool
+    ) -> Path | None:
         """Store an entry and return its directory; None when it can't be stored (a CacheWarning says
         why) or another process stored it first."""
         d = self.entry_dir(key)
         files = {"module.vmfb": vmfb, "module.mlirbc": bytecode, "input.mlir": input_mlir.encode()}
-        record = json.loads(json.dumps({    # as it reads back, so the digest of what is read matches
-            "format": FORMAT, "key": key, "files": {n: hashlib.sha256(b).hexdigest() for n, b in files.items()},
-            "tuning_dropped": bool(tuning_dropped), "metadata": metadata}))
+        record = json.loads(
+            json.dumps(
+                {  # as it reads back, so the digest of what is read matches
+                    "format": FORMAT,
+                    "key": key,
+                    "files": {n: hashlib.sha256(b).hexdigest() for n, b in files.items()},
+                    "tuning_dropped": bool(tuning_dropped),
+                    "metadata": metadata,
+                }
+            )
+        )
         files[RECORD] = json.dumps({**record, "digest": _digest(record)}).encode()
         tmp = None
         try:
@@ -178,7 +153,7 @@ class Cache:
         except OSError as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            if not os.path.isdir(d):     # else another process won the race to store it
+            if not os.path.isdir(d):  # else another process won the race to store it
                 _warn(f"can't write cache entry {d} ({e.strerror or e}); the module is not cached")
             return None
         try:
@@ -237,14 +212,19 @@ def _read_record(d: Path, key: str) -> dict:
     if record.get("key") != key:
         raise _Rejected(f"{RECORD} is the record of another entry", d)
     files = record.get("files")
-    if not (isinstance(files, dict) and sorted(files) == sorted(FILES) and all(isinstance(v, str) for v in files.values())
-            and type(record.get("tuning_dropped")) is bool and isinstance(record.get("metadata"), dict)):
+    if not (
+        isinstance(files, dict)
+        and sorted(files) == sorted(FILES)
+        and all(isinstance(v, str) for v in files.values())
+        and type(record.get("tuning_dropped")) is bool
+        and isinstance(record.get("metadata"), dict)
+    ):
         raise _Rejected(f"{RECORD} lacks the files' digests, tuning_dropped (a boolean) or the metadata", d)
     return record
 
 
 def _check_files(d: Path, record: dict) -> None:
-    with ThreadPoolExecutor(len(FILES)) as pool:       # hashlib releases the GIL: large files in parallel
+    with ThreadPoolExecutor(len(FILES)) as pool:  # hashlib releases the GIL: large files in parallel
         digests = dict(zip(FILES, pool.map(lambda name: _sha256(d / name), FILES)))
     for name in FILES:
         if digests[name] != record["files"][name]:

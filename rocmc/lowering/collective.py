@@ -8,6 +8,7 @@ channel spans the run's ranks because the runtime bootstraps it from rocmc's pro
 `host` (cpu): an extern call `collectives.<op>` served by the process group on the host (the CPU
 has no collective library, and IREE's CPU devices implement no channel).
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,11 @@ def lower_iree(E: Emitter, node, ins: list, ctx) -> list:
     inner = math.prod(d for d in dims if isinstance(d, int))
     rows = E.product(src_dyn)
     view_ty = tensor_type([rows if isinstance(rows, int) else "?", inner], elt)
-    view = E.op(f"flow.tensor.reshape {x.name} : {x.mlir}{extern._dyn_dims(src_dyn)} -> {view_ty}"
-                f"{extern._dyn_dims([] if isinstance(rows, int) else [rows])}", "xv")
+    view = E.op(
+        f"flow.tensor.reshape {x.name} : {x.mlir}{extern._dyn_dims(src_dyn)} -> {view_ty}"
+        f"{extern._dyn_dims([] if isinstance(rows, int) else [rows])}",
+        "xv",
+    )
     lead = [world] if world else []
     bound = node.attrs.get("max_size")
     if isinstance(rows, int):
@@ -75,11 +79,14 @@ def lower_iree(E: Emitter, node, ins: list, ctx) -> list:
         res, res_ty = _pieces(E, ctx, view, view_ty, rows, inner, elt, world)
         res_dyn = [rows]
     dst = [E.as_index(d) for d in _out_sizes(E, node, x) if not isinstance(d, int)]
-    y = E.op(f"flow.tensor.reshape {res} : {res_ty}{extern._dyn_dims(res_dyn)} -> {tensor_type(out.shape, elt)}"
-             f"{extern._dyn_dims(dst)}", "y")
+    y = E.op(
+        f"flow.tensor.reshape {res} : {res_ty}{extern._dyn_dims(res_dyn)} -> {tensor_type(out.shape, elt)}"
+        f"{extern._dyn_dims(dst)}",
+        "y",
+    )
     if elt == out.type.dtype.mlir:
         return [T(y, out.type)]
-    if world is None:                                        # bf16 summed in f32
+    if world is None:  # bf16 summed in f32
         return [E.convert(T(y, out.type, elt), out.type.dtype.mlir)]
     return [T(_bitcast(E, T(y, out.type, elt), out.type.dtype.mlir), out.type)]
 
@@ -94,8 +101,9 @@ def _pad_rows(E: Emitter, view: str, view_ty: str, high, out_ty: str, elt: str) 
     """The (rows, inner) view with `high` zero rows after it."""
     zero = E.const(0, elt)
     padded = E.fresh("pad")
-    with E.region(f"{padded} = tensor.pad {view} low[0, 0] high[{high}, 0]", f": {view_ty} to {out_ty}",
-                  args=("index", "index")):
+    with E.region(
+        f"{padded} = tensor.pad {view} low[0, 0] high[{high}, 0]", f": {view_ty} to {out_ty}", args=("index", "index")
+    ):
         E.emit(f"tensor.yield {zero} : {elt}")
     return padded
 
@@ -104,8 +112,11 @@ def _cut(E: Emitter, res: str, res_ty: str, lead: list, rows: str, inner: int, e
     """The first `rows` rows of a padded result ((rows, inner), or (world, rows, inner) gathered)."""
     n = len(lead) + 2
     cut_ty = tensor_type(lead + ["?", inner], elt)
-    cut = E.op(f"tensor.extract_slice {res}[{', '.join(['0'] * n)}] [{', '.join(map(str, lead + [rows, inner]))}] "
-               f"[{', '.join(['1'] * n)}] : {res_ty} to {cut_ty}", "cut")
+    cut = E.op(
+        f"tensor.extract_slice {res}[{', '.join(['0'] * n)}] [{', '.join(map(str, lead + [rows, inner]))}] "
+        f"[{', '.join(['1'] * n)}] : {res_ty} to {cut_ty}",
+        "cut",
+    )
     return cut, cut_ty
 
 
@@ -118,9 +129,12 @@ def _bitcast(E: Emitter, x: T, elt: str) -> str:
 def _channel(E: Emitter, ctx) -> str:
     """The default channel, created once when the module is loaded (a module global): made inside a
     function, IREE 3.13 creates it, and so initializes NCCL/RCCL's communicator, on every call."""
-    ctx.declare("global:rocmc_channel", "util.global private @rocmc_channel : !flow.channel\nutil.initializer {\n"
-                "  %ch = flow.channel.default : !flow.channel\n  util.global.store %ch, @rocmc_channel : !flow.channel\n"
-                "  util.return\n}")
+    ctx.declare(
+        "global:rocmc_channel",
+        "util.global private @rocmc_channel : !flow.channel\nutil.initializer {\n"
+        "  %ch = flow.channel.default : !flow.channel\n  util.global.store %ch, @rocmc_channel : !flow.channel\n"
+        "  util.return\n}",
+    )
     return E.op("util.global.load @rocmc_channel : !flow.channel", "ch")
 
 
@@ -129,20 +143,33 @@ def _piece(E: Emitter, ctx, view: str, view_ty: str, off, rows: int, inner: int,
     gathered."""
     ty = tensor_type([rows, inner], elt)
     whole = view_ty == ty and off == 0
-    part = view if whole else E.op(f"tensor.extract_slice {view}[{off}, 0] [{rows}, {inner}] [1, 1] : "
-                                   f"{view_ty} to {ty}", "part")
+    part = (
+        view
+        if whole
+        else E.op(f"tensor.extract_slice {view}[{off}, 0] [{rows}, {inner}] [1, 1] : {view_ty} to {ty}", "part")
+    )
     ch = _channel(E, ctx)
     if world is None:
         e = E.empty([rows, inner], elt)
-        return E.op(f"flow.collective.all_reduce sum, {_ELEMENT[elt]}, {e}, {part}, {ch} : ({ty}, {ty}, "
-                    f"!flow.channel) -> {e} as {ty}", "ar")
+        return E.op(
+            f"flow.collective.all_reduce sum, {_ELEMENT[elt]}, {e}, {part}, {ch} : ({ty}, {ty}, "
+            f"!flow.channel) -> {e} as {ty}",
+            "ar",
+        )
     rep_ty = tensor_type([world, rows, inner], elt)
-    rep = E.generic([(part, ty)], [(E.empty([world, rows, inner], elt), rep_ty)],
-                    ["affine_map<(d0, d1, d2) -> (d1, d2)>", "affine_map<(d0, d1, d2) -> (d0, d1, d2)>"],
-                    ["parallel"] * 3, lambda E2, a: [a[0]])[0]
+    rep = E.generic(
+        [(part, ty)],
+        [(E.empty([world, rows, inner], elt), rep_ty)],
+        ["affine_map<(d0, d1, d2) -> (d1, d2)>", "affine_map<(d0, d1, d2) -> (d0, d1, d2)>"],
+        ["parallel"] * 3,
+        lambda E2, a: [a[0]],
+    )[0]
     e = E.empty([world, rows, inner], elt)
-    return E.op(f"flow.collective.all_to_all {_ELEMENT[elt]}, {e}, {rep}, {ch} : ({rep_ty}, {rep_ty}, "
-                f"!flow.channel) -> {e} as {rep_ty}", "ag")
+    return E.op(
+        f"flow.collective.all_to_all {_ELEMENT[elt]}, {e}, {rep}, {ch} : ({rep_ty}, {rep_ty}, "
+        f"!flow.channel) -> {e} as {rep_ty}",
+        "ag",
+    )
 
 
 def _bounded(E: Emitter, ctx, node, view: str, view_ty: str, rows: str, most: int, inner: int, elt: str, world):
@@ -171,16 +198,20 @@ def _pieces(E: Emitter, ctx, view: str, view_ty: str, rows: str, inner: int, elt
 
     def loop(acc, trips, first, size: int):
         i, arg, res = E.fresh("i"), E.fresh("acc"), E.fresh("acc")
-        with E.region(f"{res} = scf.for {i} = {E.index(0)} to {trips} step {E.index(1)} iter_args({arg} = {acc}) "
-                      f"-> ({acc_ty})"):
+        with E.region(
+            f"{res} = scf.for {i} = {E.index(0)} to {trips} step {E.index(1)} iter_args({arg} = {acc}) -> ({acc_ty})"
+        ):
             off = E.addi(first, E.muli(i, size))
             piece = _piece(E, ctx, padded, view_ty, off, size, inner, elt, world)
             offs = ", ".join(["0"] * len(lead) + [off, "0"])
-            put = E.op(f"tensor.insert_slice {piece} into {arg}[{offs}] [{', '.join(map(str, lead + [size, inner]))}] "
-                       f"[{', '.join(['1'] * (len(lead) + 2))}] : {tensor_type(lead + [size, inner], elt)} into {acc_ty}",
-                       "put")
+            put = E.op(
+                f"tensor.insert_slice {piece} into {arg}[{offs}] [{', '.join(map(str, lead + [size, inner]))}] "
+                f"[{', '.join(['1'] * (len(lead) + 2))}] : {tensor_type(lead + [size, inner], elt)} into {acc_ty}",
+                "put",
+            )
             E.emit(f"scf.yield {put} : {acc_ty}")
         return res
+
     full = E.op(f"arith.divui {rows}, {E.index(big)} : index", "full")
     done = E.muli(full, big)
     acc = loop(acc, full, E.index(0), big)
@@ -201,7 +232,7 @@ def lower_host(E: Emitter, node, ins: list, ctx) -> list:
     return [T(extern.reshaped_to(E, r, r_ty, _out_sizes(E, node, x), tensor_type(out.shape, elt)), out.type)]
 
 
-lowering("all_reduce", "all_gather", impl="iree", kinds=("rocm", "cuda"), priority=10,
-         supports=_iree_supports)(lower_iree)
-lowering("all_reduce", "all_gather", impl="host", kinds=("cpu",), priority=10,
-         supports=_host_supports)(lower_host)
+lowering("all_reduce", "all_gather", impl="iree", kinds=("rocm", "cuda"), priority=10, supports=_iree_supports)(
+    lower_iree
+)
+lowering("all_reduce", "all_gather", impl="host", kinds=("cpu",), priority=10, supports=_host_supports)(lower_host)

@@ -1,4 +1,5 @@
 """The iree-compile driver: one call per (module, target), typed errors, optional stage dumps."""
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ from .target import Target
 @lru_cache(maxsize=None)
 def iree_compile_path() -> str:
     from iree.compiler.tools.binaries import find_tool
+
     return find_tool("iree-compile")
 
 
@@ -23,9 +25,11 @@ def iree_compile_path() -> str:
 def iree_version() -> str:
     try:
         from iree.compiler.version import VERSION
+
         return VERSION
-    except Exception:   # older layouts
+    except Exception:  # noqa: BLE001 - older layouts
         import importlib.metadata as md
+
         return md.version("iree-base-compiler")
 
 
@@ -40,9 +44,12 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
         if dump_dir is not None:
             d = Path(dump_dir)
             d.mkdir(parents=True, exist_ok=True)
-            cmd += [f"--dump-compilation-phases-to={d}", "--mlir-print-debuginfo",
-                    f"--iree-hal-dump-executable-sources-to={d / 'sources'}",
-                    f"--iree-hal-dump-executable-binaries-to={d / 'binaries'}"]
+            cmd += [
+                f"--dump-compilation-phases-to={d}",
+                "--mlir-print-debuginfo",
+                f"--iree-hal-dump-executable-sources-to={d / 'sources'}",
+                f"--iree-hal-dump-executable-binaries-to={d / 'binaries'}",
+            ]
         # run() kills the child on any exception here (KeyboardInterrupt included), and the child ends
         # with this process when it is killed outright (rocmc.children).
         proc = run(cmd, capture_output=True, text=True)
@@ -50,8 +57,9 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
             diag = proc.stderr.replace(str(src), "<module>")
             if proc.returncode < 0:
                 diag += f"\niree-compile was killed by signal {-proc.returncode}"
-            raise CompileError(f"iree-compile failed for target {target}", stage="iree-compile",
-                               diagnostics=_trim(diag))
+            raise CompileError(
+                f"iree-compile failed for target {target}", stage="iree-compile", diagnostics=_trim(diag)
+            )
         return out.read_bytes()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -88,7 +96,7 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):
         return False
-    except PermissionError:          # running, as another user
+    except PermissionError:  # running, as another user
         pass
     return True
 

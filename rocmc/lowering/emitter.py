@@ -5,6 +5,7 @@ bindings (see module.py) before iree-compile sees it, so a malformed lowering fa
 the node, instead of deep inside the compiler. Every op a node emits carries the location
 `rocmc.<id>:<op>`, which IREE keeps through fusion; that is how dispatches are mapped back to nodes.
 """
+
 from __future__ import annotations
 
 import operator
@@ -15,15 +16,17 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..dtypes import ALL as DTYPES, of_mlir
 from ..frontend.graph import TensorType
 
 
 @dataclass
 class T:
     """A tensor SSA value being emitted: its name and graph type (element type may be overridden)."""
+
     name: str
     type: TensorType
-    elt: str | None = None    # MLIR element type when it differs from type.dtype.mlir (e.g. f32 accumulators)
+    elt: str | None = None  # MLIR element type when it differs from type.dtype.mlir (e.g. f32 accumulators)
 
     @property
     def shape(self):
@@ -59,8 +62,8 @@ def affine_map(n: int, results: Sequence) -> str:
     return f"affine_map<({dims}) -> ({res})>"
 
 
-FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
-_WIDTH = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
+# The MLIR float element types (from the dtype table).
+FLOAT_TYPES = tuple(d.mlir for d in DTYPES.values() if d.is_float)
 
 
 def signless(value: int, bits: int) -> int:
@@ -96,9 +99,9 @@ class Emitter:
     def __init__(self):
         self.lines: list[str] = []
         self._n = 0
-        self._depth = 0               # regions open around the next line
-        self.loc = ""                 # location suffix of the node being lowered
-        self._sizes: dict = {}        # (value, axis) -> its size, once known
+        self._depth = 0  # regions open around the next line
+        self.loc = ""  # location suffix of the node being lowered
+        self._sizes: dict = {}  # (value, axis) -> its size, once known
         self._memo: dict = {}
 
     # ---- names and raw text ------------------------------------------------------------
@@ -147,7 +150,7 @@ class Emitter:
             return self.op(f"arith.constant {float_literal(value, elt)} : {elt}", "c")
         if elt == "i1":
             return self.op(f"arith.constant {'true' if value else 'false'}", "c")
-        return self.op(f"arith.constant {signless(int(value), _WIDTH[elt])} : {elt}", "c")
+        return self.op(f"arith.constant {signless(int(value), of_mlir(elt).bits)} : {elt}", "c")
 
     def _arith(self, fop: str, iop: str, a: str, b: str, elt: str) -> str:
         return self.op(f"arith.{fop if elt in FLOAT_TYPES else iop} {a}, {b} : {elt}")
@@ -180,7 +183,7 @@ class Emitter:
             if src == "bf16" and dst == "f16" or src == "f16" and dst == "bf16":
                 v = self.op(f"arith.extf {v} : {src} to f32")
                 src = "f32"
-            op = "arith.extf" if _WIDTH[dst] > _WIDTH[src] else "arith.truncf"
+            op = "arith.extf" if of_mlir(dst).bits > of_mlir(src).bits else "arith.truncf"
             return self.op(f"{op} {v} : {src} to {dst}")
         if fs and not fd:
             if dst == "i1":
@@ -193,7 +196,7 @@ class Emitter:
         if dst == "i1":
             z = self.const(0, src)
             return self.op(f"arith.cmpi ne, {v}, {z} : {src}")
-        if _WIDTH[dst] > _WIDTH[src]:
+        if of_mlir(dst).bits > of_mlir(src).bits:
             op = "arith.extui" if (src == "i1" or unsigned_src) else "arith.extsi"
             return self.op(f"{op} {v} : {src} to {dst}")
         return self.op(f"arith.trunci {v} : {src} to {dst}")
@@ -254,8 +257,16 @@ class Emitter:
     @property
     def ix(self) -> SimpleNamespace:
         """This arithmetic under the names `rocmc.symbolic`'s size rules call (as `symbolic.INT`)."""
-        return SimpleNamespace(add=self.addi, sub=self.subi, mul=self.muli, div=self.divsi,
-                               floordiv=self.floordivsi, ceildiv=self.ceildiv, min=self.minsi, max=self.maxsi)
+        return SimpleNamespace(
+            add=self.addi,
+            sub=self.subi,
+            mul=self.muli,
+            div=self.divsi,
+            floordiv=self.floordivsi,
+            ceildiv=self.ceildiv,
+            min=self.minsi,
+            max=self.maxsi,
+        )
 
     # ---- shapes -------------------------------------------------------------------------
     def dim(self, t: T, i: int) -> str | int:
@@ -293,20 +304,31 @@ class Emitter:
         return self.op(f"linalg.fill ins({c} : {elt}) outs({e} : {ty}) -> {ty}", "f")
 
     # ---- linalg.generic -------------------------------------------------------------------
-    def generic(self, ins: Sequence[tuple[str, str]], outs: Sequence[tuple[str, str]], maps: Sequence[str],
-                iterators: Sequence[str], body: Callable[["Emitter", list[str]], Sequence[str]]) -> list[str]:
+    def generic(
+        self,
+        ins: Sequence[tuple[str, str]],
+        outs: Sequence[tuple[str, str]],
+        maps: Sequence[str],
+        iterators: Sequence[str],
+        body: Callable[["Emitter", list[str]], Sequence[str]],
+    ) -> list[str]:
         """Emit linalg.generic. ins/outs: (ssa, tensor type); body gets the block arguments and
         returns the values to yield (emitting scalar ops through the same Emitter)."""
+
         def elt_of(ty):
-            return ty[ty.rindex("x") + 1:-1] if "x" in ty else ty[len("tensor<"):-1]
+            return ty[ty.rindex("x") + 1 : -1] if "x" in ty else ty[len("tensor<") : -1]
+
         results = [self.fresh("g") for _ in outs]
-        head = (f"{', '.join(results)} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
-                f"iterator_types = [{', '.join(repr(i).replace(chr(39), chr(34)) for i in iterators)}]}}")
+        head = (
+            f"{', '.join(results)} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
+            f"iterator_types = [{', '.join(repr(i).replace(chr(39), chr(34)) for i in iterators)}]}}"
+        )
         if ins:
             head += f" ins({', '.join(n for n, _ in ins)} : {', '.join(t for _, t in ins)})"
         head += f" outs({', '.join(n for n, _ in outs)} : {', '.join(t for _, t in outs)})"
-        with self.region(head, f"-> {result_types([t for _, t in outs])}",
-                         [elt_of(t) for _, t in list(ins) + list(outs)]) as args:
+        with self.region(
+            head, f"-> {result_types([t for _, t in outs])}", [elt_of(t) for _, t in list(ins) + list(outs)]
+        ) as args:
             ys = body(self, args)
             self.emit(f"linalg.yield {', '.join(ys)} : {', '.join(elt_of(t) for _, t in outs)}")
         return results
@@ -335,8 +357,13 @@ class Emitter:
                 res.append("0" if d == 1 and out_type.shape[off + j] != 1 else off + j)
             maps.append(affine_map(rank, res))
         maps.append(affine_map(rank, range(rank)))
-        r = self.generic([(t.name, t.mlir) for t in ins], [(init, out_ty)], maps, ["parallel"] * rank,
-                         lambda E, a: [fn(E, a[:len(ins)])])
+        r = self.generic(
+            [(t.name, t.mlir) for t in ins],
+            [(init, out_ty)],
+            maps,
+            ["parallel"] * rank,
+            lambda E, a: [fn(E, a[: len(ins)])],
+        )
         return T(r[0], out_type, out_elt)
 
     def convert(self, t: T, dst_elt: str, out_type: TensorType | None = None) -> T:
@@ -348,5 +375,6 @@ class Emitter:
         src = t.mlir_elt
         unsigned_src = src == t.type.dtype.mlir and t.type.dtype.unsigned
         unsigned_dst = dst_elt == out_type.dtype.mlir and out_type.dtype.unsigned
-        return self.map([t], out_type, lambda E, a: E.cast_scalar(a[0], src, dst_elt, unsigned_src, unsigned_dst),
-                        out_elt=dst_elt)
+        return self.map(
+            [t], out_type, lambda E, a: E.cast_scalar(a[0], src, dst_elt, unsigned_src, unsigned_dst), out_elt=dst_elt
+        )

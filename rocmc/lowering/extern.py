@@ -4,7 +4,7 @@ A node is lowered to `call @<library>.<op>(buffer views..., i64 scalars...)` aga
 `func.func private` declaration; iree-compile turns the declaration into a VM import, and at load
 time the runtime binds it to that library's provider on the device (rocmc.runtime.providers). What
 each call takes is rocmc.externs (plain data the runtime reads too); the libraries' lowerings
-(miopen.py, blas.py) decide which nodes call and how their operands are viewed, and use this
+(dnn.py, blas.py) decide which nodes call and how their operands are viewed, and use this
 module's helpers to emit the call.
 
 Operands cross as `!hal.buffer_view`s, made explicitly (`hal.tensor.export` / `hal.tensor.import`,
@@ -14,6 +14,7 @@ its constant pool into a fresh buffer before every call (measured on an H100: 33
 147 KB of conv weights, 97 us for 2.4 MB, BENCHMARKS.md). Absent optional operands are likewise one
 global empty buffer.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -21,14 +22,15 @@ from typing import Callable
 import numpy as np
 
 from ..externs import Library, import_name
-from ..frontend.dtypes import dtype as _dtype
+from ..dtypes import dtype as _dtype
 from .emitter import Emitter, T, tensor_type
 
 BV = "!hal.buffer_view"
 
 
-def operand(E: Emitter, ctx, node, i: int | None, t: T | None, rank: int, elt: str,
-            view: Callable | None = None) -> str:
+def operand(
+    E: Emitter, ctx, node, i: int | None, t: T | None, rank: int, elt: str, view: Callable | None = None
+) -> str:
     """Operand `i` of `node` (None: a value computed inside the lowering) as the buffer view a call
     takes: rank `rank`, element type `elt`. `view(t)` gives the sizes of the ABI's view of `t` (None:
     `t` already has the call's rank). An absent operand is an empty buffer; a graph constant a global
@@ -39,7 +41,7 @@ def operand(E: Emitter, ctx, node, i: int | None, t: T | None, rank: int, elt: s
     if src is not None and src.producer is not None and src.producer.op == "constant":
         name = src.producer.attrs["name"]
         arr = np.asarray(ctx.graph.constants[name]).astype(_dtype(elt).np)
-        sizes = view(T("", src.type)) if view else None    # static shape: sizes as ints, nothing emitted
+        sizes = view(T("", src.type)) if view else None  # static shape: sizes as ints, nothing emitted
         arr = np.ascontiguousarray(arr if sizes is None else arr.reshape(sizes))
         return _global_view(E, ctx, f"{name}_{elt}_{'x'.join(map(str, arr.shape))}", arr, elt)
     t = E.convert(t, elt)
@@ -51,8 +53,18 @@ def operand(E: Emitter, ctx, node, i: int | None, t: T | None, rank: int, elt: s
     return _export(E, v, rank, elt)
 
 
-def call(E: Emitter, ctx, node, library: Library, dtype: str, args: list, scalars: list, out_rank: int,
-         elt: str, op: str | None = None) -> tuple[str, str]:
+def call(
+    E: Emitter,
+    ctx,
+    node,
+    library: Library,
+    dtype: str,
+    args: list,
+    scalars: list,
+    out_rank: int,
+    elt: str,
+    op: str | None = None,
+) -> tuple[str, str]:
     """Declare `<library>.<op>` for `dtype` (`op`: the library's function, default the node's op),
     call it on buffer views `args` and i64 `scalars`, and record the call in the module's metadata.
     Returns the result as an all-dynamic tensor of rank `out_rank` and its type."""
@@ -62,10 +74,18 @@ def call(E: Emitter, ctx, node, library: Library, dtype: str, args: list, scalar
     sig_text = f"({', '.join(types)}) -> {BV}"
     ctx.declare(f"extern:{name}", f"func.func private @{name}{sig_text}")
     r = _import(E, E.op(f"func.call @{name}({', '.join(operands)}) : {sig_text}", "call"), out_rank, elt)
-    ctx.externs.append({"node": f"%{node.outputs[0].id}", "op": node.op, "import": name, "impl": library.name,
-                        "library": library.name, "dtype": dtype, "attrs": dict(node.attrs)})
+    ctx.externs.append(
+        {
+            "node": f"%{node.outputs[0].id}",
+            "op": node.op,
+            "import": name,
+            "impl": library.name,
+            "library": library.name,
+            "dtype": dtype,
+            "attrs": dict(node.attrs),
+        }
+    )
     return r, tensor_type(["?"] * out_rank, elt)
-
 
 
 def reshape_back(E: Emitter, r: str, r_ty: str, like: T, want: str) -> str:
@@ -98,14 +118,18 @@ def _reshaped(E: Emitter, t: T, sizes: list, elt: str) -> str:
 def _global_view(E: Emitter, ctx, key: str, array: np.ndarray, elt: str) -> str:
     """A module global holding `array` as a buffer view, exported once by an initializer; loaded here."""
     from .module import constant_op
+
     name = "rocmc_bv_" + "".join(c if c.isalnum() else "_" for c in key)
     if f"global:{name}" not in ctx.decl_keys:
         init = Emitter()
         c = constant_op(init, ctx, array, array.shape, elt, "x")
         bv = init.op(f"hal.tensor.export {c} : {tensor_type(array.shape, elt)} -> {BV}", "bv")
         body = "\n".join(init.lines)
-        ctx.declare(f"global:{name}", f"util.global private @{name} : {BV}\nutil.initializer {{\n{body}\n"
-                                      f"  util.global.store {bv}, @{name} : {BV}\n  util.return\n}}")
+        ctx.declare(
+            f"global:{name}",
+            f"util.global private @{name} : {BV}\nutil.initializer {{\n{body}\n"
+            f"  util.global.store {bv}, @{name} : {BV}\n  util.return\n}}",
+        )
     return E.op(f"util.global.load @{name} : {BV}", "bv")
 
 

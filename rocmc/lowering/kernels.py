@@ -4,6 +4,7 @@ One HIP source builds for AMDGPU (an hsaco code object per gfx arch) and NVPTX (
 stock clang and no vendor headers or device libraries (custom_kernels/rocmc_gpu.h maps the few primitives).
 Objects are cached by (sources hash, arch, flags, clang version) under the rocmc cache directory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import children
-from ..artifact import write_atomic
 from ..errors import CompileError
+from ..files import write_atomic
 from ..progress import step
 from .cache import cache_root, distrust
 
@@ -36,33 +37,35 @@ def _kernel_dir(package: Path) -> Path:
 
 KERNEL_DIR = _kernel_dir(Path(__file__).resolve().parents[1])
 DTYPES = ("f32", "f16", "bf16")
-ABI_HEADER = "kernel_abi.h"   # generated into each build (abi_header): the sources include it by this name
+ABI_HEADER = "kernel_abi.h"  # generated into each build (abi_header): the sources include it by this name
 
 
 @dataclass(frozen=True)
 class Binding:
     """One buffer a kernel is dispatched with: a pointer parameter of its entry point."""
-    name: str              # the parameter's name in the kernel source
-    writes: bool           # written (the result) or read-only
+
+    name: str  # the parameter's name in the kernel source
+    writes: bool  # written (the result) or read-only
     doc: str
-    ctype: str = "T"       # the C element type: T (the kernel's storage type) or a fixed one
+    ctype: str = "T"  # the C element type: T (the kernel's storage type) or a fixed one
 
 
 @dataclass(frozen=True)
 class KernelFamily:
     """The dispatch ABI of one kernel source: the single definition both sides use.
 
-    The lowering orders a dispatch's operands by it (hip/dispatch.py); the build generates from it the
+    The lowering orders a dispatch's operands by it (kernel/dispatch.py); the build generates from it the
     header every kernel of the source includes (abi_header): BLOCK, a FLAG_<NAME> mask per bit of the
     `flags` constant, and KERNEL_PARAMS(T), the entry point's parameter list (the bindings as pointers,
     read-only ones first, then the push constants as u32: what IREE's custom dispatches pass).
     """
-    source: str                          # file name under custom_kernels/
-    symbols: tuple                       # its exported kernels
-    bindings: tuple                      # Binding, in dispatch order
-    constants: tuple                     # (name, doc) of each i32 push constant, in order
-    flags: tuple = ()                    # (name, doc) of each bit of the constant `flags`, bit 0 first
-    block: int = 256                     # threads of a workgroup (1-D), every kernel of the family
+
+    source: str  # file name under custom_kernels/
+    symbols: tuple  # its exported kernels
+    bindings: tuple  # Binding, in dispatch order
+    constants: tuple  # (name, doc) of each i32 push constant, in order
+    flags: tuple = ()  # (name, doc) of each bit of the constant `flags`, bit 0 first
+    block: int = 256  # threads of a workgroup (1-D), every kernel of the family
 
     def __post_init__(self):
         writes = [b.writes for b in self.bindings]
@@ -84,41 +87,67 @@ class KernelFamily:
         return sum(1 << i for i, n in enumerate(names) if present[n])
 
 
-_NORM_CONSTANTS = (("rows", "rows of x"), ("cols", "elements of a row"),
-                   ("group", "threads per row: a power of two in [1, BLOCK]"), ("eps", "f32 bits"),
-                   ("flags", "FLAG_* bits"))
+_NORM_CONSTANTS = (
+    ("rows", "rows of x"),
+    ("cols", "elements of a row"),
+    ("group", "threads per row: a power of two in [1, BLOCK]"),
+    ("eps", "f32 bits"),
+    ("flags", "FLAG_* bits"),
+)
 _NORM_X = Binding("x", False, "rows x cols, row-major")
 _NORM_Y = Binding("y", True, "rows x cols, x's element type")
 _VARIANTS = tuple(f"{dt}{sfx}" for dt in DTYPES for sfx in ("", "_short"))
 
 FAMILIES: dict[str, KernelFamily] = {
     "rms_norm": KernelFamily(
-        "rms_norm.hip", tuple(f"rms_norm_{v}" for v in _VARIANTS),
+        "rms_norm.hip",
+        tuple(f"rms_norm_{v}" for v in _VARIANTS),
         (_NORM_X, Binding("w", False, "cols (a placeholder when absent)"), _NORM_Y),
-        _NORM_CONSTANTS, flags=(("w", "w is present"),)),
+        _NORM_CONSTANTS,
+        flags=(("w", "w is present"),),
+    ),
     "layer_norm": KernelFamily(
-        "layer_norm.hip", tuple(f"layer_norm_{v}" for v in _VARIANTS),
-        (_NORM_X, Binding("w", False, "cols (a placeholder when absent)"),
-         Binding("b", False, "cols (a placeholder when absent)"), _NORM_Y),
-        _NORM_CONSTANTS, flags=(("w", "w is present"), ("b", "b is present"))),
+        "layer_norm.hip",
+        tuple(f"layer_norm_{v}" for v in _VARIANTS),
+        (
+            _NORM_X,
+            Binding("w", False, "cols (a placeholder when absent)"),
+            Binding("b", False, "cols (a placeholder when absent)"),
+            _NORM_Y,
+        ),
+        _NORM_CONSTANTS,
+        flags=(("w", "w is present"), ("b", "b is present")),
+    ),
     "rope": KernelFamily(
-        "rope.hip", tuple(f"rope_{v}_{dt}" for dt in DTYPES for v in ("half", "interleaved")),
-        (Binding("x", False, "(b, h, t, d), or (b, t, h, d) with FLAG_BSHD"),
-         Binding("cs", False, "cos: rows of r values, (T, r) or (b or 1, T, r)"),
-         Binding("sn", False, "sin: as cos"),
-         Binding("pos", False, "position_ids (b or 1, t), i32 or i64 (a placeholder when absent)", "u32"),
-         Binding("y", True, "x's shape")),
-        (("b", "batch"), ("h", "heads"), ("t", "time"), ("d", "head dim"), ("r", "rotary_dim / 2"),
-         ("table_stride", "table rows per batch (0: one table for all batches)"),
-         ("pos_stride", "position_ids per batch (t, or 0 when shared)"),
-         ("nblocks", "workgroups in the grid"), ("flags", "FLAG_* bits")),
-        flags=(("bshd", "x is (b, t, h, d)"), ("pos", "position_ids present"), ("pos_i64", "they are i64"))),
+        "rope.hip",
+        tuple(f"rope_{v}_{dt}" for dt in DTYPES for v in ("half", "interleaved")),
+        (
+            Binding("x", False, "(b, h, t, d), or (b, t, h, d) with FLAG_BSHD"),
+            Binding("cs", False, "cos: rows of r values, (T, r) or (b or 1, T, r)"),
+            Binding("sn", False, "sin: as cos"),
+            Binding("pos", False, "position_ids (b or 1, t), i32 or i64 (a placeholder when absent)", "u32"),
+            Binding("y", True, "x's shape"),
+        ),
+        (
+            ("b", "batch"),
+            ("h", "heads"),
+            ("t", "time"),
+            ("d", "head dim"),
+            ("r", "rotary_dim / 2"),
+            ("table_stride", "table rows per batch (0: one table for all batches)"),
+            ("pos_stride", "position_ids per batch (t, or 0 when shared)"),
+            ("nblocks", "workgroups in the grid"),
+            ("flags", "FLAG_* bits"),
+        ),
+        flags=(("bshd", "x is (b, t, h, d)"), ("pos", "position_ids present"), ("pos_i64", "they are i64")),
+    ),
 }
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """One exported kernel: its symbol and the ABI of its family."""
+
     symbol: str
     family: KernelFamily
 
@@ -151,20 +180,29 @@ def abi_header(source: str) -> str:
     """The generated header of `source`'s family (see KernelFamily), included as ABI_HEADER."""
     fam = next((f for f in FAMILIES.values() if f.source == source), None)
     if fam is None:
-        raise CompileError(f"kernel source {source!r} has no KernelFamily (known: {', '.join(SOURCES)})",
-                           stage="kernel-build")
-    lines = [f"// {ABI_HEADER} of {source}: generated by rocmc/lowering/kernels.py from its KernelFamily; do not edit.",
-             "#pragma once", "", f"#define BLOCK {fam.block}", ""]
+        raise CompileError(
+            f"kernel source {source!r} has no KernelFamily (known: {', '.join(SOURCES)})", stage="kernel-build"
+        )
+    lines = [
+        f"// {ABI_HEADER} of {source}: generated by rocmc/lowering/kernels.py from its KernelFamily; do not edit.",
+        "#pragma once",
+        "",
+        f"#define BLOCK {fam.block}",
+        "",
+    ]
     lines += [f"#define FLAG_{n.upper()} {1 << i}u  // {doc}" for i, (n, doc) in enumerate(fam.flags)]
     params = [f"{'' if b.writes else 'const '}{b.ctype}* __restrict__ {b.name}" for b in fam.bindings]
     params += [f"u32 {n}" for n in fam.constant_names]
-    lines += ["", "// Bindings:"] + [f"//   {b.name}: {b.doc}{'' if b.writes else ' (read-only)'}" for b in fam.bindings]
+    lines += ["", "// Bindings:"] + [
+        f"//   {b.name}: {b.doc}{'' if b.writes else ' (read-only)'}" for b in fam.bindings
+    ]
     lines += ["// Push constants (i32):"] + [f"//   {n}: {doc}" for n, doc in fam.constants]
     lines += [f"#define KERNEL_PARAMS(T) {', '.join(params)}", ""]
     return "\n".join(lines)
 
 
 # ---- targets -----------------------------------------------------------------------------------------------
+
 
 def split_arch(arch: str) -> tuple[str, str]:
     """'gfx942' / 'rocm:gfx942' -> ('rocm', 'gfx942'); 'sm_90' / 'cuda:sm_80' -> ('cuda', 'sm_90')."""
@@ -173,8 +211,9 @@ def split_arch(arch: str) -> tuple[str, str]:
         return "rocm", a
     if re.fullmatch(r"sm_\d+a?", a):
         return "cuda", a
-    raise CompileError(f"unknown kernel architecture {arch!r}: expected gfxNNN (AMDGPU) or sm_NN (NVIDIA)",
-                       stage="kernel-build")
+    raise CompileError(
+        f"unknown kernel architecture {arch!r}: expected gfxNNN (AMDGPU) or sm_NN (NVIDIA)", stage="kernel-build"
+    )
 
 
 # Why each flag: no HIP/CUDA headers or device libraries exist here (-nogpuinc/-nogpulib); one code object,
@@ -183,23 +222,44 @@ def split_arch(arch: str) -> tuple[str, str]:
 def clang_flags(kind: str, arch: str) -> list[str]:
     common = ["-O3", "-std=c++17", "-Wall", "-Wno-unknown-cuda-version"]
     if kind == "rocm":
-        return ["-x", "hip", "--offload-device-only", f"--offload-arch={arch}", "-nogpulib", "-nogpuinc",
-                "-fuse-cuid=none", "--no-gpu-bundle-output", "-Rpass-analysis=kernel-resource-usage", *common]
-    return ["-x", "cuda", "--cuda-device-only", f"--cuda-gpu-arch={arch}", "-nocudainc", "-nocudalib", "-S",
-            "--cuda-feature=+ptx78", *common]
+        return [
+            "-x",
+            "hip",
+            "--offload-device-only",
+            f"--offload-arch={arch}",
+            "-nogpulib",
+            "-nogpuinc",
+            "-fuse-cuid=none",
+            "--no-gpu-bundle-output",
+            "-Rpass-analysis=kernel-resource-usage",
+            *common,
+        ]
+    return [
+        "-x",
+        "cuda",
+        "--cuda-device-only",
+        f"--cuda-gpu-arch={arch}",
+        "-nocudainc",
+        "-nocudalib",
+        "-S",
+        "--cuda-feature=+ptx78",
+        *common,
+    ]
 
 
 # ---- finding clang -----------------------------------------------------------------------------------------
 
 _BACKEND = {"rocm": "amdgcn", "cuda": "nvptx64"}
-_INSTALL = ("install clang and lld 19 or newer (Debian/Ubuntu: apt-get install clang-19 lld-19), or ROCm "
-            "(/opt/rocm/llvm/bin/clang), or point ROCMC_CLANG at a clang that can")
+_INSTALL = (
+    "install clang and lld 19 or newer (Debian/Ubuntu: apt-get install clang-19 lld-19), or ROCm "
+    "(/opt/rocm/llvm/bin/clang), or point ROCMC_CLANG at a clang that can"
+)
 
 
 def _candidates() -> list[str]:
     env = os.environ.get("ROCMC_CLANG")
     if env:
-        return [env]   # an explicit choice is the only one tried
+        return [env]  # an explicit choice is the only one tried
     found = ["/opt/rocm/llvm/bin/clang"] if os.path.exists("/opt/rocm/llvm/bin/clang") else []
     for v in range(30, 18, -1):
         p = shutil.which(f"clang-{v}")
@@ -271,15 +331,17 @@ def _arch_problem(clang: str, kind: str, arch: str) -> str | None:
 
 # ---- building ----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class KernelObject:
     """A built code object: hsaco bytes (rocm) or PTX text bytes (cuda)."""
+
     source: str
     kind: str
     arch: str
     data: bytes
     path: Path | None
-    resources: dict = field(default_factory=dict)    # symbol -> {"VGPRs": .., "ScratchSize": .., ...} (AMDGPU)
+    resources: dict = field(default_factory=dict)  # symbol -> {"VGPRs": .., "ScratchSize": .., ...} (AMDGPU)
 
     @property
     def symbols(self) -> list[str]:
@@ -307,8 +369,11 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
     kind, arch = split_arch(arch)
     src = KERNEL_DIR / source
     if not src.is_file():
-        raise CompileError(f"kernel source {source!r} not found in {KERNEL_DIR}: set ROCMC_KERNEL_DIR to the "
-                           "directory of the kernel sources (custom_kernels/ in a checkout)", stage="kernel-build")
+        raise CompileError(
+            f"kernel source {source!r} not found in {KERNEL_DIR}: set ROCMC_KERNEL_DIR to the "
+            "directory of the kernel sources (custom_kernels/ in a checkout)",
+            stage="kernel-build",
+        )
     clang = find_clang(kind)
     flags = clang_flags(kind, arch) + list(extra_flags)
     key = hashlib.sha256(json.dumps([sources_digest(), source, arch, flags, _clang_version(clang)]).encode())
@@ -324,7 +389,7 @@ def build(source: str, arch: str, extra_flags=()) -> KernelObject:
                 if hashlib.sha256(data).hexdigest() == res["sha256"]:
                     return KernelObject(source, kind, arch, data, path, res["resources"])
             except (OSError, ValueError, KeyError):
-                pass   # corrupt entry: rebuild
+                pass  # corrupt entry: rebuild
     with step(f"building kernel {source} for {arch}", logger=__name__):
         data, resources = _run_clang(clang, src, flags, ext, abi_header(source))
     obj = KernelObject(source, kind, arch, data, None, resources)
@@ -345,8 +410,9 @@ def _run_clang(clang: str, src: Path, flags: list, ext: str, header: str) -> tup
         proc = children.run([clang, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
         if proc.returncode != 0 or not out.is_file():
             diag = "\n".join(l for l in proc.stderr.splitlines() if "remark:" not in l)
-            raise CompileError(f"building kernel {src.name} failed ({Path(clang).name})", stage="kernel-build",
-                               diagnostics=diag)
+            raise CompileError(
+                f"building kernel {src.name} failed ({Path(clang).name})", stage="kernel-build", diagnostics=diag
+            )
         return out.read_bytes(), _resource_remarks(proc.stderr)
 
 
@@ -354,8 +420,10 @@ def _untrusted(*paths: Path) -> bool:
     """A cached kernel is embedded in modules as it is: use it only if its files are this user's and no
     one else can write them (as compile-cache entries, lowering/cache.py)."""
     try:
-        return bool(distrust(os.lstat(paths[0].parent), directory=True)
-                    or any(distrust(os.lstat(p), directory=False) for p in paths))
+        return bool(
+            distrust(os.lstat(paths[0].parent), directory=True)
+            or any(distrust(os.lstat(p), directory=False) for p in paths)
+        )
     except OSError:
         return True
 
@@ -384,33 +452,33 @@ def object_symbols(data: bytes, kind: str) -> list[str]:
     """Kernel entry points of a code object: PTX `.entry`s, or an AMDGPU ELF's exported functions."""
     if kind == "cuda":
         return [m.decode() for m in _PTX_ENTRY.findall(data)]
-    return [name for name, typ, bind in elf_symbols(data) if typ == 2 and bind in (1, 2)]   # FUNC, GLOBAL|WEAK
+    return [name for name, typ, bind in elf_symbols(data) if typ == 2 and bind in (1, 2)]  # FUNC, GLOBAL|WEAK
 
 
 def elf_symbols(data: bytes) -> list[tuple[str, int, int]]:
     """(name, type, binding) of every .symtab entry of a little-endian ELF64 file."""
     if data[:4] != b"\x7fELF" or data[4] != 2:
         raise CompileError("not an ELF64 code object", stage="kernel-build")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     out = []
     for sh in sections:
-        if sh[1] != 2:    # SHT_SYMTAB
+        if sh[1] != 2:  # SHT_SYMTAB
             continue
         strtab = sections[sh[6]]
         for off in range(sh[4], sh[4] + sh[5], sh[9]):
             name_off, info = struct.unpack_from("<IB", data, off)
             s = strtab[4] + name_off
-            name = data[s:data.index(b"\0", s)].decode()
+            name = data[s : data.index(b"\0", s)].decode()
             out.append((name, info & 0xF, info >> 4))
     return out
 
 
 def elf_machine(data: bytes) -> tuple[int, int]:
     """(e_machine, e_flags) of an ELF64 file: 224 is EM_AMDGPU; e_flags & 0xff is the gfx arch."""
-    machine, = struct.unpack_from("<H", data, 0x12)
-    flags, = struct.unpack_from("<I", data, 0x30)
+    (machine,) = struct.unpack_from("<H", data, 0x12)
+    (flags,) = struct.unpack_from("<I", data, 0x30)
     return machine, flags
 
 
@@ -422,10 +490,22 @@ def build_all(arch: str) -> list[dict]:
         present = set(obj.symbols)
         for spec in (s for s in KERNELS.values() if s.source == source):
             res = obj.resources.get(spec.symbol, {})
-            rows.append({"symbol": spec.symbol, "source": source, "arch": obj.arch, "kind": obj.kind,
-                         "present": spec.symbol in present, "bytes": len(obj.data), "sha256": obj.sha256[:16],
-                         "workgroup": list(spec.workgroup), "bindings": spec.inputs + spec.outputs,
-                         "constants": spec.constants, "path": str(obj.path) if obj.path else None,
-                         "vgprs": res.get("VGPRs"), "scratch": res.get("ScratchSize"),
-                         "spills": (res.get("VGPRs Spill", 0) + res.get("SGPRs Spill", 0)) if res else None})
+            rows.append(
+                {
+                    "symbol": spec.symbol,
+                    "source": source,
+                    "arch": obj.arch,
+                    "kind": obj.kind,
+                    "present": spec.symbol in present,
+                    "bytes": len(obj.data),
+                    "sha256": obj.sha256[:16],
+                    "workgroup": list(spec.workgroup),
+                    "bindings": spec.inputs + spec.outputs,
+                    "constants": spec.constants,
+                    "path": str(obj.path) if obj.path else None,
+                    "vgprs": res.get("VGPRs"),
+                    "scratch": res.get("ScratchSize"),
+                    "spills": (res.get("VGPRs Spill", 0) + res.get("SGPRs Spill", 0)) if res else None,
+                }
+            )
     return rows

@@ -1,4 +1,5 @@
 """Graph -> MLIR module: choose an implementation per node, emit, parse, verify, write bytecode."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,20 +20,21 @@ from ..signature import input_specs
 from . import registry
 from .emitter import Emitter, T, mlir_string, tensor_type
 from .compiler import iree_version
-from .generated.padding import ASSUMED_MAX
+from .codegen.padding import ASSUMED_MAX
 from .target import Target
 
 
 @dataclass
 class LowerContext:
     """What a lowering may use besides its operands: the target and module-level additions."""
+
     target: Target
     graph: Graph
-    decls: list = field(default_factory=list)        # module-level ops (extern decls, executables)
+    decls: list = field(default_factory=list)  # module-level ops (extern decls, executables)
     decl_keys: set = field(default_factory=set)
-    resources: dict = field(default_factory=dict)    # resource name -> numpy array
-    kernels: list = field(default_factory=list)      # hand-written code objects embedded (for metadata)
-    externs: list = field(default_factory=list)      # extern call imports (for metadata)
+    resources: dict = field(default_factory=dict)  # resource name -> numpy array
+    kernels: list = field(default_factory=list)  # hand-written code objects embedded (for metadata)
+    externs: list = field(default_factory=list)  # extern call imports (for metadata)
     # GPU sdpa with a symbolic key length (attention.py): "decomposed" in @main, which records the
     # score count of each such node in `long_sdpa`; "fused" in @main_long, which the runtime calls
     # when those scores would not fit.
@@ -59,24 +61,37 @@ class LowerContext:
         module holds no bytes of it)."""
         info = self._global(self.parameters, name, type, source, "p")
         elt = _storage_elt(type)
-        self.declare(f"parameter:{name}", f'util.global private @{info["global"]} = #flow.parameter.named<'
-                                          f'"{PARAMETER_SCOPE}"::"{mlir_string(name)}"> : {tensor_type(type.shape, elt)}')
+        self.declare(
+            f"parameter:{name}",
+            f"util.global private @{info['global']} = #flow.parameter.named<"
+            f'"{PARAMETER_SCOPE}"::"{mlir_string(name)}"> : {tensor_type(type.shape, elt)}',
+        )
         return self._load(E, info["global"], type)
 
     def state(self, E: Emitter, name: str, type: TensorType) -> T:
         """Load a state: a mutable global of the module, zeros until a function assigns it."""
-        twin = next((n for n, i in self.states.items() if n != name and
-                     (i["shape"], i["dtype"]) == (list(type.shape), type.dtype.name)), None)
+        twin = next(
+            (
+                n
+                for n, i in self.states.items()
+                if n != name and (i["shape"], i["dtype"]) == (list(type.shape), type.dtype.name)
+            ),
+            None,
+        )
         if twin is not None:
             # IREE 3.13 merges mutable globals of one type and initial value once they are updated in
             # place, so both states would read and write the same memory (docs/architecture.md, "State").
-            raise LoweringError(f"states {twin!r} and {name!r} are both {type}: IREE 3.13 would store them in "
-                                f"one buffer once updated in place; stack them into one state (a leading axis)")
+            raise LoweringError(
+                f"states {twin!r} and {name!r} are both {type}: IREE 3.13 would store them in "
+                f"one buffer once updated in place; stack them into one state (a leading axis)"
+            )
         info = self._global(self.states, name, type, None, "s")
         elt = _storage_elt(type)
         zero = "0.000000e+00" if type.dtype.kind == "float" else "0"
-        self.declare(f"state:{name}", f'util.global private mutable @{info["global"]} = dense<{zero}> : '
-                                      f'{tensor_type(type.shape, elt)}')
+        self.declare(
+            f"state:{name}",
+            f"util.global private mutable @{info['global']} = dense<{zero}> : {tensor_type(type.shape, elt)}",
+        )
         return self._load(E, info["global"], type)
 
     def store_state(self, E: Emitter, name: str, value: T) -> None:
@@ -89,15 +104,21 @@ class LowerContext:
     def _global(self, table: dict, name: str, type: TensorType, source, prefix: str) -> dict:
         info = table.get(name)
         if info is None:
-            info = {"name": name, "shape": list(type.shape), "dtype": type.dtype.name,
-                    "global": f"rocmc_{prefix}{len(table)}"}
+            info = {
+                "name": name,
+                "shape": list(type.shape),
+                "dtype": type.dtype.name,
+                "global": f"rocmc_{prefix}{len(table)}",
+            }
             if source is not None:
                 info["from"] = source
             table[name] = info
         elif (info["shape"], info["dtype"]) != (list(type.shape), type.dtype.name):
             kind = "parameter" if table is self.parameters else "state"
-            raise LoweringError(f"{kind} {name!r} is {type} in one function and "
-                                f"{info['dtype']}[{','.join(map(str, info['shape']))}] in another")
+            raise LoweringError(
+                f"{kind} {name!r} is {type} in one function and "
+                f"{info['dtype']}[{','.join(map(str, info['shape']))}] in another"
+            )
         return info
 
     @staticmethod
@@ -161,16 +182,17 @@ def _stored(shape, elt: str) -> str:
 @dataclass
 class Lowered:
     target: Target
-    text: str                  # MLIR text as emitted (resources elided)
-    bytecode: bytes            # verified module as MLIR bytecode, what iree-compile reads
+    text: str  # MLIR text as emitted (resources elided)
+    bytecode: bytes  # verified module as MLIR bytecode, what iree-compile reads
     metadata: dict
 
 
 def signature(graph: Graph) -> dict:
     return {
         "inputs": input_specs(graph),
-        "outputs": [{"name": f"out{i}", "dtype": v.dtype.name, "shape": list(v.shape)}
-                    for i, v in enumerate(graph.outputs)],
+        "outputs": [
+            {"name": f"out{i}", "dtype": v.dtype.name, "shape": list(v.shape)} for i, v in enumerate(graph.outputs)
+        ],
     }
 
 
@@ -183,8 +205,7 @@ class _Function:
     choices: list
 
 
-def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
-                   constraints: list) -> _Function:
+def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, constraints: list) -> _Function:
     """One function computing the graph: an implementation per node, emitted in order, after the
     checks of its inputs' sizes."""
     E = Emitter()
@@ -223,13 +244,17 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str,
         except Exception as e:  # a bug in a lowering: name the node, never a raw traceback alone
             raise LoweringError(f"{node.describe()}: {choice.impl.name} lowering failed: {e!r}") from e
         if len(results) != len(node.outputs):
-            raise LoweringError(f"{node.describe()}: lowering gave {len(results)} results, expected {len(node.outputs)}")
+            raise LoweringError(
+                f"{node.describe()}: lowering gave {len(results)} results, expected {len(node.outputs)}"
+            )
         for v, r in zip(node.outputs, results):
             if r.mlir_elt != v.dtype.mlir or r.type.shape != v.type.shape:
                 r = E.convert(r, v.dtype.mlir, v.type) if r.type.shape == v.type.shape else r
             if r.mlir_elt != v.dtype.mlir or len(r.type.shape) != v.type.rank:
-                raise LoweringError(f"{node.describe()}: {choice.impl.name} lowering returned {r.mlir}, "
-                                    f"expected {tensor_type(v.type.shape, v.dtype.mlir)}")
+                raise LoweringError(
+                    f"{node.describe()}: {choice.impl.name} lowering returned {r.mlir}, "
+                    f"expected {tensor_type(v.type.shape, v.dtype.mlir)}"
+                )
             env[v.id] = T(r.name, v.type)
         choices.append(choice.record(node))
     E.loc = 'loc("rocmc.return")'
@@ -275,7 +300,7 @@ def _divisibility_hints(E: Emitter, constraints: list, symbols: dict) -> dict:
     """{symbol: its size with `util.assume.int ... udiv = k`} for each input dim the constraints (checked
     just before) say divides by a constant k > 1 (e.g. torch.export's Dim 8*k): IREE then knows it
     when it tiles the contractions over that dim, as for the sizes padding.py pads."""
-    hints = {}
+    hints: dict[str, str] = {}
     for c in constraints:
         if c.kind != "divisible" or not isinstance(c.lhs, symbolic.Sym) or not isinstance(c.rhs, symbolic.Int):
             continue
@@ -291,9 +316,8 @@ def _hinted(E: Emitter, arg: T, v, hints: dict) -> T:
     """The input `arg` with the hinted sizes tied to its dynamic dims (flow.tensor.tie_shape)."""
     if not any(isinstance(d, str) and d in hints for d in v.shape):
         return arg
-    dims = [hints.get(d) or E.dim(arg, i) for i, d in enumerate(v.shape) if isinstance(d, str)]
-    tied = T(E.op(f"flow.tensor.tie_shape {arg.name} : {arg.mlir}{{{', '.join(dims)}}}", "in"), arg.type,
-             arg.mlir_elt)
+    dims = [str(hints.get(d) or E.dim(arg, i)) for i, d in enumerate(v.shape) if isinstance(d, str)]
+    tied = T(E.op(f"flow.tensor.tie_shape {arg.name} : {arg.mlir}{{{', '.join(dims)}}}", "in"), arg.type, arg.mlir_elt)
     for i, d in enumerate(v.shape):
         if isinstance(d, str) and d in hints:
             E.set_dim(tied, i, hints[d])
@@ -328,12 +352,15 @@ def program_of(program) -> dict:
     if isinstance(program, Graph):
         return {"main": program}
     if not isinstance(program, dict) or not program:
-        raise GraphError(f"compile: expected a Graph or a non-empty dict of function name -> Graph, got "
-                         f"{type(program).__name__}")
+        raise GraphError(
+            f"compile: expected a Graph or a non-empty dict of function name -> Graph, got {type(program).__name__}"
+        )
     for name, g in program.items():
         if not isinstance(name, str) or not _FUNCTION.match(name) or name.endswith("_long"):
-            raise GraphError(f"compile: function name {name!r} is not an identifier (or ends in _long, which "
-                             f"rocmc uses for long forms)")
+            raise GraphError(
+                f"compile: function name {name!r} is not an identifier (or ends in _long, which "
+                f"rocmc uses for long forms)"
+            )
         if not isinstance(g, Graph):
             raise GraphError(f"compile: function {name!r} is a {type(g).__name__}, expected a Graph")
     return dict(program)
@@ -352,8 +379,15 @@ def program_hash(program: dict, bytes_below: int | None = None) -> str:
     return h.hexdigest()
 
 
-def lower(program, target, impl=None, libraries=(), external: int | None = None, info: dict | None = None,
-          rewrite: bool = False) -> Lowered:
+def lower(
+    program,
+    target,
+    impl=None,
+    libraries=(),
+    external: int | None = None,
+    info: dict | None = None,
+    rewrite: bool = False,
+) -> Lowered:
     """Lower a Graph (function `main`) or a {name: Graph} program; with `external`, constants of at least
     that many bytes become named parameters; with `rewrite`, the graphs go through rocmc.rewrite first
     (the metadata keeps the given graphs' hash and text, and records what was rewritten)."""
@@ -361,6 +395,7 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
     records = None
     if rewrite:
         from ..rewrite import rewrite_program
+
         program, records = rewrite_program(given)
     target = Target.parse(target)
     first = next(iter(program.values()))
@@ -372,12 +407,17 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
         constraints = dim_constraints(graph)
         f = _emit_function(graph, ctx, impl, libraries, name, constraints)
         emitted.append(f)
-        entry = {"name": name, "signature": signature(graph), "constraints": [c.to_json() for c in constraints],
-                 "implementations": f.choices}
+        entry = {
+            "name": name,
+            "signature": signature(graph),
+            "constraints": [c.to_json() for c in constraints],
+            "implementations": f.choices,
+        }
         if ctx.long_sdpa:
             # The same graph with every such sdpa fused (sharing constants, kernels and imports): what
             # the runtime calls when a decomposed sdpa's scores would exceed the limit.
-            from .generated.attention import DECOMPOSE_UP_TO_SCORES
+            from .codegen.attention import DECOMPOSE_UP_TO_SCORES
+
             kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_sdpa)
             ctx.sdpa_form = "fused"
             emitted.append(_emit_function(graph, ctx, impl, libraries, f"{name}_long", constraints))
@@ -397,13 +437,13 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
         "kernels": ctx.kernels,
         "externs": ctx.externs,
     }
-    if target.code_note:        # kept in the module itself, so a saved artifact still says so
+    if target.code_note:  # kept in the module itself, so a saved artifact still says so
         meta["compile_note"] = target.code_note
     if main["name"] != "main":
         meta["function"] = main["name"]
     world = _world(program)
     if world > 1:
-        meta["world_size"] = world      # the ranks the runtime must start it as (tensor parallelism)
+        meta["world_size"] = world  # the ranks the runtime must start it as (tensor parallelism)
     if info is not None:
         meta["info"] = info
     if records is not None:
@@ -416,33 +456,41 @@ def lower(program, target, impl=None, libraries=(), external: int | None = None,
         if table:
             meta[kind] = [{k: v for k, v in info.items() if k != "global"} for info in table.values()]
     refl = f'attributes {{iree.reflection = {{rocmc.meta = "{mlir_string(json.dumps(meta, sort_keys=True))}"}}}} '
-    text = "\n".join(["module {", *ctx.decls, *_function_text(emitted[0], refl),
-                      *[line for f in emitted[1:] for line in _function_text(f)], "}"])
+    text = "\n".join(
+        [
+            "module {",
+            *ctx.decls,
+            *_function_text(emitted[0], refl),
+            *[line for f in emitted[1:] for line in _function_text(f)],
+            "}",
+        ]
+    )
     return Lowered(target, text, _to_bytecode(text, ctx.resources), meta)
 
 
 def _to_bytecode(text: str, resources: dict) -> bytes:
     from iree.compiler import ir
+
     with ir.Context() as mctx, ir.Location.unknown():
         mctx.allow_unregistered_dialects = False
         try:
             module = ir.Module.parse(text)
-        except Exception as e:   # MLIR diagnostics: a bug in a lowering, not in the user's graph
+        except Exception as e:  # noqa: BLE001 - MLIR diagnostics: a bug in a lowering, not in the user's graph
             raise invalid_mlir(text, str(e)) from None
-        keep = []
+        keep: list = []
         if resources:
             _bind_resources(ir, module, resources, keep)
         try:
             module.operation.verify()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             raise invalid_mlir(text, str(e)) from None
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
         return buf.getvalue()
 
 
-CONTEXT_LINES = 3                 # lines shown either side of the failing one
-_SHOWN_CHARS = 240                # of each line shown (a function's first line holds the whole metadata)
+CONTEXT_LINES = 3  # lines shown either side of the failing one
+_SHOWN_CHARS = 240  # of each line shown (a function's first line holds the whole metadata)
 _AT_LINE = re.compile(r'"-":(\d+):(\d+)')
 _NAMED = re.compile(r'error: "(rocmc\.[^"]+)": \'([\w.]+)\' op')
 _NODE_LOC = re.compile(r'loc\("rocmc\.([^"]+)"\)')
@@ -453,13 +501,16 @@ def invalid_mlir(text: str, diagnostics: str) -> LoweringError:
     the failing line (the location on it or nearest before it in its function) and the numbered lines
     around it. A parse error gives a line and column; a verifier error gives the op's location."""
     lines = text.split("\n")
-    first = next((l.strip()[len("error: "):] for l in diagnostics.splitlines() if l.strip().startswith("error:")),
-                 diagnostics.strip())
+    first = next(
+        (l.strip()[len("error: ") :] for l in diagnostics.splitlines() if l.strip().startswith("error:")),
+        diagnostics.strip(),
+    )
     at, col = _failing_line(lines, diagnostics)
     if at is None:
         return LoweringError(f"emitted MLIR is invalid: {first}")
-    return LoweringError(f"lowering of {_node_before(lines, at)} produced invalid MLIR: {first}\n"
-                         + _excerpt(lines, at, col))
+    return LoweringError(
+        f"lowering of {_node_before(lines, at)} produced invalid MLIR: {first}\n" + _excerpt(lines, at, col)
+    )
 
 
 def _failing_line(lines: list, diagnostics: str):
@@ -479,7 +530,7 @@ def _failing_line(lines: list, diagnostics: str):
 
 def _node_before(lines: list, at: int) -> str:
     """How the message names what emitted line `at`: the node of the location on it or nearest before."""
-    for line in reversed(lines[:at + 1]):
+    for line in reversed(lines[: at + 1]):
         m = _NODE_LOC.search(line)
         if m:
             where = m.group(1)
@@ -521,22 +572,30 @@ def _bind_resources(ir, module, resources: dict, keep: list) -> None:
                         a = o.attributes[key]
                         s = str(a)
                         if s.startswith("dense_resource<"):
-                            name = s[len("dense_resource<"):s.index(">")]
+                            name = s[len("dense_resource<") : s.index(">")]
                             arr = resources[name]
                             raw = arr.view(np.uint8) if arr.dtype.itemsize == 1 else arr.view(f"u{arr.dtype.itemsize}")
                             keep.append(raw)
                             o.attributes[key] = ir.DenseResourceElementsAttr.get_from_buffer(
-                                memoryview(raw), name, a.type)
+                                memoryview(raw), name, a.type
+                            )
                     walk(o)
+
     walk(module.operation)
 
 
 def _world(program: dict) -> int:
     """The number of ranks a program's collectives were built for (1: none); one number per program."""
-    worlds = {(n.describe(), n.attrs["world"]) for g in program.values() for n in g.nodes
-              if n.op in ("all_reduce", "all_gather")}
+    worlds = {
+        (n.describe(), n.attrs["world"])
+        for g in program.values()
+        for n in g.nodes
+        if n.op in ("all_reduce", "all_gather")
+    }
     sizes = {w for _, w in worlds}
     if len(sizes) > 1:
-        raise LoweringError(f"the program's collectives were built for different numbers of ranks: "
-                            f"{', '.join(f'{d} world={w}' for d, w in sorted(worlds)[:4])}")
+        raise LoweringError(
+            f"the program's collectives were built for different numbers of ranks: "
+            f"{', '.join(f'{d} world={w}' for d, w in sorted(worlds)[:4])}"
+        )
     return sizes.pop() if sizes else 1

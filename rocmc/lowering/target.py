@@ -1,10 +1,19 @@
 """Compile targets: parsing from strings and the iree-compile flags of each."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..archs import (CUDA_ARCH_SPELLINGS, CUDA_ARCHS, CUDA_PTX_ARCHS, DRIVERS, ROCM_ARCHS,  # noqa: F401
-                     code_arch, default_device, known_targets)
+from ..archs import (
+    CUDA_ARCH_SPELLINGS,
+    CUDA_ARCHS,
+    CUDA_PTX_ARCHS,
+    DRIVERS,
+    ROCM_ARCHS,  # noqa: F401
+    code_arch,
+    default_device,
+    known_targets,
+)
 from ..errors import TargetError
 
 _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
@@ -12,8 +21,8 @@ _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
 
 @dataclass(frozen=True)
 class Target:
-    kind: str      # "cpu", "rocm" or "cuda"
-    arch: str      # "host", "gfx942", "sm_80", "sm_90"
+    kind: str  # "cpu", "rocm" or "cuda"
+    arch: str  # "host", "gfx942", "sm_80", "sm_90"
 
     @staticmethod
     def parse(spec) -> "Target":
@@ -50,8 +59,10 @@ class Target:
         """What the artifact records when its code was made for another architecture than its target's."""
         if self.code_arch == self.arch:
             return None
-        return (f"{self.code_arch} code generated for {self.arch}: IREE {_IREE_TABLES} has no {self.arch} "
-                f"target; the driver compiles the {self.code_arch} PTX for the GPU when the module loads")
+        return (
+            f"{self.code_arch} code generated for {self.arch}: IREE {_IREE_TABLES} has no {self.arch} "
+            f"target; the driver compiles the {self.code_arch} PTX for the GPU when the module loads"
+        )
 
     @property
     def default_device(self) -> str:
@@ -71,14 +82,17 @@ class Target:
 
     def _device_flags(self) -> list[str]:
         if self.kind == "cpu":
-            return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-                    "--iree-llvmcpu-target-cpu=host"]
+            return [
+                "--iree-hal-target-device=local",
+                "--iree-hal-local-target-device-backends=llvm-cpu",
+                "--iree-llvmcpu-target-cpu=host",
+            ]
         if self.kind == "rocm":
             return ["--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}"]
         return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={self.code_arch}"]
 
 
-_IREE_TABLES = "3.13"      # the IREE release whose target tables archs.py lists
+_IREE_TABLES = "3.13"  # the IREE release whose target tables archs.py lists
 
 
 # iree-compile demotes f64 to f32 unless told not to: an f64 graph would compute in f32 and its

@@ -6,12 +6,13 @@
 The three factors of a GELU may be multiplied in any order and grouping; each constant must be the
 exact value as its dtype rounds it.
 """
+
 from __future__ import annotations
 
 import math
 
 from .. import ops
-from . import Match, is_number, only_broadcasts, pairs, pattern, producer, scalar
+from .patterns import Match, is_number, only_broadcasts, pairs, pattern, producer, scalar
 
 
 @pattern("silu", "mul")
@@ -105,6 +106,7 @@ def _gelu(node, uses):
             continue
         half = rest[0]
         if is_number(half, 0.5) and only_broadcasts(half, x) and y.shape == x.shape:
-            return Match("gelu", [node, *muls, *inner], [x],
-                         lambda b, x=x, a=approximate: ops.gelu(b.value(x), approximate=a))
+            return Match(
+                "gelu", [node, *muls, *inner], [x], lambda b, x=x, a=approximate: ops.gelu(b.value(x), approximate=a)
+            )
     return None

@@ -18,6 +18,7 @@ undefined, so where a mask may hold -inf in a whole row the rewrite keeps the gu
 mask is -inf everywhere are set to 0 after sdpa. A mask built by `where` from finite constants, no mask,
 or a causal one with at least as many keys as queries masks no row fully, and needs nothing.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,15 +27,25 @@ import ml_dtypes
 import numpy as np
 
 from .. import ops
-from . import Match, as_permutation, constant, layout_chain, only_broadcasts, pairs, pattern, producer, \
-    scalar, view_of
+from .patterns import (
+    Match,
+    as_permutation,
+    constant,
+    layout_chain,
+    only_broadcasts,
+    pairs,
+    pattern,
+    producer,
+    scalar,
+    view_of,
+)
 
 
 def _scaled(v):
     """(u, factor, node) when v is u * c or u / c for a scalar constant c; (v, 1.0, None) otherwise."""
     n = producer(v, "mul", "div")
     if n is not None:
-        for u, c in (pairs(n) if n.op == "mul" else [n.inputs]):
+        for u, c in pairs(n) if n.op == "mul" else [n.inputs]:
             s = scalar(c)
             if s is not None and c.rank <= u.rank and s != 0 and math.isfinite(s):
                 return u, (s if n.op == "mul" else 1.0 / s), n
@@ -120,8 +131,12 @@ def _mask(z, scores_dtype):
         if m.rank <= 4 and m.dtype == scores_dtype and only_broadcasts(m, sc):
             out.append((sc, m, "add", [add]))
     w = producer(z, "where")
-    if w is not None and w.inputs[0].rank <= 4 and only_broadcasts(w.inputs[0], w.inputs[1]) \
-            and w.inputs[1].shape == z.shape:
+    if (
+        w is not None
+        and w.inputs[0].rank <= 4
+        and only_broadcasts(w.inputs[0], w.inputs[1])
+        and w.inputs[1].shape == z.shape
+    ):
         fill = scalar(w.inputs[2])
         if fill == -math.inf:
             out.append((w.inputs[1], w.inputs[0], "keep", [w]))
@@ -152,8 +167,12 @@ def _guarded(p):
     w = producer(p, "where")
     if w is not None:
         isnan = producer(w.inputs[0], "isnan")
-        if isnan is not None and isnan.inputs[0] is w.inputs[2] and scalar(w.inputs[1]) == 0.0 \
-                and only_broadcasts(w.inputs[1], p):
+        if (
+            isnan is not None
+            and isnan.inputs[0] is w.inputs[2]
+            and scalar(w.inputs[1]) == 0.0
+            and only_broadcasts(w.inputs[1], p)
+        ):
             return w.inputs[2], [w, isnan], True
     return p, [], False
 
@@ -204,8 +223,12 @@ def _assemble(node, uses, qk, v_op, sc, mask, kind, guarded):
         needs_guard = False
     scale = qa * kb * sc
     nodes = [node, qk, *(n for n in (qn, kn) if n), *qs.nodes, *ks.nodes, *vs.nodes]
-    return Match("sdpa", nodes, [qs.value, ks.value, vs.value, mask],
-                 _builder(qs, ks, vs, mask, kind, is_causal, scale, needs_guard))
+    return Match(
+        "sdpa",
+        nodes,
+        [qs.value, ks.value, vs.value, mask],
+        _builder(qs, ks, vs, mask, kind, is_causal, scale, needs_guard),
+    )
 
 
 def _builder(qs, ks, vs, mask, kind, is_causal, scale, needs_guard):
@@ -214,7 +237,9 @@ def _builder(qs, ks, vs, mask, kind, is_causal, scale, needs_guard):
         dtype = q.dtype.np
         m = None if mask is None else b.value(mask)
         if kind == "min":
-            m = ops.where(m, b.constant(np.asarray(0, dtype)), b.constant(np.asarray(ml_dtypes.finfo(dtype).min, dtype)))
+            m = ops.where(
+                m, b.constant(np.asarray(0, dtype)), b.constant(np.asarray(ml_dtypes.finfo(dtype).min, dtype))
+            )
         out = ops.sdpa(q, ks.build(b), vs.build(b), mask=m, is_causal=is_causal, scale=scale)
         if needs_guard:
             # Rows whose mask keeps no key are 0, as the guard made them.
@@ -223,4 +248,5 @@ def _builder(qs, ks, vs, mask, kind, is_causal, scale, needs_guard):
             keep = ops.greater(ops.amax(scores, axis=-1, keepdims=True), floor)
             out = ops.where(keep, out, b.constant(np.asarray(0, dtype)))
         return out
+
     return build

@@ -14,13 +14,14 @@ to the weight's dtype (new constants). Otherwise (parameters, or values the grap
 arithmetic is emitted as graph ops in f32 (f64 for f64 convs): on values known at load time IREE
 hoists it into the module's initializer, so it runs once, not per call.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .. import ops
-from ..frontend.dtypes import dtype
-from . import Match, constant, is_number, only_broadcasts, pairs, pattern, producer
+from ..dtypes import dtype
+from .patterns import Match, constant, pairs, pattern, producer, relu_input
 
 CONVS = ("conv1d", "conv2d", "conv3d")
 
@@ -36,8 +37,14 @@ def _folded_constants(conv, bn):
     """(w', b') in float64 from constants, rounded to the weight's dtype; None if some operand is no
     constant."""
     w = conv.inputs[1]
-    named = {"w": w, "bias": conv.inputs[2], "mean": bn.inputs[1], "var": bn.inputs[2], "gamma": bn.inputs[3],
-             "beta": bn.inputs[4]}
+    named = {
+        "w": w,
+        "bias": conv.inputs[2],
+        "mean": bn.inputs[1],
+        "var": bn.inputs[2],
+        "gamma": bn.inputs[3],
+        "beta": bn.inputs[4],
+    }
     arrays = {k: constant(v) for k, v in named.items() if v is not None}
     if any(a is None for a in arrays.values()):
         return None
@@ -59,6 +66,7 @@ def _folded_ops(b, conv, bn):
             return None
         nv = b.value(v)
         return nv if nv.dtype.name == t else ops.cast(nv, t)
+
     wv, bias, mean, var, gamma, beta = (value(v) for v in (w, conv.inputs[2], *bn.inputs[1:]))
     one, eps = (b.constant(np.asarray(c, dtype=dtype(t).np)) for c in (1.0, bn.attrs["eps"]))
     s = one / ops.sqrt(var + eps)
@@ -91,19 +99,11 @@ def _conv_bn(node, uses):
 
     def build(b):
         return getattr(ops, conv.op)(b.value(conv.inputs[0]), *weights(b), **conv.attrs)
+
     return Match(conv.op, [bn, conv], [conv.inputs[0], *reads], build)
 
 
 # ---- epilogues of conv2d --------------------------------------------------------------------------
-
-def _relu_input(node):
-    """x when node is relu(x) or maximum(x, 0) (0 a constant that only broadcasts), else None."""
-    if node.op == "relu":
-        return node.inputs[0]
-    for x, zero in pairs(node):
-        if is_number(zero, 0.0) and only_broadcasts(zero, x) and node.outputs[0].shape == x.shape:
-            return x
-    return None
 
 
 def _conv_part(v, uses, inside: list):
@@ -135,8 +135,10 @@ def _fused(nodes, conv, bn, residual, chain, activation):
     reads, weights = _weights(conv, bn)
 
     def build(b):
-        return ops.fused_conv2d(b.value(conv.inputs[0]), *weights(b), b.value(residual), activation=activation,
-                                **conv.attrs)
+        return ops.fused_conv2d(
+            b.value(conv.inputs[0]), *weights(b), b.value(residual), activation=activation, **conv.attrs
+        )
+
     return Match("fused_conv2d", [*nodes, *chain], [conv.inputs[0], *reads, residual], build)
 
 
@@ -145,7 +147,7 @@ def _conv_epilogue(node, uses):
     if node.op == "add":
         found = _residual_add(node, uses, [node])
         return None if found is None else _fused([node], *found, "none")
-    x = _relu_input(node)
+    x = relu_input(node)
     add = producer(x, "add")
     if add is not None and uses.only_inside(x, {id(node)}):
         found = _residual_add(add, uses, [node, add])

@@ -17,13 +17,13 @@ the fused op. Every value in between must be read only by the chain (the framewo
 Registered before activations: at a `mul` anchor the spelled-out GELU over a GEMM is this pattern's,
 with the GEMM, rather than the plain gelu pattern's.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .. import ops
-from . import PATTERNS, Match, constant, only_broadcasts, pairs, pattern, producer, same_size
-from .conv import _relu_input
+from .patterns import PATTERNS, Match, constant, only_broadcasts, pairs, pattern, producer, relu_input, same_size
 
 
 def _spelled_gelu(node, uses):
@@ -43,7 +43,7 @@ def _activation(node, uses):
     if node.op == "mul":
         x, nodes = _spelled_gelu(node, uses)
         return ("gelu_tanh", x, nodes) if x is not None else (None, None, None)
-    x = _relu_input(node)
+    x = relu_input(node)
     return ("relu", x, [node]) if x is not None else (None, None, None)
 
 
@@ -74,8 +74,12 @@ def _matmul(v):
 
 def _row_bias(bias, y) -> bool:
     """Whether bias is one value per column of y (its last dim), broadcast over the rows."""
-    return (bias.rank >= 1 and only_broadcasts(bias, y) and same_size(bias.shape[-1], y.shape[-1])
-            and all(d == 1 for d in bias.shape[:-1]))
+    return (
+        bias.rank >= 1
+        and only_broadcasts(bias, y)
+        and same_size(bias.shape[-1], y.shape[-1])
+        and all(d == 1 for d in bias.shape[:-1])
+    )
 
 
 def _gemm(v):
@@ -114,5 +118,6 @@ def _linear_activation(node, uses):
     def build(b):
         y = ops.fused_linear(b.value(x), weight(b), bias(b), activation=activation)
         return y if view is None else ops.reshape(y, view.attrs["shape"])
+
     nodes = act_nodes + ([view] if view is not None else []) + gemm_nodes
     return Match("fused_linear", nodes, [x, *reads], build)

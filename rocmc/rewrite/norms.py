@@ -9,10 +9,11 @@ where 1 + w is simply the weight). x may be a widening cast of the real input (`
 that cast is exact and rms_norm/layer_norm compute in f32, so the fused op reads the input itself.
 Weight and bias must have the shape x.shape[k:] (leading 1s allowed) and x's dtype.
 """
+
 from __future__ import annotations
 
 from .. import ops
-from . import Match, pairs, pattern, producer, scalar
+from .patterns import Match, pairs, pattern, producer, scalar
 
 _WIDENING = {"f16", "bf16", "f32"}
 
@@ -155,14 +156,16 @@ def _norm_match(op: str, core_fn, with_bias: bool):
                     continue
                 # A weight inside the cast is in the compute type: read it before its widening cast.
                 w0 = _unwiden(w) if w is not None and inner and w.dtype != x0.dtype else w
-                if any(t is not None and not _affine(t, x, axis, x0.dtype) for t in (w0, bias)) or \
-                        (w is not None and w0 is None):
+                if any(t is not None and not _affine(t, x, axis, x0.dtype) for t in (w0, bias)) or (
+                    w is not None and w0 is None
+                ):
                     continue
                 nodes = [node, *tail, *core]
                 if x0 is not x and uses.only_inside(x, {id(n) for n in nodes}):
                     nodes.append(x.producer)
                 return Match(op, nodes, [x0, w0, bias], _builder(op, x0, w0, bias, eps, axis))
         return None
+
     return match
 
 
@@ -173,9 +176,11 @@ def _builder(op, x, w, bias, eps, axis):
                 return None
             v = b.value(t)
             return v if v.shape == x.shape[axis:] else ops.reshape(v, list(x.shape[axis:]))
+
         if op == "rms_norm":
             return ops.rms_norm(b.value(x), affine(w), eps=eps, axis=axis)
         return ops.layer_norm(b.value(x), affine(w), affine(bias), eps=eps, axis=axis)
+
     return build
 
 

@@ -9,12 +9,13 @@ pairs the dims: cos[..., :r] == cos[..., r:] (half-split) or cos[..., 0::2] == c
 (interleaved). That is proven from a constant's values, or, for the half-split form, from the table
 being an elementwise function of cat(f, f). The rewrite reads rope's tables as slices of the given ones.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .. import ops
-from . import LAYOUT_OPS, Match, constant, pairs, pattern, producer, scalar
+from .patterns import LAYOUT_OPS, Match, constant, pairs, pattern, producer, scalar
 
 # Ops through which a table that repeats its halves still does.
 _ELEMENTWISE = ("cos", "sin", "cast", "neg")
@@ -88,12 +89,19 @@ def _repeats(v, interleaved: bool) -> bool:
     if interleaved:
         return False
     n = v.producer
-    while n is not None and (n.op in _ELEMENTWISE or (n.op == "mul" and scalar(n.inputs[1]) is not None)
-                             or (n.op in LAYOUT_OPS and n.inputs[0].shape[-1] == v.shape[-1]
-                                 and n.op != "transpose")):
+    while n is not None and (
+        n.op in _ELEMENTWISE
+        or (n.op == "mul" and scalar(n.inputs[1]) is not None)
+        or (n.op in LAYOUT_OPS and n.inputs[0].shape[-1] == v.shape[-1] and n.op != "transpose")
+    ):
         n = n.inputs[0].producer
-    return n is not None and n.op == "concat" and n.attrs["axis"] == n.outputs[0].rank - 1 and \
-        len(n.inputs) == 2 and n.inputs[0] is n.inputs[1]
+    return (
+        n is not None
+        and n.op == "concat"
+        and n.attrs["axis"] == n.outputs[0].rank - 1
+        and len(n.inputs) == 2
+        and n.inputs[0] is n.inputs[1]
+    )
 
 
 def _layout(x, table):
@@ -135,18 +143,28 @@ def _rope_core(add):
 
 def _table(b, v, interleaved: bool, shape: list):
     """rope's (t, r) or (b, t, r) table from a full-width one: its first half or its even dims."""
+
     def make():
         d = v.shape[-1]
-        half = ops.slice(b.value(v), [0], [d if interleaved else d // 2], axes=[v.rank - 1],
-                         steps=[2 if interleaved else 1])
+        half = ops.slice(
+            b.value(v), [0], [d if interleaved else d // 2], axes=[v.rank - 1], steps=[2 if interleaved else 1]
+        )
         return half if list(half.shape) == shape else ops.reshape(half, shape)
+
     return b.shared(("rope-table", v.id, interleaved), make)
 
 
 def _build(x, cos, sin, interleaved, layout, shape, rotary_dim):
     def build(b):
-        return ops.rope(b.value(x), _table(b, cos, interleaved, shape), _table(b, sin, interleaved, shape),
-                        interleaved=interleaved, layout=layout, rotary_dim=rotary_dim)
+        return ops.rope(
+            b.value(x),
+            _table(b, cos, interleaved, shape),
+            _table(b, sin, interleaved, shape),
+            interleaved=interleaved,
+            layout=layout,
+            rotary_dim=rotary_dim,
+        )
+
     return build
 
 
@@ -177,5 +195,6 @@ def _partial(node, uses):
     x_pass, s_pass = _last_slice(tail, rot, 1, tail.shape[-1]) if x is not None else (None, None)
     if x_pass is not x or x.shape != node.outputs[0].shape:
         return None
-    return Match("rope", [node, *nodes, s_rot, s_pass], [x, cos, sin],
-                 _build(x, cos, sin, interleaved, layout, shape, rot))
+    return Match(
+        "rope", [node, *nodes, s_rot, s_pass], [x, cos, sin], _build(x, cos, sin, interleaved, layout, shape, rot)
+    )

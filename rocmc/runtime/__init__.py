@@ -1,4 +1,5 @@
 """Runtime: load artifacts on devices and call them. Depends on nothing in rocmc.lowering."""
+
 from .devices import DEVICES, get_device
 from .module import Module, load
 

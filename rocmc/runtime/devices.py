@@ -1,4 +1,5 @@
 """Runtime devices: names, driver availability, and the errors that say what is missing."""
+
 from __future__ import annotations
 
 import ctypes.util
@@ -10,8 +11,10 @@ from ..archs import DEVICES
 from ..errors import DeviceError
 
 # The library each GPU driver loads, named in the error when it is absent.
-_DRIVER_LIBRARY = {"hip": ("libamdhip64.so", "amdhip64", "install ROCm (the HIP runtime) or set IREE_HIP_DYLIB_PATH"),
-                   "cuda": ("libcuda.so", "cuda", "install the NVIDIA driver")}
+_DRIVER_LIBRARY = {
+    "hip": ("libamdhip64.so", "amdhip64", "install ROCm (the HIP runtime) or set IREE_HIP_DYLIB_PATH"),
+    "cuda": ("libcuda.so", "cuda", "install the NVIDIA driver"),
+}
 _devices: dict = {}
 _lock = threading.Lock()
 
@@ -29,6 +32,7 @@ def get_device(device: str):
             if ctypes.util.find_library(short) is None and not _loadable(lib):
                 raise DeviceError(f"device {device!r} needs {lib}, which was not found: {how}")
         from iree import runtime as rt
+
         try:
             options = {}
             if base == "cuda":
@@ -45,7 +49,7 @@ def get_device(device: str):
             dev = drv.create_device(infos[idx], **options)
         except DeviceError:
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             raise DeviceError(f"device {device!r} could not be opened: {e}") from None
         _devices[device] = dev
         return dev
@@ -62,8 +66,13 @@ def _loadable(lib: str) -> bool:
 def upload(device, arr, dtype, element_type):
     """A host array of storage type `dtype` as a new device buffer view tagged `element_type`."""
     from iree import runtime as rt
+
     arr = np.ascontiguousarray(arr)
-    raw = arr if dtype.raw is None else arr.view(dtype.raw)   # bf16 travels as its raw bits
+    raw = arr if dtype.raw is None else arr.view(dtype.raw)  # bf16 travels as its raw bits
     return device.allocator.allocate_buffer_copy(
-        memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=device,
-        buffer=raw, element_type=element_type)
+        memory_type=rt.MemoryType.DEVICE_LOCAL,
+        allowed_usage=rt.BufferUsage.DEFAULT,
+        device=device,
+        buffer=raw,
+        element_type=element_type,
+    )

@@ -17,6 +17,7 @@ message printed first. No rank is left hanging.
 `simulate(n)` runs n ranks as threads of one process over numpy: `rocmc.evaluate` of every rank's
 graph, which is how the sharding of a model is checked against the unsharded one.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,23 +36,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DistributedError
+from ..group import OUTSIDE, install as _install
 
-TIMEOUT = float(os.environ.get("ROCMC_RENDEZVOUS_TIMEOUT", "300"))   # seconds for every rank to join
-GRACE = int(os.environ.get("ROCMC_ABORT_GRACE", "10"))               # seconds a failed rank may take to end
-_MAGIC = 0x524F434D                                                    # "ROCM"
-_FRAME = struct.Struct("!IIQ")                                         # magic, header bytes, payload bytes
+TIMEOUT = float(os.environ.get("ROCMC_RENDEZVOUS_TIMEOUT", "300"))  # seconds for every rank to join
+GRACE = int(os.environ.get("ROCMC_ABORT_GRACE", "10"))  # seconds a failed rank may take to end
+_MAGIC = 0x524F434D  # "ROCM"
+_FRAME = struct.Struct("!IIQ")  # magic, header bytes, payload bytes
 _MAX_HEADER = 1 << 20
 
 
 @dataclass(frozen=True)
 class Env:
     """Who this process is in its run, from the launcher's variables."""
+
     rank: int
     world_size: int
     local_rank: int
     addr: str
     port: int
-    key: str = ""          # ROCMC_GROUP_KEY: set by `rocmc launch`, so that only its ranks join
+    key: str = ""  # ROCMC_GROUP_KEY: set by `rocmc launch`, so that only its ranks join
 
     @classmethod
     def from_environ(cls, environ=None) -> "Env":
@@ -61,9 +64,11 @@ class Env:
             raw = e.get(name)
             if raw is None or raw == "":
                 if default is None:
-                    raise DistributedError(f"{name} is not set: start the ranks with `rocmc launch -n N ...` "
-                                           f"(or a torchrun-style launcher setting RANK, WORLD_SIZE, LOCAL_RANK, "
-                                           f"MASTER_ADDR, MASTER_PORT)")
+                    raise DistributedError(
+                        f"{name} is not set: start the ranks with `rocmc launch -n N ...` "
+                        f"(or a torchrun-style launcher setting RANK, WORLD_SIZE, LOCAL_RANK, "
+                        f"MASTER_ADDR, MASTER_PORT)"
+                    )
                 return default
             try:
                 return int(raw)
@@ -82,6 +87,7 @@ class Env:
 
 
 # ---- wire format: a JSON header and raw bytes, bounded and checked ---------------------------------
+
 
 def _send(sock, kind: str, seq: int, meta=None, payload: bytes = b"") -> None:
     head = json.dumps({"k": kind, "s": seq, "m": meta or {}}).encode()
@@ -125,7 +131,7 @@ class ProcessGroup:
         self.env, self.rank, self.world_size, self.local_rank = env, env.rank, env.world_size, env.local_rank
         self._seq = 0
         self._cond = threading.Condition()
-        self._inbox: dict = {}          # seq -> {rank: (kind, meta, payload)}  (rank 0) / (kind, meta, payload)
+        self._inbox: dict = {}  # seq -> {rank: (kind, meta, payload)}  (rank 0) / (kind, meta, payload)
         self._failure: str | None = None
         self._left: set = set()
         self._closing = False
@@ -141,8 +147,9 @@ class ProcessGroup:
         try:
             srv.bind((self.env.addr, self.env.port))
         except OSError as e:
-            raise DistributedError(f"rank 0 can't listen on {self.env.addr}:{self.env.port} (MASTER_ADDR, "
-                                   f"MASTER_PORT): {e.strerror or e}") from None
+            raise DistributedError(
+                f"rank 0 can't listen on {self.env.addr}:{self.env.port} (MASTER_ADDR, MASTER_PORT): {e.strerror or e}"
+            ) from None
         srv.listen(self.world_size)
         deadline = time.monotonic() + timeout
         try:
@@ -153,7 +160,8 @@ class ProcessGroup:
                     raise DistributedError(
                         f"rank(s) {', '.join(map(str, missing))} did not join the group at {self.env.addr}:"
                         f"{self.env.port} within {timeout:.0f} s (WORLD_SIZE={self.world_size}): start every "
-                        f"rank (`rocmc launch -n {self.world_size}` starts them all)")
+                        f"rank (`rocmc launch -n {self.world_size}` starts them all)"
+                    )
                 srv.settimeout(left)
                 try:
                     conn, _ = srv.accept()
@@ -166,14 +174,18 @@ class ProcessGroup:
                     hello = None
                 conn.settimeout(None)
                 if hello is None or hello[0] != "hello" or hello[2].get("key", "") != self.env.key:
-                    conn.close()          # not one of this run's ranks
+                    conn.close()  # not one of this run's ranks
                     continue
                 r, world = hello[2].get("rank"), hello[2].get("world_size")
-                why = (f"WORLD_SIZE={world} differs from rank 0's {self.world_size}" if world != self.world_size
-                       else f"rank {r} joined twice" if r in self._peers
-                       else f"rank {r} is outside 1..{self.world_size - 1}" if not (isinstance(r, int)
-                                                                                   and 0 < r < self.world_size)
-                       else None)
+                why = (
+                    f"WORLD_SIZE={world} differs from rank 0's {self.world_size}"
+                    if world != self.world_size
+                    else f"rank {r} joined twice"
+                    if r in self._peers
+                    else f"rank {r} is outside 1..{self.world_size - 1}"
+                    if not (isinstance(r, int) and 0 < r < self.world_size)
+                    else None
+                )
                 if why:
                     _send(conn, "abort", 0, {"why": why})
                     conn.close()
@@ -199,9 +211,11 @@ class ProcessGroup:
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise DistributedError(f"rank {self.rank} could not reach rank 0 at {self.env.addr}:"
-                                           f"{self.env.port} within {timeout:.0f} s ({e.strerror or e}): is "
-                                           f"rank 0 running (MASTER_ADDR, MASTER_PORT)?") from None
+                    raise DistributedError(
+                        f"rank {self.rank} could not reach rank 0 at {self.env.addr}:"
+                        f"{self.env.port} within {timeout:.0f} s ({e.strerror or e}): is "
+                        f"rank 0 running (MASTER_ADDR, MASTER_PORT)?"
+                    ) from None
                 time.sleep(0.1)
         sock.settimeout(None)
         _send(sock, "hello", 0, {"rank": self.rank, "world_size": self.world_size, "key": self.env.key})
@@ -289,8 +303,10 @@ class ProcessGroup:
         if self._failure is not None:
             raise DistributedError(f"rank {self.rank}: {self._failure}")
         if self._left:
-            raise DistributedError(f"rank {self.rank}: a collective needs rank(s) {', '.join(map(str, sorted(self._left)))}, "
-                                   f"which already left the group (ranks called different collectives?)")
+            raise DistributedError(
+                f"rank {self.rank}: a collective needs rank(s) {', '.join(map(str, sorted(self._left)))}, "
+                f"which already left the group (ranks called different collectives?)"
+            )
 
     # ---- the collective exchange every operation is made of ----
     def _exchange(self, kind: str, meta: dict, payload: bytes, combine):
@@ -317,8 +333,11 @@ class ProcessGroup:
                 raise DistributedError(got[1]["why"])
             return got[1], got[2]
         with self._cond:
-            while len(self._inbox.get(seq, {})) < self.world_size - 1 and self._failure is None and not (
-                    self._left - set(self._inbox.get(seq, {}))):
+            while (
+                len(self._inbox.get(seq, {})) < self.world_size - 1
+                and self._failure is None
+                and not (self._left - set(self._inbox.get(seq, {})))
+            ):
                 self._cond.wait()
             if len(self._inbox.get(seq, {})) < self.world_size - 1:
                 self._check()
@@ -348,18 +367,19 @@ class ProcessGroup:
         if not 0 <= root < self.world_size:
             raise DistributedError(f"broadcast: root {root} is outside 0..{self.world_size - 1}")
         mine = bytes(data or b"") if self.rank == root else b""
-        return self._exchange("broadcast", {"root": root}, mine,
-                              lambda parts: [({}, parts[root][1])] * len(parts))[1]
+        return self._exchange("broadcast", {"root": root}, mine, lambda parts: [({}, parts[root][1])] * len(parts))[1]
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's bytes, in rank order, on every rank."""
+
         def combine(parts):
             sizes = [len(p[1]) for p in parts]
             return [({"sizes": sizes}, b"".join(p[1] for p in parts))] * len(parts)
+
         meta, blob = self._exchange("all_gather", {}, bytes(data), combine)
         out, at = [], 0
         for n in meta["sizes"]:
-            out.append(blob[at:at + n])
+            out.append(blob[at : at + n])
             at += n
         return out
 
@@ -369,8 +389,10 @@ class ProcessGroup:
         values = [v.decode() for v in self.all_gather_bytes(value.encode())]
         differ = [r for r, v in enumerate(values) if v != values[0]]
         if differ:
-            raise DistributedError(f"the ranks loaded different {what}: rank(s) {', '.join(map(str, differ))} "
-                                   f"differ from rank 0 ({values[differ[0]][:80]!r} vs {values[0][:80]!r})")
+            raise DistributedError(
+                f"the ranks loaded different {what}: rank(s) {', '.join(map(str, differ))} "
+                f"differ from rank 0 ({values[differ[0]][:80]!r} vs {values[0][:80]!r})"
+            )
 
     def all_reduce(self, x: np.ndarray) -> np.ndarray:
         """The sum over ranks (in rank order, in x's dtype) of a host array."""
@@ -383,6 +405,7 @@ class ProcessGroup:
             for m, p in parts[1:]:
                 acc += np.frombuffer(p, acc.dtype)
             return [(parts[0][0], acc.tobytes())] * len(parts)
+
         m, payload = self._exchange("all_reduce", meta, x.tobytes(), combine)
         return np.frombuffer(payload, x.dtype).reshape(x.shape).copy()
 
@@ -413,8 +436,9 @@ def _same_layout(op: str, parts) -> None:
     first = parts[0][0]
     for r, (m, _) in enumerate(parts):
         if m.get("dtype") != first.get("dtype") or m.get("shape") != first.get("shape"):
-            raise DistributedError(f"{op}: rank {r} gave {m.get('dtype')}{m.get('shape')}, rank 0 "
-                                   f"{first.get('dtype')}{first.get('shape')}")
+            raise DistributedError(
+                f"{op}: rank {r} gave {m.get('dtype')}{m.get('shape')}, rank 0 {first.get('dtype')}{first.get('shape')}"
+            )
 
 
 # ---- the group of this process ------------------------------------------------------------------
@@ -435,13 +459,34 @@ def init(world_size: int | None = None, timeout: float = TIMEOUT) -> ProcessGrou
                 raise DistributedError(
                     f"tensor_parallel={world_size} but this process was started as one of WORLD_SIZE="
                     f"{env.world_size}: start {world_size} processes, one per GPU (`rocmc launch -n "
-                    f"{world_size} ...`)")
+                    f"{world_size} ...`)"
+                )
             _group = ProcessGroup(env, timeout)
             atexit.register(_leave_at_exit, _group)
         elif world_size is not None and _group.world_size != world_size:
-            raise DistributedError(f"tensor_parallel={world_size} but this process's group has "
-                                   f"{_group.world_size} ranks")
+            raise DistributedError(
+                f"tensor_parallel={world_size} but this process's group has {_group.world_size} ranks"
+            )
         return _group
+
+
+def prepare(world_size: int, target_kind: str, device: str) -> tuple[ProcessGroup | None, str]:
+    """Set this process up as one rank of a tensor-parallel program of `world_size` ranks, before its
+    device opens: join the group and, on a GPU target, make IREE's collective channel span the ranks
+    (runtime/native) and take this rank's own GPU (a `device` without an index gets LOCAL_RANK's).
+    Returns (the group, the device to open); (None, device) for a program of one rank. Calling it again
+    gives the same group and device."""
+    if world_size <= 1:
+        return None, device
+    group = init(world_size)
+    if target_kind != "cpu":
+        from . import native
+
+        native.collective_library(target_kind)
+        native.install(group)
+        if ":" not in device:
+            device = f"{device}:{group.local_rank}"
+    return group, device
 
 
 def _leave_at_exit(group: ProcessGroup) -> None:
@@ -457,13 +502,15 @@ def current():
     if sim is not None:
         return sim
     if _group is None:
-        raise DistributedError("a collective op ran outside a tensor-parallel group: load the module with "
-                               "tensor_parallel=N under `rocmc launch`, or evaluate the ranks with "
-                               "rocmc.runtime.distributed.simulate")
+        raise DistributedError(OUTSIDE)
     return _group
 
 
+_install(current)  # rocmc.group.current() (the frontend's collective references) asks this
+
+
 # ---- ranks as threads of one process, for checking shardings with rocmc.evaluate ---------------
+
 
 class _SimulatedRank:
     def __init__(self, world, rank: int):
@@ -504,18 +551,21 @@ def simulate(world_size: int, fn):
         _local.rank = _SimulatedRank(world, r)
         try:
             results[r] = fn(r)
-        except BaseException as e:       # noqa: BLE001 - re-raised below, in the caller's thread
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
             errors[r] = e
             world.barrier.abort()
         finally:
             _local.rank = None
+
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
-                 next((e for e in errors if e is not None), None))
+    first = next(
+        (e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
+        next((e for e in errors if e is not None), None),
+    )
     if first is not None:
         raise first
     return results

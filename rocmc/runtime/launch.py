@@ -7,6 +7,7 @@ a link naming it as IREE loads it is put first on the ranks' LD_LIBRARY_PATH. Wh
 error, the others are stopped (SIGTERM, then SIGKILL after GRACE seconds) and launch returns its code:
 no rank is left running.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,12 +30,17 @@ def free_port() -> int:
 
 def rank_env(rank: int, n: int, port: int, key: str, base=None) -> dict:
     env = dict(os.environ if base is None else base)
-    env.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ROCMC_GROUP_KEY=key)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(n),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ROCMC_GROUP_KEY=key,
+    )
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     return env
-
-
 
 
 def launch(n: int, command: list, *, port: int | None = None, grace: float = GRACE) -> int:
@@ -43,12 +49,13 @@ def launch(n: int, command: list, *, port: int | None = None, grace: float = GRA
         raise InputError(f"launch: -n {n!r}: expected a number of processes >= 1")
     if not command:
         raise InputError("launch: no command given (e.g. `rocmc launch -n 2 rocmc generate ...`)")
-    if command[0] == "rocmc":              # this installation's rocmc, whatever PATH says
+    if command[0] == "rocmc":  # this installation's rocmc, whatever PATH says
         command = [sys.executable, "-m", "rocmc.cli", *command[1:]]
     port = port or free_port()
     key = secrets.token_hex(16)
     from .native import library_dir
-    libs = library_dir("cuda")          # a pip-installed NCCL, linked under the name IREE loads
+
+    libs = library_dir("cuda")  # a pip-installed NCCL, linked under the name IREE loads
     procs = []
     for r in range(n):
         env = rank_env(r, n, port, key)
@@ -68,6 +75,7 @@ def launch(n: int, command: list, *, port: int | None = None, grace: float = GRA
 
     def on_signal(signum, frame):
         stop(signum)
+
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         failed: list = []

@@ -1,4 +1,5 @@
 """Loading and calling compiled modules."""
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,7 @@ from ..arrays import is_tensor
 from ..archs import DEVICES, default_device, kind_of
 from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
-from ..frontend.dtypes import ALL as DTYPES, DType
+from ..dtypes import ALL as DTYPES, DType
 from ..progress import format_bytes, step
 from ..signature import bind
 from .devices import get_device, upload
@@ -37,33 +38,19 @@ class Module:
 
     def __init__(self, artifact: Artifact, device: str | None = None, parameters=None):
         from iree import runtime as rt
+
         self.artifact = artifact
         meta = artifact.metadata
-        target_kind = meta["target"].split(":")[0]
-        if device is None:
-            device = default_device(target_kind)
-        try:
-            dev_kind = kind_of(device)
-        except KeyError:
-            expected = f"{', '.join(DEVICES[:-1])} or {DEVICES[-1]}"
-            raise DeviceError(f"unknown device {device!r}; expected {expected}") from None
-        if dev_kind != target_kind:
-            raise DeviceError(f"artifact was compiled for {meta['target']} but device {device!r} runs "
-                              f"{dev_kind} code; recompile with the matching target or pick another device")
+        device = device_for(meta["target"], device)
         # A tensor-parallel rank's program: join the run's group before the device opens, so that IREE's
-        # collective channel spans the ranks (runtime/native); each rank takes its own GPU.
+        # collective channel spans the ranks; each rank takes its own GPU (distributed.prepare).
         self.world_size = int(meta.get("world_size", 1))
         self.rank = 0
         if self.world_size > 1:
             from . import distributed
-            group = distributed.init(self.world_size)
+
+            group, device = distributed.prepare(self.world_size, meta["target"].split(":")[0], device)
             self.rank = group.rank
-            if target_kind != "cpu":
-                from . import native
-                native.collective_library(target_kind)
-                native.install(group)
-                if ":" not in device:
-                    device = f"{device}:{group.local_rank}"
         self.device_name = device
         self.device = get_device(device)
         self._lock = threading.Lock()
@@ -73,20 +60,23 @@ class Module:
         self._providers = []
         if meta.get("externs"):
             from .providers import modules_for
-            self._providers = modules_for(meta["externs"], self.device, device, self._ctx.instance,
-                                          meta.get("format", 1))
+
+            self._providers = modules_for(
+                meta["externs"], self.device, device, self._ctx.instance, meta.get("format", 1)
+            )
             for m in self._providers:
                 self._ctx.add_vm_module(m)
         weights = f" with {len(specs)} parameters ({format_bytes(sum(s.nbytes for s in specs))})" if specs else ""
         with step(f"loading {meta.get('graph', 'the module')} on {device}{weights}", logger=__name__):
             try:
                 if self._parameters is not None:
-                    self._providers.append(self._parameters.provider(self._ctx.instance, scope=PARAMETER_SCOPE,
-                                                                     specs=specs))
+                    self._providers.append(
+                        self._parameters.provider(self._ctx.instance, scope=PARAMETER_SCOPE, specs=specs)
+                    )
                     self._ctx.add_vm_module(self._providers[-1])
                 self._vm_module = _vm_module(self._ctx.instance, artifact)
                 self._ctx.add_vm_module(self._vm_module)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 raise DeviceError(f"could not load the module on {device!r}: {e}") from None
         # Each function, with a second one for inputs whose attention scores would not fit (lowering/module.py).
         self._entries = {f["name"]: _Entry(self._ctx, f) for f in functions(meta)}
@@ -105,22 +95,24 @@ class Module:
         def one(e):
             ins = ", ".join(f"{i['name']}:{i['dtype']}[{','.join(map(str, i['shape']))}]" for i in e.sig["inputs"])
             return f"{e.name}({ins})"
+
         return f"<rocmc.Module {'; '.join(one(e) for e in self._entries.values())} on {self.device_name}>"
 
     def __getattr__(self, name: str):
         entries = self.__dict__.get("_entries", {})
         if name in entries:
             return lambda *args, **kwargs: self._call(entries[name], args, kwargs)
-        raise AttributeError(f"rocmc.Module has no attribute or function {name!r}"
-                             + (f"; its functions are {', '.join(entries)}" if entries else ""))
+        raise AttributeError(
+            f"rocmc.Module has no attribute or function {name!r}"
+            + (f"; its functions are {', '.join(entries)}" if entries else "")
+        )
 
     def call(self, function: str, *args, **kwargs):
         """Call the module's function of that name (see __call__ for the arguments)."""
         if self._ctx is None:
             raise DeviceError("module was closed; load the artifact again to call it")
         if function not in self._entries:
-            raise InputError(f"call({function!r}): the module has no such function; it has "
-                             f"{', '.join(self._entries)}")
+            raise InputError(f"call({function!r}): the module has no such function; it has {', '.join(self._entries)}")
         return self._call(self._entries[function], args, kwargs)
 
     def _validate(self, entry: _Entry, args, kwargs) -> tuple[list, dict]:
@@ -128,8 +120,8 @@ class Module:
         arrays, the module's device arrays, or CPU torch tensors (bind reads those as numpy arrays sharing
         their memory; a copy only where the module needs a contiguous array)."""
         from iree import runtime as rt
-        values, sizes = bind(entry.sig["inputs"], args, kwargs, entry.constraints,
-                             arrays=(np.ndarray, rt.DeviceArray))
+
+        values, sizes = bind(entry.sig["inputs"], args, kwargs, entry.constraints, arrays=(np.ndarray, rt.DeviceArray))
         out = []
         for spec, v in zip(entry.sig["inputs"], values):
             if isinstance(v, np.ndarray):
@@ -144,6 +136,7 @@ class Module:
         if d.raw is None:
             return v if v.dtype == d.abi_np else v.view(d.abi_np)
         from iree import runtime as rt
+
         return rt.DeviceArray(self.device, upload(self.device, v, d, d.hal_element_type()), override_dtype=d.np)
 
     def __call__(self, *args, **kwargs):
@@ -161,10 +154,12 @@ class Module:
 
     def _call(self, entry: _Entry, args, kwargs):
         from iree import runtime as rt
+
         kwargs = dict(kwargs)
         output = "numpy"
-        if "output" in kwargs and not (isinstance(kwargs["output"], (np.ndarray, rt.DeviceArray))
-                                       or is_tensor(kwargs["output"])):
+        if "output" in kwargs and not (
+            isinstance(kwargs["output"], (np.ndarray, rt.DeviceArray)) or is_tensor(kwargs["output"])
+        ):
             output = kwargs.pop("output")
         if output not in ("numpy", "device"):
             raise InputError(f"output={output!r}: expected 'numpy' or 'device'")
@@ -233,13 +228,16 @@ def _parameters_for(artifact: Artifact, given):
             raise InputError("load(parameters=...): this module takes no parameters")
         return None, [], []
     from ..parameters import Parameters, Spec
+
     if given is None:
         given = artifact.default_parameters()
         if given is None:
             names = ", ".join(repr(p["name"]) for p in needed[:3]) + (", ..." if len(needed) > 3 else "")
-            raise InputError(f"the module needs {len(needed)} parameter(s) ({names}) and none were given: pass "
-                             f"load(..., parameters=) an .irpa, a .safetensors file, a checkpoint directory or "
-                             f"a dict of arrays")
+            raise InputError(
+                f"the module needs {len(needed)} parameter(s) ({names}) and none were given: pass "
+                f"load(..., parameters=) an .irpa, a .safetensors file, a checkpoint directory or "
+                f"a dict of arrays"
+            )
     params = Parameters.open(given)
     specs = [Spec(p["name"], tuple(p["shape"]), p["dtype"]) for p in needed]
     return params, specs, params.check(specs)
@@ -249,8 +247,13 @@ def _long_form(meta) -> dict | None:
     """The metadata's `long_form` with each score term's sizes parsed (they are evaluated per call)."""
     if meta is None:
         return None
-    ok = (isinstance(meta, dict) and isinstance(meta.get("function"), str) and isinstance(meta.get("limit"), int)
-          and isinstance(meta.get("scores"), list) and all(isinstance(t, list) for t in meta["scores"]))
+    ok = (
+        isinstance(meta, dict)
+        and isinstance(meta.get("function"), str)
+        and isinstance(meta.get("limit"), int)
+        and isinstance(meta.get("scores"), list)
+        and all(isinstance(t, list) for t in meta["scores"])
+    )
     if not ok:
         raise ArtifactError(f"metadata long_form {meta!r}: expected {{function, scores: [[sizes]], limit: int}}")
     scores = [[symbolic.parse(d, ArtifactError) for d in term] for term in meta["scores"]]
@@ -281,9 +284,29 @@ def _vm_module(instance, artifact: Artifact):
     an Artifact of the compile cache, which verified the file. Copy the bytes otherwise: those of a
     loaded file are the ones `Artifact.load` verified, so the file can't change in between."""
     from iree import runtime as rt
+
     if getattr(artifact, "_vmfb", None) is None and artifact.path:
         return rt.VmModule.mmap(instance, str(artifact.path))
     return rt.VmModule.copy_buffer(instance, artifact.vmfb)
+
+
+def device_for(target: str, device: str | None) -> str:
+    """The device a module compiled for `target` runs on: `device`, checked to run the target's kind of
+    code, or the kind's default device."""
+    target_kind = target.split(":")[0]
+    if device is None:
+        device = default_device(target_kind)
+    try:
+        dev_kind = kind_of(device)
+    except KeyError:
+        expected = f"{', '.join(DEVICES[:-1])} or {DEVICES[-1]}"
+        raise DeviceError(f"unknown device {device!r}; expected {expected}") from None
+    if dev_kind != target_kind:
+        raise DeviceError(
+            f"artifact was compiled for {target} but device {device!r} runs "
+            f"{dev_kind} code; recompile with the matching target or pick another device"
+        )
+    return device
 
 
 def load(artifact, device: str | None = None, *, verify: bool = True, parameters=None) -> Module:

@@ -1,5 +1,6 @@
 """The `gpu` fixture: compiles a case (--gpu-compile DIR), runs it on the cuda device
 (--gpu-artifacts DIR), or skips it with the reason when neither was asked for or no GPU is there."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,10 @@ import pytest
 
 from gpu_harness import Compiler, Runner
 
-_NOT_ASKED = ("GPU numerics tests: compile with `pytest tests/gpu --gpu-compile DIR` (needs iree-compile), "
-              "run with `pytest tests/gpu -m gpu --gpu-artifacts DIR` on a machine with an NVIDIA GPU")
+_NOT_ASKED = (
+    "GPU numerics tests: compile with `pytest tests/gpu --gpu-compile DIR` (needs iree-compile), "
+    "run with `pytest tests/gpu -m gpu --gpu-artifacts DIR` on a machine with an NVIDIA GPU"
+)
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +36,9 @@ def gpu_step(request):
     try:
         _torch_cudnn_first()
         import rocmc
+
         rocmc.runtime.get_device("cuda")
-    except Exception as e:         # no driver, no device: a CPU machine
+    except Exception as e:  # noqa: BLE001 - no driver, no device: a CPU machine
         pytest.skip(f"no cuda device to run the GPU tests on: {e}")
     yield runner
 
@@ -44,8 +48,9 @@ def _torch_cudnn_first() -> None:
     the provider then binds that already loaded library instead of another copy."""
     try:
         import torch
+
         torch.backends.cudnn.is_available()
-    except Exception:      # no torch: the provider finds cuDNN itself
+    except Exception:  # noqa: BLE001 - no torch: the provider finds cuDNN itself
         pass
 
 

@@ -9,6 +9,7 @@ another graph (a stale directory is a failure, not a silent pass), loads the mod
 device and compares each output with a float64 reference computed there. Only the compile step needs
 the compiler: `import rocmc` imports iree.compiler on the first compile, never before.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +27,7 @@ MANIFEST = "manifest.json"
 
 
 # ---- errors: one number per output, compared with the case's tolerance ---------------------------
+
 
 def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
     """Relative L2 error: robust to a few rounding outliers, blind to none of a wrong region."""
@@ -52,6 +54,7 @@ class Case:
     float64 semantics). variant: a context manager factory the compile step runs under; with it, a
     module equal to the plain one is recorded as such and its run is skipped.
     """
+
     name: str
     graph: Callable[[], "rocmc.Graph"]
     inputs: Callable[[np.random.Generator, int | None], list]
@@ -61,9 +64,10 @@ class Case:
     compile: dict = field(default_factory=dict)
     reference: Callable | None = None
     variant: Callable | None = None
-    poison: bool = False      # run once on NaN inputs first: an unwritten output element shows as NaN
-    runs: int = 1             # >1: every run must agree with the reference (a result that moves is a race)
-    calls: str = ""           # "kernels" or an import ("miopen", "miopen.lstm"): what the module must call
+    poison: bool = False  # run once on NaN inputs first: an unwritten output element shows as NaN
+    runs: int = 1  # >1: every run must agree with the reference (a result that moves is a race)
+    calls: str = ""  # "kernels" or an import ("dnn", "dnn.lstm"): what the module must call
+    target: str = TARGET  # the compile target (cuda:sm_90 compiles sm_80 code and says so)
 
 
 def ids(cases: list[Case]) -> list[str]:
@@ -80,6 +84,7 @@ def _spec(a: np.ndarray) -> list:
 
 # ---- compile step ------------------------------------------------------------------------------------
 
+
 class Compiler:
     """Compiles cases into a directory: each case's module and its manifest entry (`<case>.json`, one
     file per case, so parallel workers (-n) never write the same file); `write` gathers them into
@@ -92,14 +97,18 @@ class Compiler:
     def __call__(self, case: Case) -> None:
         g = case.graph()
         with (case.variant or contextlib.nullcontext)():
-            art = rocmc.compile(g, TARGET, cache=case.variant is None, **case.compile)
+            art = rocmc.compile(g, case.target, cache=case.variant is None, **case.compile)
         _check_calls(case, art.metadata)
-        entry = {"hash": g.hash(), "compile": repr(case.compile),
-                 "inputs": {_key(n): [_spec(a) for a in case.inputs(np.random.default_rng(0), n)] for n in case.sizes},
-                 "imports": sorted({x["import"] for x in art.metadata.get("externs", [])}),
-                 "kernels": [k["symbol"] for k in art.metadata.get("kernels", [])]}
+        entry = {
+            "hash": g.hash(),
+            "compile": repr(case.compile),
+            "target": case.target,
+            "inputs": {_key(n): [_spec(a) for a in case.inputs(np.random.default_rng(0), n)] for n in case.sizes},
+            "imports": sorted({x["import"] for x in art.metadata.get("externs", [])}),
+            "kernels": [k["symbol"] for k in art.metadata.get("kernels", [])],
+        }
         if case.variant is not None:
-            plain = rocmc.compile(g, TARGET, **case.compile)
+            plain = rocmc.compile(g, case.target, **case.compile)
             if plain.vmfb == art.vmfb:
                 entry["same_as_plain"] = True
         if not entry.get("same_as_plain"):
@@ -108,8 +117,11 @@ class Compiler:
 
     def write(self) -> None:
         """The manifest: every case entry in the directory (a -k subset adds to what is there)."""
-        cases = {p.name[:-len(".json")]: json.loads(p.read_text()) for p in sorted(self.out.glob("*.json"))
-                 if p.name != MANIFEST}
+        cases = {
+            p.name[: -len(".json")]: json.loads(p.read_text())
+            for p in sorted(self.out.glob("*.json"))
+            if p.name != MANIFEST
+        }
         (self.out / MANIFEST).write_text(json.dumps({"target": TARGET, "cases": cases}, indent=1, sort_keys=True))
 
 
@@ -119,11 +131,13 @@ def _check_calls(case: Case, meta: dict) -> None:
         assert meta.get("kernels"), f"{case.name}: no hand-written kernel in the module"
     elif case.calls:
         imports = [x["import"] for x in meta.get("externs", [])]
-        assert any(i == case.calls or i.startswith(case.calls + ".") for i in imports), \
+        assert any(i == case.calls or i.startswith(case.calls + ".") for i in imports), (
             f"{case.name}: no {case.calls} call in the module (imports: {imports})"
+        )
 
 
 # ---- run step ----------------------------------------------------------------------------------------
+
 
 class Runner:
     """Runs compiled cases on the cuda device against float64 references."""
@@ -132,26 +146,36 @@ class Runner:
         self.dir = directory
         path = directory / MANIFEST
         if not path.exists():
-            raise FileNotFoundError(f"{path}: no manifest; compile the artifacts first "
-                                    f"(python -m pytest tests/gpu --gpu-compile {directory})")
+            raise FileNotFoundError(
+                f"{path}: no manifest; compile the artifacts first "
+                f"(python -m pytest tests/gpu --gpu-compile {directory})"
+            )
         self.manifest = json.loads(path.read_text())["cases"]
 
     def __call__(self, case: Case, rng: np.random.Generator) -> None:
         import pytest
+
         entry = self.manifest.get(case.name)
         assert entry is not None, f"{case.name}: not in {self.dir / MANIFEST}; rerun the compile step"
         if entry.get("same_as_plain"):
             pytest.skip(f"{case.name}: the variant compiles to the plain module (tested without it)")
         g = case.graph()
-        assert entry["hash"] == g.hash(), (f"{case.name}: the artifact was compiled from another graph "
-                                           f"(stale directory or numpy drift); rerun the compile step")
+        assert entry["hash"] == g.hash(), (
+            f"{case.name}: the artifact was compiled from another graph "
+            f"(stale directory or numpy drift); rerun the compile step"
+        )
         mod = rocmc.load(self.dir / f"{case.name}.vmfb", device="cuda")
         try:
             for n in case.sizes:
                 ins = case.inputs(rng, n)
-                assert [_spec(a) for a in ins] == entry["inputs"][_key(n)], f"{case.name}: inputs differ from the manifest"
-                want = _tuple(case.reference(*[np.asarray(a, np.float64) for a in ins]) if case.reference
-                              else rocmc.evaluate(g, *ins))
+                assert [_spec(a) for a in ins] == entry["inputs"][_key(n)], (
+                    f"{case.name}: inputs differ from the manifest"
+                )
+                want = _tuple(
+                    case.reference(*[np.asarray(a, np.float64) for a in ins])
+                    if case.reference
+                    else rocmc.evaluate(g, *ins)
+                )
                 if case.poison:
                     mod(*[np.full_like(a, np.nan) if _is_float(a) else a for a in ins])
                 for run in range(case.runs):

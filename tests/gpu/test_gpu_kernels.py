@@ -3,6 +3,7 @@ rows, very long rows, symbolic rows and columns, reductions over trailing axes, 
 and outlier rows (the one-pass LayerNorm's cancellation), and rope's half/interleaved forms, layouts,
 partial rotation, batched and broadcast tables and position ids. Each module runs on NaN inputs first,
 so an output element a kernel fails to write keeps the NaN and fails the test."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -44,8 +45,11 @@ def norm_case(name, op, dtype, shape, sym=None, axis=-1, weight=True, bias=True,
         x = g.input("x", xs, dtype)
         w = g.input("w", xs[ax:], dtype) if affine[0] else None
         b = g.input("b", xs[ax:], dtype) if affine[1] else None
-        g.output(ops.layer_norm(x, w, b, eps=1e-5, axis=axis) if op == "layer_norm"
-                 else ops.rms_norm(x, w, eps=1e-6, axis=axis))
+        g.output(
+            ops.layer_norm(x, w, b, eps=1e-5, axis=axis)
+            if op == "layer_norm"
+            else ops.rms_norm(x, w, eps=1e-6, axis=axis)
+        )
         return g
 
     def inputs(rng, _):
@@ -55,11 +59,13 @@ def norm_case(name, op, dtype, shape, sym=None, axis=-1, weight=True, bias=True,
         if affine[1]:
             out.append(_rand(rng, shape[ax:], dtype))
         return out
+
     return Case(name, graph, inputs, TOL[dtype], rel_l2, poison=True, calls="kernels")
 
 
-def rope_case(name, dtype, b, h, t, d, interleaved=False, layout="bhsd", rot=None, table="shared", pos=None,
-              T=None) -> Case:
+def rope_case(
+    name, dtype, b, h, t, d, interleaved=False, layout="bhsd", rot=None, table="shared", pos=None, T=None
+) -> Case:
     """rope of x (b,h,t,d) or (b,t,h,d); table: "shared" (T, r), "batched" (b, t, r), "one" (1, t, r);
     pos: None, "int32" or "int64" position ids (b, t) into a (T, r) table."""
     rot = rot or d
@@ -82,6 +88,7 @@ def rope_case(name, dtype, b, h, t, d, interleaved=False, layout="bhsd", rot=Non
         if pos:
             out.append(rng.integers(0, T, size=(b, t)).astype(pos))
         return out
+
     return Case(name, graph, inputs, TOL[dtype], rel_l2, poison=True, calls="kernels")
 
 
@@ -89,27 +96,32 @@ def _cases() -> list[Case]:
     out = []
     for dt in DTYPES:
         for op in ("rms_norm", "layer_norm"):
-            out += [norm_case(f"{op}_{dt}_4096", op, dt, (6, 4096), sym="n"),
-                    norm_case(f"{op}_{dt}_odd", op, dt, (7, 1001)),
-                    norm_case(f"{op}_{dt}_1x1", op, dt, (1, 1)),
-                    norm_case(f"{op}_{dt}_short", op, dt, (300, 24), sym="n"),
-                    norm_case(f"{op}_{dt}_20000", op, dt, (3, 20000)),
-                    norm_case(f"{op}_{dt}_axis1", op, dt, (2, 3, 40), axis=1, weight=dt != "f16"),
-                    norm_case(f"{op}_{dt}_dyncols", op, dt, (5, 3000), sym="all"),
-                    norm_case(f"{op}_{dt}_noaffine", op, dt, (5, 777), weight=False, bias=False)]
-        out += [norm_case(f"layer_norm_{dt}_shifted", "layer_norm", dt, (4, 2048), shift=300.0 if dt == "f32" else 8.0),
-                norm_case(f"layer_norm_{dt}_outlier", "layer_norm", dt, (4, 2048),
-                          first=1000.0 if dt == "f32" else 200.0),
-                norm_case(f"layer_norm_{dt}_nobias", "layer_norm", dt, (4, 512), bias=False)]
+            out += [
+                norm_case(f"{op}_{dt}_4096", op, dt, (6, 4096), sym="n"),
+                norm_case(f"{op}_{dt}_odd", op, dt, (7, 1001)),
+                norm_case(f"{op}_{dt}_1x1", op, dt, (1, 1)),
+                norm_case(f"{op}_{dt}_short", op, dt, (300, 24), sym="n"),
+                norm_case(f"{op}_{dt}_20000", op, dt, (3, 20000)),
+                norm_case(f"{op}_{dt}_axis1", op, dt, (2, 3, 40), axis=1, weight=dt != "f16"),
+                norm_case(f"{op}_{dt}_dyncols", op, dt, (5, 3000), sym="all"),
+                norm_case(f"{op}_{dt}_noaffine", op, dt, (5, 777), weight=False, bias=False),
+            ]
+        out += [
+            norm_case(f"layer_norm_{dt}_shifted", "layer_norm", dt, (4, 2048), shift=300.0 if dt == "f32" else 8.0),
+            norm_case(f"layer_norm_{dt}_outlier", "layer_norm", dt, (4, 2048), first=1000.0 if dt == "f32" else 200.0),
+            norm_case(f"layer_norm_{dt}_nobias", "layer_norm", dt, (4, 512), bias=False),
+        ]
         for inter in (False, True):
             v = f"rope_{'i' if inter else 'h'}_{dt}"
-            out += [rope_case(f"{v}_bhsd", dt, 2, 3, 5, 64, interleaved=inter),
-                    rope_case(f"{v}_bshd", dt, 3, 4, 7, 128, interleaved=inter, layout="bshd"),
-                    rope_case(f"{v}_partial", dt, 2, 2, 9, 96, interleaved=inter, rot=32, table="batched"),
-                    rope_case(f"{v}_pos32", dt, 2, 3, 6, 64, interleaved=inter, pos="int32", T=50),
-                    rope_case(f"{v}_pos64", dt, 2, 5, 3, 6, interleaved=inter, pos="int64", T=9, layout="bshd"),
-                    rope_case(f"{v}_pair", dt, 2, 1, 3, 2, interleaved=inter, table="one"),
-                    rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6)]
+            out += [
+                rope_case(f"{v}_bhsd", dt, 2, 3, 5, 64, interleaved=inter),
+                rope_case(f"{v}_bshd", dt, 3, 4, 7, 128, interleaved=inter, layout="bshd"),
+                rope_case(f"{v}_partial", dt, 2, 2, 9, 96, interleaved=inter, rot=32, table="batched"),
+                rope_case(f"{v}_pos32", dt, 2, 3, 6, 64, interleaved=inter, pos="int32", T=50),
+                rope_case(f"{v}_pos64", dt, 2, 5, 3, 6, interleaved=inter, pos="int64", T=9, layout="bshd"),
+                rope_case(f"{v}_pair", dt, 2, 1, 3, 2, interleaved=inter, table="one"),
+                rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6),
+            ]
     return [replace(c, name=f"kernel.{c.name}") for c in out]
 
 

@@ -4,10 +4,11 @@ The llama block (hidden 1024, 8 heads, 2 kv heads, f16, sequence 2048 static) gr
 with the hand-written kernels (default) and the generated implementations, so the smallest failing
 piece stands out; then sdpa in many forms (symbolic query/key lengths, GQA, causal, boolean and additive
 masks, f32, operands transposed in the graph that IREE folds into the attention op), through the GEMM
-library (`libraries=["hipblaslt"]`) and IREE's own attention (the default), and that one also with its run-time switch
+library (`libraries=["blas"]`) and IREE's own attention (the default), and that one also with its run-time switch
 forced to the fused attention (the branch long sequences take); and contractions with symbolic M, N, K.
 Outputs are allocated by IREE, so they cannot be poisoned: every module runs twice (a result that moves
 between calls is a race) and a non-finite element fails. Weights are inputs, fresh random on each run."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,16 +25,26 @@ SEQ, HIDDEN, HEADS, KV = 2048, 1024, 8, 2
 HD = HIDDEN // HEADS
 FFN = int(8 * HIDDEN / 3 + 255) // 256 * 256
 TOL = {"f16": 1e-2, "f32": 1e-4}
-SEQS = (37, 300)              # run-time sizes of symbolic sequence lengths
+SEQS = (37, 300)  # run-time sizes of symbolic sequence lengths
 IREE_ATTENTION = {"impl": {"sdpa": "generated"}}
-WEIGHTS = {"attn_norm": (HIDDEN,), "wq": (HIDDEN, HIDDEN), "wk": (HIDDEN, KV * HD), "wv": (HIDDEN, KV * HD),
-           "wo": (HIDDEN, HIDDEN), "mlp_norm": (HIDDEN,), "w_gate": (HIDDEN, FFN), "w_up": (HIDDEN, FFN),
-           "w_down": (FFN, HIDDEN), "rope_cos": (SEQ, HD // 2), "rope_sin": (SEQ, HD // 2)}
+WEIGHTS = {
+    "attn_norm": (HIDDEN,),
+    "wq": (HIDDEN, HIDDEN),
+    "wk": (HIDDEN, KV * HD),
+    "wv": (HIDDEN, KV * HD),
+    "wo": (HIDDEN, HIDDEN),
+    "mlp_norm": (HIDDEN,),
+    "w_gate": (HIDDEN, FFN),
+    "w_up": (HIDDEN, FFN),
+    "w_down": (FFN, HIDDEN),
+    "rope_cos": (SEQ, HD // 2),
+    "rope_sin": (SEQ, HD // 2),
+}
 
 
 def _fused_attention():
     """IREE's attention with the run-time switch forced to the fused form (DECOMPOSE_UP_TO_SCORES = 0)."""
-    from rocmc.lowering.generated import attention
+    from rocmc.lowering.codegen import attention
 
     @contextlib.contextmanager
     def forced():
@@ -42,10 +53,12 @@ def _fused_attention():
             yield
         finally:
             attention.DECOMPOSE_UP_TO_SCORES = old
+
     return forced()
 
 
 # ---- the llama block, one stage at a time ----------------------------------------------------------
+
 
 def _stage_graph(stage: str) -> rocmc.Graph:
     """A prefix (or part) of the llama block with static sequence SEQ; the weights it uses are inputs."""
@@ -75,11 +88,15 @@ def _stage_graph(stage: str) -> rocmc.Graph:
 
     stages = {
         "mm_tt": lambda: ops.matmul(w("wv"), x, transpose_a=True, transpose_b=True),
-        "mm_v_t": lambda: ops.permute(ops.matmul(x, w("wv")), (0, 2, 1)),     # IREE folded the transpose (wrong)
+        "mm_v_t": lambda: ops.permute(ops.matmul(x, w("wv")), (0, 2, 1)),  # IREE folded the transpose (wrong)
         "mm_v_perm": lambda: ops.permute(ops.reshape(ops.matmul(x, w("wv")), (1, SEQ, KV, HD)), (0, 2, 1, 3)),
         "norm_mm": lambda: ops.matmul(ops.rms_norm(x, w("attn_norm"), eps=1e-5), w("wq")),
-        "norm_mm_rope": lambda: ops.rope(ops.reshape(ops.matmul(ops.rms_norm(x, w("attn_norm"), eps=1e-5), w("wq")),
-                                                     (1, SEQ, HEADS, HD)), w("rope_cos"), w("rope_sin"), layout="bshd"),
+        "norm_mm_rope": lambda: ops.rope(
+            ops.reshape(ops.matmul(ops.rms_norm(x, w("attn_norm"), eps=1e-5), w("wq")), (1, SEQ, HEADS, HD)),
+            w("rope_cos"),
+            w("rope_sin"),
+            layout="bshd",
+        ),
         "attn_norope": lambda: attention(rope=False),
         "attn": lambda: attention(rope=True),
         "attn_wo": lambda: x + ops.matmul(attention(rope=True), w("wo")),
@@ -105,9 +122,17 @@ def _stage_case(stage: str, impl: str, fused=False) -> Case:
     def inputs(rng, _):
         names = [v.name for v in _stage_graph(stage).inputs[1:]]
         return [rng.standard_normal((1, SEQ, HIDDEN)).astype(np.float16)] + [_weight(rng, n) for n in names]
-    return Case(f"llama.{stage}.{impl}{'.fused' if fused else ''}", lambda: _stage_graph(stage), inputs, TOL["f16"],
-                rel_l2, compile={"impl": "generated"} if impl == "generated" else {}, runs=2,
-                variant=_fused_attention if fused else None)
+
+    return Case(
+        f"llama.{stage}.{impl}{'.fused' if fused else ''}",
+        lambda: _stage_graph(stage),
+        inputs,
+        TOL["f16"],
+        rel_l2,
+        compile={"impl": "generated"} if impl == "generated" else {},
+        runs=2,
+        variant=_fused_attention if fused else None,
+    )
 
 
 STAGES = ("mm_tt", "mm_v_t", "mm_v_perm", "norm_mm", "norm_mm_rope", "attn_norope", "attn", "attn_wo", "mlp", "block")
@@ -131,7 +156,7 @@ SDPA = {
     "mha_static": (4, 4, 256, 256, 64, "f16", False, None),
     "gqa_dyn_causal_vt": (HEADS, KV, "s", "s", HD, "f16", True, None),
     "mha_static_vt": (4, 4, 256, 256, 64, "f16", False, None),
-    "gqa_static_causal_vt": (HEADS, KV, SEQ, SEQ, HD, "f16", True, None),   # the block's attention, v^T
+    "gqa_static_causal_vt": (HEADS, KV, SEQ, SEQ, HD, "f16", True, None),  # the block's attention, v^T
     "mha_static_vt_f32": (4, 4, 256, 256, 64, "f32", False, None),
     "mha_static_kt": (4, 4, 256, 256, 64, "f16", False, None),
     "mha_static_qt": (4, 4, 256, 256, 64, "f16", False, None),
@@ -172,30 +197,43 @@ def _sdpa_inputs(name):
         shapes, (s, skv) = _sdpa_shapes(name, n)
         ins = [rng.standard_normal(sh).astype(npd) for sh in shapes]
         keep = rng.random((s, skv)) < 0.7
-        keep[:, 0] = True                       # every query keeps a key
+        keep[:, 0] = True  # every query keeps a key
         if mask == "bool":
             ins.append(keep)
         elif mask == "add":
             ins.append(np.where(keep, rng.standard_normal((s, skv)), -np.inf).astype(npd))
         return ins
+
     return inputs
 
 
 def _sdpa_case(name: str, impl: str) -> Case:
     symbolic = any(isinstance(x, str) for x in SDPA[name][2:4])
-    return Case(f"sdpa.{name}.{impl}", lambda: _sdpa_graph(name), _sdpa_inputs(name), TOL[SDPA[name][5]], rel_l2,
-                sizes=SEQS if symbolic else (None,), runs=2,
-                compile=IREE_ATTENTION if impl != "library" else {"libraries": ["hipblaslt"]},
-                variant=_fused_attention if impl == "iree_fused" else None)
+    return Case(
+        f"sdpa.{name}.{impl}",
+        lambda: _sdpa_graph(name),
+        _sdpa_inputs(name),
+        TOL[SDPA[name][5]],
+        rel_l2,
+        sizes=SEQS if symbolic else (None,),
+        runs=2,
+        compile=IREE_ATTENTION if impl != "library" else {"libraries": ["blas"]},
+        variant=_fused_attention if impl == "iree_fused" else None,
+    )
 
 
 # ---- contractions with symbolic sizes (padded to a tile multiple on GPUs) --------------------------------
 
-MM = {"rows_f16": ([(1, "s", 1024), (1024, 256)], "f16", ops.matmul),
-      "linear_bias_f32": ([(2, "s", 96), (80, 96), (80,)], "f32", ops.linear),
-      "mnk_f16": ([(2, "s", "t"), (2, "t", "s")], "f16", ops.matmul),
-      "transposed_f16": ([("t", "s"), (72, "t")], "f16",
-                         lambda a, b: ops.matmul(a, b, transpose_a=True, transpose_b=True))}
+MM = {
+    "rows_f16": ([(1, "s", 1024), (1024, 256)], "f16", ops.matmul),
+    "linear_bias_f32": ([(2, "s", 96), (80, 96), (80,)], "f32", ops.linear),
+    "mnk_f16": ([(2, "s", "t"), (2, "t", "s")], "f16", ops.matmul),
+    "transposed_f16": (
+        [("t", "s"), (72, "t")],
+        "f16",
+        lambda a, b: ops.matmul(a, b, transpose_a=True, transpose_b=True),
+    ),
+}
 
 
 def _mm_case(name: str) -> Case:
@@ -207,15 +245,20 @@ def _mm_case(name: str) -> Case:
         return g
 
     def inputs(rng, n):
-        return [rng.standard_normal(tuple(n if isinstance(d, str) else d for d in sh)).astype(rocmc.dtype(dt).np)
-                for sh in shapes]
+        return [
+            rng.standard_normal(tuple(n if isinstance(d, str) else d for d in sh)).astype(rocmc.dtype(dt).np)
+            for sh in shapes
+        ]
+
     return Case(f"mm.{name}", graph, inputs, TOL[dt], rel_l2, sizes=SEQS, runs=2)
 
 
-CASES = ([_stage_case(s, impl) for s in STAGES for impl in ("kernels", "generated")]
-         + [_stage_case(s, "generated", fused=True) for s in WITH_ATTENTION]
-         + [_sdpa_case(n, impl) for n in SDPA for impl in ("library", "iree", "iree_fused")]
-         + [_mm_case(n) for n in MM])
+CASES = (
+    [_stage_case(s, impl) for s in STAGES for impl in ("kernels", "generated")]
+    + [_stage_case(s, "generated", fused=True) for s in WITH_ATTENTION]
+    + [_sdpa_case(n, impl) for n in SDPA for impl in ("library", "iree", "iree_fused")]
+    + [_mm_case(n) for n in MM]
+)
 
 
 @pytest.mark.gpu

@@ -1,18 +1,40 @@
-"""ONNX indexing and layout ops: ScatterElements, Scatter, ScatterND, Trilu, Einsum, Tile, ArgMax,
-ArgMin, OneHot, EyeLike, DepthToSpace, SpaceToDepth, Hardmax.
+"""ONNX indexing and layout ops: GatherElements, GatherND, ScatterElements, Scatter, ScatterND, Trilu,
+Einsum, Tile, ArgMax, ArgMin, OneHot, EyeLike, DepthToSpace, SpaceToDepth, Hardmax, TopK, CumSum.
 
-Each maps onto one rocmc op (scatter_elements, scatter_nd, triu/tril, argmax/argmin) or a short
-composition of them (einsum; Tile as unsqueeze + broadcast_to + reshape; OneHot and Hardmax as an
-equality with positions from arange; DepthToSpace/SpaceToDepth as reshape + transpose + reshape).
-Counts that fix a shape (Tile's repeats, OneHot's depth, Trilu's k) must be known at import.
+Each maps onto one rocmc op (take_along_axis, gather_nd, scatter_elements, scatter_nd, triu/tril,
+argmax/argmin, topk, cumsum) or a short composition of them (einsum; Tile as unsqueeze + broadcast_to
++ reshape; OneHot and Hardmax as an equality with positions from arange; DepthToSpace/SpaceToDepth as
+reshape + transpose + reshape). Counts that fix a shape (Tile's repeats, OneHot's depth, Trilu's k,
+TopK's K) must be known at import.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from . import REFERENCE_FOLDS, Node, Unsupported, _axis, _one_int, _ops, _rocmc_dtype, converts
-from ..dtypes import dtype as rocmc_dtype
+from .importer import REFERENCE_FOLDS, converts, folds
+from .values import Node, Unsupported, _axis, _ops, _rocmc_dtype
+from ...dtypes import dtype as rocmc_dtype
 from ..ops.shape import product
+
+
+def _one_int(n: Node, i: int, what: str) -> int:
+    """An input that must hold one integer known at import time (TopK's K, CumSum's axis)."""
+    values = n.ints(i, what)
+    if values is None or len(values) != 1:
+        raise Unsupported(f"input {what!r} must hold one integer, got {values}")
+    return values[0]
+
+
+@converts("GatherElements")
+def _gather_elements(n: Node):
+    axis = _axis(n, n.attr("axis", 0), n.inputs[0].rank)
+    return _ops().take_along_axis(n.value(0), n.value(1), axis=axis)
+
+
+@converts("GatherND")
+def _gather_nd(n: Node):
+    return _ops().gather_nd(n.value(0), n.value(1), batch_dims=n.attr("batch_dims", 0))
 
 
 def _reduction(n: Node) -> str:
@@ -22,8 +44,9 @@ def _reduction(n: Node) -> str:
 @converts("ScatterElements", "Scatter")
 def _scatter_elements(n: Node):
     data = n.value(0)
-    return _ops().scatter_elements(data, n.value(1), n.value(2), axis=_axis(n.attr("axis", 0), data.rank),
-                                   reduction=_reduction(n))
+    return _ops().scatter_elements(
+        data, n.value(1), n.value(2), axis=_axis(n, n.attr("axis", 0), data.rank), reduction=_reduction(n)
+    )
 
 
 @converts("ScatterND")
@@ -36,6 +59,13 @@ def _trilu(n: Node):
     k = _one_int(n, 1, "k") if n.has(1) else 0
     keep = _ops().triu if n.attr("upper", 1) else _ops().tril
     return keep(n.value(0), k)
+
+
+@folds("Trilu")
+def _fold_trilu(n: Node):
+    a = n.known(0, "input")
+    k = n.ints(1, "k", [0])[0]
+    return [np.triu(a, k) if n.attr("upper", 1) else np.tril(a, k)]
 
 
 @converts("Einsum")
@@ -64,8 +94,12 @@ def _tile(n: Node):
 
 def _arg_extreme(n: Node, op: str):
     x = n.value(0)
-    return getattr(_ops(), op)(x, axis=_axis(n.attr("axis", 0), x.rank), keepdims=bool(n.attr("keepdims", 1)),
-                               last_index=bool(n.attr("select_last_index", 0)))
+    return getattr(_ops(), op)(
+        x,
+        axis=_axis(n, n.attr("axis", 0), x.rank),
+        keepdims=bool(n.attr("keepdims", 1)),
+        last_index=bool(n.attr("select_last_index", 0)),
+    )
 
 
 converts("ArgMax")(lambda n: _arg_extreme(n, "argmax"))
@@ -90,8 +124,8 @@ def _one_hot(n: Node):
     depth = _one_int(n, 1, "depth")
     if depth < 0:
         raise Unsupported(f"depth={depth}, expected >= 0")
-    axis = _axis(n.attr("axis", -1), idx.rank + 1)
-    if idx.dtype.kind != "int":       # ONNX casts other indices to int64 (truncating)
+    axis = _axis(n, n.attr("axis", -1), idx.rank + 1)
+    if idx.dtype.kind != "int":  # ONNX casts other indices to int64 (truncating)
         idx = R.cast(idx, "i64")
     idx = R.where(R.less(idx, 0), R.add(idx, depth), idx)
     hot = R.equal(R.unsqueeze(R.cast(idx, "i64"), [axis]), _positions(n, depth, axis, idx.rank + 1))
@@ -173,9 +207,9 @@ def _hardmax(n: Node):
     2-d, (dims before axis, dims from axis on), and the largest of each row is taken."""
     R, x = _ops(), n.value(0)
     if n.version >= 13:
-        axis = _axis(n.attr("axis", -1), x.rank)
+        axis = _axis(n, n.attr("axis", -1), x.rank)
         return _hardmax_along(n, x, axis)
-    axis = _axis(n.attr("axis", 1), x.rank)
+    axis = _axis(n, n.attr("axis", 1), x.rank)
     rows = R.reshape(x, [product(x.shape[:axis]).dim, product(x.shape[axis:]).dim])
     return R.reshape(_hardmax_along(n, rows, 1), list(x.shape))
 
@@ -186,5 +220,45 @@ def _hardmax_along(n: Node, x, axis: int):
     return R.cast(R.equal(_positions(n, x.shape[axis], axis, x.rank), top), x.dtype)
 
 
-REFERENCE_FOLDS.update(("ScatterElements", "Scatter", "ScatterND", "Trilu", "Einsum", "Tile", "ArgMax", "ArgMin",
-                        "OneHot", "EyeLike", "DepthToSpace", "SpaceToDepth", "Hardmax"))
+@converts("TopK")
+def _topk(n: Node):
+    x = n.value(0)
+    k = _one_int(n, 1, "K") if n.version >= 10 else n.attr("k")
+    values, indices = _ops().topk(
+        x,
+        k,
+        axis=_axis(n, n.attr("axis", -1), x.rank),
+        largest=bool(n.attr("largest", 1)),
+        sorted=bool(n.attr("sorted", 1)),
+    )
+    return [values, indices]
+
+
+@converts("CumSum")
+def _cumsum(n: Node):
+    x = n.value(0)
+    return _ops().cumsum(
+        x,
+        _axis(n, _one_int(n, 1, "axis"), x.rank),
+        exclusive=bool(n.attr("exclusive", 0)),
+        reverse=bool(n.attr("reverse", 0)),
+    )
+
+
+REFERENCE_FOLDS.update(
+    (
+        "ScatterElements",
+        "Scatter",
+        "ScatterND",
+        "Trilu",
+        "Einsum",
+        "Tile",
+        "ArgMax",
+        "ArgMin",
+        "OneHot",
+        "EyeLike",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Hardmax",
+    )
+)

@@ -7,13 +7,15 @@ Every converter builds rocmc ops (rocmc.ops), so shape rules and errors are thos
 Attribute values ONNX only knows at run time (Resize's scales or sizes, roi) must be known at
 import time: rocmc's resize computes its tap tables when compiling.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from . import Node, Unsupported, _ops, _static, converts
 from ..graph import Value
 from ..ops.conv import pool_pad_limit
+from .importer import converts
+from .values import Node, Unsupported, _axis, _ops, _static
 
 # ---- convolution and pooling ----------------------------------------------------------------
 
@@ -64,8 +66,9 @@ def _conv(n: Node):
     k = _spatial_rank(len(kernel), "convolution")
     strides, dilations, pads = _window(n, x, kernel)
     fn = {1: R.conv1d, 2: R.conv2d, 3: R.conv3d}[k]
-    return fn(x, w, bias, stride=strides, padding=_pairs_or_ints(pads), dilation=dilations,
-              groups=int(n.attr("group", 1)))
+    return fn(
+        x, w, bias, stride=strides, padding=_pairs_or_ints(pads), dilation=dilations, groups=int(n.attr("group", 1))
+    )
 
 
 @converts("ConvTranspose")
@@ -78,8 +81,10 @@ def _conv_transpose(n: Node):
     dilations = [int(d) for d in n.attr("dilations", [1] * k)]
     out_pad = [int(p) for p in n.attr("output_padding", [0] * k)]
     groups = int(n.attr("group", 1))
-    full = [s * (i - 1) + op + (kk - 1) * d + 1 for i, s, op, kk, d in
-            zip(_static(x.shape[2:], "ConvTranspose"), strides, out_pad, kernel, dilations)]
+    full = [
+        s * (i - 1) + op + (kk - 1) * d + 1
+        for i, s, op, kk, d in zip(_static(x.shape[2:], "ConvTranspose"), strides, out_pad, kernel, dilations)
+    ]
     output_shape = n.attr("output_shape")
     auto = n.attr("auto_pad", "NOTSET")
     if output_shape:
@@ -102,8 +107,16 @@ def _conv_transpose(n: Node):
         raise Unsupported(f"output_shape {output_shape} needs negative padding {pads}")
     fn = {1: R.conv_transpose1d, 2: R.conv_transpose2d, 3: R.conv_transpose3d}[k]
     if all(lo == hi for lo, hi in pads):
-        return fn(x, w, bias, stride=strides, padding=[lo for lo, _ in pads], output_padding=out_pad,
-                  groups=groups, dilation=dilations)
+        return fn(
+            x,
+            w,
+            bias,
+            stride=strides,
+            padding=[lo for lo, _ in pads],
+            output_padding=out_pad,
+            groups=groups,
+            dilation=dilations,
+        )
     # Asymmetric padding: the unpadded result, cropped (padding a transposed conv removes border rows).
     y = fn(x, w, bias, stride=strides, padding=[0] * k, output_padding=out_pad, groups=groups, dilation=dilations)
     axes = list(range(2, 2 + k))
@@ -119,8 +132,9 @@ def _pool_fn(n: Node, nsp: int):
         return lambda v, k, s, p, d: fn(v, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)
     fn = R.avg_pool3d if nsp == 3 else R.avg_pool2d
     include = bool(n.attr("count_include_pad", 0))
-    return lambda v, k, s, p, d: fn(v, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil,
-                                    count_include_pad=include)
+    return lambda v, k, s, p, d: fn(
+        v, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil, count_include_pad=include
+    )
 
 
 def _pad_limit(n: Node, k: int, d: int) -> int:
@@ -146,14 +160,20 @@ def _pool(n: Node):
         # More padding than rocmc's pool takes. Without ceil_mode an explicit pad of the pool's
         # identity is the same computation, unless the padding must stay out of the divisor.
         if ceil or (n.proto.op_type == "AveragePool" and not n.attr("count_include_pad", 0)):
-            raise Unsupported(f"pads {pads} reach beyond the dilated kernel {kernel} (dilations {dilations})"
-                              + (" with ceil_mode=1" if ceil else " with count_include_pad=0"))
+            raise Unsupported(
+                f"pads {pads} reach beyond the dilated kernel {kernel} (dilations {dilations})"
+                + (" with ceil_mode=1" if ceil else " with count_include_pad=0")
+            )
         fill = float("-inf") if n.proto.op_type == "MaxPool" else 0.0
         x = R.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in pads], mode="constant", value=fill)
         pads = [(0, 0)] * nsp
     if nsp == 1:
-        return R.squeeze(pool(R.unsqueeze(x, 2), [1, kernel[0]], [1, strides[0]], _pairs_or_ints([(0, 0)] + pads),
-                              [1, dilations[0]]), 2)
+        return R.squeeze(
+            pool(
+                R.unsqueeze(x, 2), [1, kernel[0]], [1, strides[0]], _pairs_or_ints([(0, 0)] + pads), [1, dilations[0]]
+            ),
+            2,
+        )
     return pool(x, kernel, strides, _pairs_or_ints(pads), dilations)
 
 
@@ -166,6 +186,7 @@ def _global_pool(n: Node):
 
 
 # ---- normalization -------------------------------------------------------------------------------
+
 
 @converts("InstanceNormalization")
 def _instance_norm(n: Node):
@@ -191,6 +212,7 @@ def _group_norm(n: Node):
 
 # ---- resize --------------------------------------------------------------------------------------
 
+
 def _floats(n: Node, i: int, what: str):
     """An optional float input known at import time; an empty tensor counts as absent."""
     k = n.known(i, what)
@@ -211,17 +233,22 @@ def _sizes(n: Node, i: int, x: Value, axes: list):
     kept = [(int(v), a) for v, a in zip(values, axes) if not (isinstance(v, str) and v == x.shape[a])]
     symbolic = [v for v, a in zip(values, axes) if isinstance(v, str) and v != x.shape[a]]
     if symbolic:
-        raise Unsupported(f"sizes {values} depend on symbolic dims ({', '.join(symbolic)}); rocmc needs "
-                          f"integers for resized dims")
+        raise Unsupported(
+            f"sizes {values} depend on symbolic dims ({', '.join(symbolic)}); rocmc needs integers for resized dims"
+        )
     return [v for v, _ in kept], [a for _, a in kept]
 
 
 def _resize_args(n: Node, x: Value) -> dict:
     """The keyword arguments of rocmc's resize for a Resize node of any opset from 10."""
-    if n.version < 11:          # Resize-10: (X, scales); the asymmetric, flooring Upsample semantics
-        return {"scales": _floats(n, 1, "scales"), "coordinate_transformation_mode": "asymmetric",
-                "nearest_mode": "floor", "axes": list(range(x.rank))}
-    axes = [int(a) % x.rank for a in n.attr("axes", list(range(x.rank)))]
+    if n.version < 11:  # Resize-10: (X, scales); the asymmetric, flooring Upsample semantics
+        return {
+            "scales": _floats(n, 1, "scales"),
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": "floor",
+            "axes": list(range(x.rank)),
+        }
+    axes = [_axis(n, int(a), x.rank, "axes", scalar_axis=False) for a in n.attr("axes", list(range(x.rank)))]
     scales = _floats(n, 2, "scales")
     sizes, size_axes = (None, axes) if scales is not None else _sizes(n, 3, x, axes)
     if scales is None and sizes is None:
@@ -230,13 +257,19 @@ def _resize_args(n: Node, x: Value) -> dict:
     roi = _floats(n, 1, "roi") if coord == "tf_crop_and_resize" else None
     if roi is not None and size_axes != axes:
         roi = [roi[axes.index(a)] for a in size_axes] + [roi[len(axes) + axes.index(a)] for a in size_axes]
-    return {"scales": scales, "sizes": sizes, "axes": size_axes, "roi": roi, "coordinate_transformation_mode": coord,
-            "nearest_mode": n.attr("nearest_mode", "round_prefer_floor"),
-            "cubic_coeff_a": float(n.attr("cubic_coeff_a", -0.75)),
-            "exclude_outside": bool(n.attr("exclude_outside", 0)),
-            "extrapolation_value": float(n.attr("extrapolation_value", 0.0)),
-            "keep_aspect_ratio_policy": n.attr("keep_aspect_ratio_policy", "stretch"),
-            "antialias": bool(n.attr("antialias", 0))}
+    return {
+        "scales": scales,
+        "sizes": sizes,
+        "axes": size_axes,
+        "roi": roi,
+        "coordinate_transformation_mode": coord,
+        "nearest_mode": n.attr("nearest_mode", "round_prefer_floor"),
+        "cubic_coeff_a": float(n.attr("cubic_coeff_a", -0.75)),
+        "exclude_outside": bool(n.attr("exclude_outside", 0)),
+        "extrapolation_value": float(n.attr("extrapolation_value", 0.0)),
+        "keep_aspect_ratio_policy": n.attr("keep_aspect_ratio_policy", "stretch"),
+        "antialias": bool(n.attr("antialias", 0)),
+    }
 
 
 @converts("Resize")
@@ -259,5 +292,10 @@ def _upsample(n: Node):
     scales = n.attr("scales") if n.version < 9 else _floats(n, 1, "scales")
     if not scales:
         raise Unsupported("Upsample without scales")
-    return _ops().resize(x, scales=[float(s) for s in scales], mode="nearest" if mode == "nearest" else "linear",
-                         coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return _ops().resize(
+        x,
+        scales=[float(s) for s in scales],
+        mode="nearest" if mode == "nearest" else "linear",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    )

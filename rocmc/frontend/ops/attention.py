@@ -6,6 +6,7 @@ h // (hq / hkv). mask is additive (q's float dtype) or bool (true = keep), broad
 ONNX Attention documents). A query row whose keys are all masked has no defined result (the reference
 gives NaN, as torch does). softmax in f32.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,10 @@ def head_groups(desc: str, hq, hkv):
         return hq
     if isinstance(hq, int) and isinstance(hkv, int) and hq % hkv == 0:
         return hq // hkv
-    raise GraphError(f"{desc}: q has {hq} heads and k/v have {hkv}, expected hq to be a multiple of hkv "
-                     f"(symbolic head counts must be equal or hkv must be 1)")
+    raise GraphError(
+        f"{desc}: q has {hq} heads and k/v have {hkv}, expected hq to be a multiple of hkv "
+        f"(symbolic head counts must be equal or hkv must be 1)"
+    )
 
 
 def _broadcasts_to(shape, full) -> bool:
@@ -61,11 +64,14 @@ def _sdpa(node, types, attrs):
     head_groups(desc, hq, k.shape[1])
     if mask is not None:
         if mask.dtype.kind != "bool" and mask.dtype != q.dtype:
-            raise GraphError(f"{desc}: 'mask' has dtype {mask.dtype}, expected bool (true = keep) or {q.dtype} (additive)")
+            raise GraphError(
+                f"{desc}: 'mask' has dtype {mask.dtype}, expected bool (true = keep) or {q.dtype} (additive)"
+            )
         full = (b, hq, s, k.shape[2])
         if mask.rank > 4 or not _broadcasts_to(mask.shape, full):
-            raise GraphError(f"{desc}: 'mask' has shape {mask}, expected a shape broadcastable to "
-                             f"[{','.join(map(str, full))}]")
+            raise GraphError(
+                f"{desc}: 'mask' has shape {mask}, expected a shape broadcastable to [{','.join(map(str, full))}]"
+            )
     return TensorType((b, hq, s, v.shape[3]), q.dtype)
 
 
@@ -91,8 +97,12 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     grouped kv heads and bottom-right aligned causal masking); scale defaults to 1/sqrt(head dim)."""
     g = graph_of("sdpa", q)
     q = as_value("sdpa", "q", q, g)
-    operands = [q, as_value("sdpa", "k", k, g, q), as_value("sdpa", "v", v, g, q),
-                None if mask is None else as_value("sdpa", "mask", mask, g, q)]
+    operands = [
+        q,
+        as_value("sdpa", "k", k, g, q),
+        as_value("sdpa", "v", v, g, q),
+        None if mask is None else as_value("sdpa", "mask", mask, g, q),
+    ]
     if not isinstance(is_causal, (bool, np.bool_)):
         raise GraphError(f"sdpa: is_causal={is_causal!r}, expected a bool")
     if scale is None:

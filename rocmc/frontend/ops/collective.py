@@ -9,12 +9,15 @@ all_gather(x): every rank's x stacked along axis 0 in rank order, (world * x.sha
   result holds rank 0's x first. Gathering along another axis is this op plus a reshape and permute.
 
 The float64 reference exchanges the ranks' values through the group collectives run in
-(rocmc.runtime.distributed: a process group, or the threads of `simulate`).
+(rocmc.group: the hook rocmc.runtime.distributed installs, for a process group or the threads of
+`simulate`).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
+from ... import group
 from ...errors import GraphError
 from ..graph import TensorType
 from ..opdef import as_value, builder, defop, dim_expr, graph_of, reference
@@ -49,8 +52,7 @@ def _all_gather_infer(node, types, attrs):
 
 
 def _group(node, world: int):
-    from ...runtime import distributed
-    g = distributed.current()
+    g = group.current()
     if g.world_size != world:
         raise GraphError(f"{node.describe()}: built for {world} ranks, run in a group of {g.world_size}")
     return g
@@ -93,8 +95,9 @@ def all_reduce(x, world, max_size=None):
     more elements fails), else static pieces are moved one after another."""
     g = graph_of("all_reduce", x)
     x = as_value("all_reduce", "x", x, g)
-    return g.apply("all_reduce", [x], {"world": _world("all_reduce", world),
-                                       "max_size": _bound("all_reduce", max_size)})[0]
+    return g.apply(
+        "all_reduce", [x], {"world": _world("all_reduce", world), "max_size": _bound("all_reduce", max_size)}
+    )[0]
 
 
 @builder
@@ -102,5 +105,6 @@ def all_gather(x, world, max_size=None):
     """The `world` ranks' x stacked along axis 0 in rank order, on every rank (max_size as for all_reduce)."""
     g = graph_of("all_gather", x)
     x = as_value("all_gather", "x", x, g)
-    return g.apply("all_gather", [x], {"world": _world("all_gather", world),
-                                       "max_size": _bound("all_gather", max_size)})[0]
+    return g.apply(
+        "all_gather", [x], {"world": _world("all_gather", world), "max_size": _bound("all_gather", max_size)}
+    )[0]

@@ -6,6 +6,7 @@ become one int per spatial dim, padding one [lo, hi] pair per spatial dim (ONNX 
 asymmetric), so the shape rules, references and lowerings only ever see that one form. Channel and
 dims must be static; batch and spatial dims may be symbolic.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,22 @@ from ...symbolic import call_dim
 from ..graph import TensorType
 from ..opdef import as_value, builder, defop, graph_of, reference
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-           "max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d", "batch_norm", "local_response_norm", "lrn",
-           "dropout"]
+__all__ = [
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "batch_norm",
+    "local_response_norm",
+    "lrn",
+    "dropout",
+]
 
 CONV_ATTRS = ("stride", "padding", "dilation", "groups")
 CONV_T_ATTRS = ("stride", "padding", "output_padding", "groups", "dilation")
@@ -34,6 +48,7 @@ def spatial_rank(op: str) -> int:
 
 
 # ---- attribute normalization (builders) ----------------------------------------------------------
+
 
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
@@ -74,6 +89,7 @@ def _padding(op: str, padding, n: int, kernel=None, dilation=None, stride=None) 
 
 # ---- shape rules --------------------------------------------------------------------------------
 
+
 def _check_int_list(node, attrs, key, n, least):
     v = attrs.get(key)
     if not (isinstance(v, list) and len(v) == n and all(_is_int(x) and x >= least for x in v)):
@@ -82,8 +98,11 @@ def _check_int_list(node, attrs, key, n, least):
 
 def _check_pairs(node, attrs, n):
     v = attrs.get("padding")
-    if not (isinstance(v, list) and len(v) == n and all(
-            isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in v)):
+    if not (
+        isinstance(v, list)
+        and len(v) == n
+        and all(isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in v)
+    ):
         raise GraphError(f"{node.describe()}: attribute padding={v!r}, expected {n} [lo, hi] pairs of ints >= 0")
 
 
@@ -96,8 +115,9 @@ def _check_input(node, types, nsp: int, what="x", kinds=("float",)):
     """x: a float tensor (or of `kinds`) (N, C, *spatial) with a static channel dim."""
     x = types[0]
     if x.rank != nsp + 2:
-        raise GraphError(f"{node.describe()}: {what!r} has rank {x.rank} ({x}), expected rank {nsp + 2} "
-                         f"(N, C, {SPATIAL_NAMES[nsp]})")
+        raise GraphError(
+            f"{node.describe()}: {what!r} has rank {x.rank} ({x}), expected rank {nsp + 2} (N, C, {SPATIAL_NAMES[nsp]})"
+        )
     if x.dtype.kind not in kinds:
         raise GraphError(f"{node.describe()}: {what!r} has dtype {x.dtype}, expected a {' or '.join(kinds)} tensor")
     if not isinstance(x.shape[1], int):
@@ -109,15 +129,19 @@ def _check_operand(node, types, i, arg, shape):
     if t.dtype != types[0].dtype:
         raise GraphError(f"{node.describe()}: {arg!r} has dtype {t.dtype}, expected {types[0].dtype} like 'x'")
     if t.shape != tuple(shape):
-        raise GraphError(f"{node.describe()}: {arg!r} has shape [{','.join(map(str, t.shape))}], "
-                         f"expected [{','.join(map(str, shape))}]")
+        raise GraphError(
+            f"{node.describe()}: {arg!r} has shape [{','.join(map(str, t.shape))}], "
+            f"expected [{','.join(map(str, shape))}]"
+        )
 
 
 def _window_fits(node, size, pads, eff_kernel, axis):
     """Checked when the size is static; for a symbolic size it is the caller's promise."""
     if isinstance(size, int) and eff_kernel > size + sum(pads):
-        raise GraphError(f"{node.describe()}: kernel of effective size {eff_kernel} is larger than the "
-                         f"padded input ({size + sum(pads)}) along spatial dim {axis} (input size {size})")
+        raise GraphError(
+            f"{node.describe()}: kernel of effective size {eff_kernel} is larger than the "
+            f"padded input ({size + sum(pads)}) along spatial dim {axis} (input size {size})"
+        )
 
 
 def _conv_common(node, types, attrs, nsp, transposed):
@@ -130,8 +154,10 @@ def _conv_common(node, types, attrs, nsp, transposed):
         raise GraphError(f"{node.describe()}: attribute groups={g!r}, expected an int >= 1")
     x, w = types[0], types[1]
     if w.rank != nsp + 2 or not w.is_static:
-        raise GraphError(f"{node.describe()}: 'weight' has shape {w}, expected a static rank-{nsp + 2} tensor "
-                         f"({'C_in, C_out/groups' if transposed else 'C_out, C_in/groups'}, kernel...)")
+        raise GraphError(
+            f"{node.describe()}: 'weight' has shape {w}, expected a static rank-{nsp + 2} tensor "
+            f"({'C_in, C_out/groups' if transposed else 'C_out, C_in/groups'}, kernel...)"
+        )
     _check_operand(node, types, 1, "weight", w.shape)
     c_in = x.shape[1]
     if c_in % g:
@@ -143,8 +169,9 @@ def _conv_common(node, types, attrs, nsp, transposed):
         want_c, c_out = w.shape[1] * g, w.shape[0]
         expect = f"weight dim 1 * groups ({w.shape[1]}*{g}) = C_in"
         if c_out % g:
-            raise GraphError(f"{node.describe()}: output channels {c_out} (weight dim 0) are not divisible "
-                             f"by groups={g}")
+            raise GraphError(
+                f"{node.describe()}: output channels {c_out} (weight dim 0) are not divisible by groups={g}"
+            )
     if want_c != c_in:
         raise GraphError(f"{node.describe()}: 'x' has {c_in} channels but {expect}; expected them equal")
     if types[2] is not None:
@@ -177,8 +204,10 @@ def _conv_transpose_infer(node, types, attrs):
     for i in range(nsp):
         s, d, op = attrs["stride"][i], attrs["dilation"][i], attrs["output_padding"][i]
         if op >= max(s, d):
-            raise GraphError(f"{node.describe()}: output_padding={attrs['output_padding']} must be smaller than "
-                             f"stride or dilation along spatial dim {i} (stride {s}, dilation {d})")
+            raise GraphError(
+                f"{node.describe()}: output_padding={attrs['output_padding']} must be smaller than "
+                f"stride or dilation along spatial dim {i} (stride {s}, dilation {d})"
+            )
         size = call_dim("conv_transpose", x.shape[2 + i], w.shape[2 + i], s, *attrs["padding"][i], d, op)
         if isinstance(size, int) and size < 1:
             raise GraphError(f"{node.describe()}: padding={attrs['padding']} leaves no output along spatial dim {i}")
@@ -213,9 +242,11 @@ def _pool_infer(node, types, attrs):
         k, pads, d = attrs["kernel_size"][i], attrs["padding"][i], attrs["dilation"][i]
         limit = pool_pad_limit(node.op, k, d)
         if max(pads) > limit:
-            raise GraphError(f"{node.describe()}: padding={attrs['padding']} exceeds {limit} along spatial dim {i} "
-                             f"(kernel_size={attrs['kernel_size']}, dilation={attrs['dilation']}); expected at most "
-                             + ("half the kernel" if node.op.startswith("max") else "the dilated kernel's reach"))
+            raise GraphError(
+                f"{node.describe()}: padding={attrs['padding']} exceeds {limit} along spatial dim {i} "
+                f"(kernel_size={attrs['kernel_size']}, dilation={attrs['dilation']}); expected at most "
+                + ("half the kernel" if node.op.startswith("max") else "the dilated kernel's reach")
+            )
         size = x.shape[2 + i]
         _window_fits(node, size, pads, d * (k - 1) + 1, i)
         out.append(call_dim("pool", size, k, attrs["stride"][i], *pads, d, ceil=attrs["ceil_mode"]))
@@ -234,8 +265,10 @@ def _batch_norm_infer(node, types, attrs):
         if t is None:
             continue
         if not t.dtype.is_float or t.shape != (x.shape[1],):
-            raise GraphError(f"{node.describe()}: {arg!r} is {t}, expected a float tensor of shape [{x.shape[1]}] "
-                             f"(one value per channel)")
+            raise GraphError(
+                f"{node.describe()}: {arg!r} is {t}, expected a float tensor of shape [{x.shape[1]}] "
+                f"(one value per channel)"
+            )
     if not isinstance(attrs.get("eps"), float) or attrs["eps"] < 0:
         raise GraphError(f"{node.describe()}: attribute eps={attrs.get('eps')!r}, expected a float >= 0")
     return x
@@ -266,6 +299,7 @@ def _dropout_infer(node, types, attrs):
 
 # ---- float64 references: direct definitions with loops over kernel offsets ------------------------
 
+
 def _window(start, step, count):
     return slice(start, start + step * (count - 1) + 1, step)
 
@@ -277,8 +311,9 @@ def _conv_ref(node, ins, attrs):
     xp = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in attrs["padding"]])
     n, c = x.shape[:2]
     f, kernel = w.shape[0], w.shape[2:]
-    out = [call_dim("conv", n, k, s, *p, d)
-           for n, k, s, p, d in zip(x.shape[2:], kernel, stride, attrs["padding"], dil)]
+    out = [
+        call_dim("conv", n, k, s, *p, d) for n, k, s, p, d in zip(x.shape[2:], kernel, stride, attrs["padding"], dil)
+    ]
     xg = xp.reshape(n, g, c // g, *xp.shape[2:])
     wg = w.reshape(g, f // g, c // g, *kernel)
     y = np.zeros((n, g, f // g, *out))
@@ -298,16 +333,20 @@ def _conv_transpose_ref(node, ins, attrs):
     g, stride, dil, pads = attrs["groups"], attrs["stride"], attrs["dilation"], attrs["padding"]
     n, c, *size = x.shape
     fg, kernel = w.shape[1], w.shape[2:]
-    full = [(s - 1) * st + d * (k - 1) + 1 + op
-            for s, st, d, k, op in zip(size, stride, dil, kernel, attrs["output_padding"])]
+    full = [
+        (s - 1) * st + d * (k - 1) + 1 + op
+        for s, st, d, k, op in zip(size, stride, dil, kernel, attrs["output_padding"])
+    ]
     y = np.zeros((n, g, fg, *full))
     xg = x.reshape(n, g, c // g, *size)
     wg = w.reshape(g, c // g, fg, *kernel)
     for offs in np.ndindex(*kernel):
         target = (slice(None),) * 3 + tuple(_window(k * d, s, m) for k, d, s, m in zip(offs, dil, stride, size))
         y[target] += np.einsum("ngc...,gcf->ngf...", xg, wg[(slice(None),) * 3 + offs])
-    out = [call_dim("conv_transpose", n, k, s, *p, d, op)
-           for n, k, s, p, d, op in zip(size, kernel, stride, pads, dil, attrs["output_padding"])]
+    out = [
+        call_dim("conv_transpose", n, k, s, *p, d, op)
+        for n, k, s, p, d, op in zip(size, kernel, stride, pads, dil, attrs["output_padding"])
+    ]
     y = y[(slice(None),) * 3 + tuple(slice(p[0], p[0] + o) for p, o in zip(pads, out))]
     y = y.reshape(n, g * fg, *out)
     return [y if b is None else y + b.reshape(-1, *[1] * len(out))]
@@ -327,8 +366,9 @@ def _pool_windows(attrs, size):
     windows = []
     for i in range(len(size)):
         k, s, pads, d = attrs["kernel_size"][i], attrs["stride"][i], attrs["padding"][i], attrs["dilation"][i]
-        windows.append(pool_taps(size[i], k, s, pads, d, call_dim("pool", size[i], k, s, *pads, d,
-                                                                  ceil=attrs["ceil_mode"])))
+        windows.append(
+            pool_taps(size[i], k, s, pads, d, call_dim("pool", size[i], k, s, *pads, d, ceil=attrs["ceil_mode"]))
+        )
     return windows
 
 
@@ -372,7 +412,7 @@ def _lrn_ref(node, ins, attrs):
     y = np.empty_like(x)
     for ch in range(c):
         lo, hi = max(ch - size // 2, 0), min(ch + (size - 1) // 2, c - 1)
-        s = (x[:, lo:hi + 1] ** 2).sum(axis=1)
+        s = (x[:, lo : hi + 1] ** 2).sum(axis=1)
         y[:, ch] = x[:, ch] / (attrs["k"] + attrs["alpha"] / size * s) ** attrs["beta"]
     return [y]
 
@@ -383,6 +423,7 @@ def _dropout_ref(node, ins, attrs):
 
 
 # ---- builders -----------------------------------------------------------------------------------
+
 
 def _operands(op, x, weight, bias):
     g = graph_of(op, x)
@@ -426,9 +467,13 @@ def _conv_transpose(op, nsp, x, weight, bias, stride, padding, output_padding, g
     g, operands = _operands(op, x, weight, bias)
     if not (_is_int(groups) and groups >= 1):
         raise GraphError(f"{op}: groups={groups!r}, expected an int >= 1")
-    attrs = {"stride": _ints(op, "stride", stride, nsp, 1), "padding": _padding(op, padding, nsp),
-             "output_padding": _ints(op, "output_padding", output_padding, nsp, 0), "groups": int(groups),
-             "dilation": _ints(op, "dilation", dilation, nsp, 1)}
+    attrs = {
+        "stride": _ints(op, "stride", stride, nsp, 1),
+        "padding": _padding(op, padding, nsp),
+        "output_padding": _ints(op, "output_padding", output_padding, nsp, 0),
+        "groups": int(groups),
+        "dilation": _ints(op, "dilation", dilation, nsp, 1),
+    }
     return g.apply(op, operands, attrs)[0]
 
 
@@ -467,9 +512,14 @@ def _pool(op, x, kernel_size, stride, padding, dilation, ceil_mode, **extra):
     g = graph_of(op, x)
     xv = as_value(op, "x", x, g)
     kernel = _ints(op, "kernel_size", kernel_size, nsp, 1)
-    attrs = {"kernel_size": kernel, "stride": kernel if stride is None else _ints(op, "stride", stride, nsp, 1),
-             "padding": _padding(op, padding, nsp), "dilation": _ints(op, "dilation", dilation, nsp, 1),
-             "ceil_mode": _flag(op, "ceil_mode", ceil_mode), **{k: _flag(op, k, v) for k, v in extra.items()}}
+    attrs = {
+        "kernel_size": kernel,
+        "stride": kernel if stride is None else _ints(op, "stride", stride, nsp, 1),
+        "padding": _padding(op, padding, nsp),
+        "dilation": _ints(op, "dilation", dilation, nsp, 1),
+        "ceil_mode": _flag(op, "ceil_mode", ceil_mode),
+        **{k: _flag(op, k, v) for k, v in extra.items()},
+    }
     return g.apply(op, [xv], attrs)[0]
 
 
@@ -489,16 +539,18 @@ def max_pool3d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, dilation=1):
     """Mean over (dilated) windows of x (N, C, H, W); count_include_pad counts padded zeros in the
     divisor. `dilation` goes beyond torch (ONNX AveragePool has it)."""
-    return _pool("avg_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode,
-                 count_include_pad=count_include_pad)
+    return _pool(
+        "avg_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode, count_include_pad=count_include_pad
+    )
 
 
 @builder
 def avg_pool3d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, dilation=1):
     """Mean over (dilated) windows of x (N, C, D, H, W); count_include_pad counts padded zeros in the
     divisor."""
-    return _pool("avg_pool3d", x, kernel_size, stride, padding, dilation, ceil_mode,
-                 count_include_pad=count_include_pad)
+    return _pool(
+        "avg_pool3d", x, kernel_size, stride, padding, dilation, ceil_mode, count_include_pad=count_include_pad
+    )
 
 
 def _float_attr(op, arg, v):
@@ -524,8 +576,12 @@ def local_response_norm(x, size, alpha=1e-4, beta=0.75, k=1.0):
     g = graph_of("lrn", x)
     if not (_is_int(size) and size >= 1):
         raise GraphError(f"lrn: size={size!r}, expected an int >= 1")
-    attrs = {"size": int(size), "alpha": _float_attr("lrn", "alpha", alpha),
-             "beta": _float_attr("lrn", "beta", beta), "k": _float_attr("lrn", "k", k)}
+    attrs = {
+        "size": int(size),
+        "alpha": _float_attr("lrn", "alpha", alpha),
+        "beta": _float_attr("lrn", "beta", beta),
+        "k": _float_attr("lrn", "k", k),
+    }
     return g.apply("lrn", [as_value("lrn", "x", x, g)], attrs)[0]
 
 

@@ -3,6 +3,7 @@
 Each op is one row of a table: name, which dtypes it accepts, and its float64 reference. Builders
 broadcast operands numpy-style; Python scalars take the dtype of the tensor operand.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,9 +11,9 @@ import math
 import numpy as np
 
 from ...errors import GraphError
-from .. import dtypes as dt
+from ... import dtypes as dt
 from ..graph import TensorType, Value, value_operator
-from ..opdef import (as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype)
+from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, reference, same_dtype
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -23,7 +24,7 @@ def _sigmoid(x):
 
 def _gelu(x, approximate):
     if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
@@ -54,7 +55,7 @@ def _int_div(a, b):
     a, b = np.asarray(a, t), np.asarray(b, t)
     by_minus_one = b == -1 if t.kind == "i" else np.zeros(b.shape, bool)
     safe = np.where((b == 0) | by_minus_one, np.ones((), t), b)
-    q = a // safe                                   # floor; one more toward zero where inexact and signs differ
+    q = a // safe  # floor; one more toward zero where inexact and signs differ
     if t.kind == "i":
         q = q + (((a % safe) != 0) & ((a < 0) != (safe < 0))).astype(t)
     return np.where(by_minus_one, -a, q).astype(t)
@@ -71,8 +72,12 @@ BINARY = {
     "minimum": (("float", "int"), np.minimum),
 }
 COMPARE = {
-    "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
-    "greater": np.greater, "greater_equal": np.greater_equal,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
 }
 LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor}
 # name -> (accepted kinds, attribute names, reference(x, **attrs)); defaults are the builders'
@@ -98,12 +103,12 @@ UNARY = {
     "sign": (("float", "int"), (), np.sign),
     "floor": (("float",), (), np.floor),
     "ceil": (("float",), (), np.ceil),
-    "round": (("float",), (), np.rint),   # half to even, as ONNX Round
+    "round": (("float",), (), np.rint),  # half to even, as ONNX Round
     "reciprocal": (("float",), (), lambda x: _quiet(np.reciprocal, x)),
 }
 # Ops without an f64 lowering: IREE's CPU backend leaves f64 erf, sin and cos to libm, which its
 # executables do not link (gelu's exact form uses erf). They take f32, f16 and bf16.
-NO_F64 = {"erf": None, "sin": None, "cos": None, "gelu": "none"}   # name -> the attribute value concerned
+NO_F64 = {"erf": None, "sin": None, "cos": None, "gelu": "none"}  # name -> the attribute value concerned
 
 # Float tests with a bool result: name -> (attribute names, reference(x, **attrs)).
 PREDICATES = {
@@ -115,8 +120,9 @@ PREDICATES = {
 def _check_kinds(op, node, types, kinds):
     for v, t in zip(node.inputs, types):
         if t.dtype.kind not in kinds:
-            raise GraphError(f"{node.describe()}: operand %{v.id} has dtype {t.dtype}, "
-                             f"{op} expects {' or '.join(kinds)} tensors")
+            raise GraphError(
+                f"{node.describe()}: operand %{v.id} has dtype {t.dtype}, {op} expects {' or '.join(kinds)} tensors"
+            )
 
 
 def _binary_infer(op, kinds, out_dtype=None):
@@ -124,6 +130,7 @@ def _binary_infer(op, kinds, out_dtype=None):
         d = same_dtype(node.describe(), types, [f"%{v.id}" for v in node.inputs])
         _check_kinds(op, node, types, kinds)
         return TensorType(broadcast_shapes(node.describe(), *(t.shape for t in types)), out_dtype or d)
+
     return infer
 
 
@@ -140,8 +147,10 @@ for _name, _ref in LOGICAL.items():
 
 def _check_f64(op, node, types, attrs):
     if op in NO_F64 and types[0].dtype == dt.f64 and NO_F64[op] in (None, attrs.get("approximate")):
-        raise GraphError(f"{node.describe()}: operand %{node.inputs[0].id} has dtype f64, which {op} does not "
-                         f"take (no f64 {op} lowering); it takes f32, f16 or bf16")
+        raise GraphError(
+            f"{node.describe()}: operand %{node.inputs[0].id} has dtype f64, which {op} does not "
+            f"take (no f64 {op} lowering); it takes f32, f16 or bf16"
+        )
 
 
 def _unary_infer(op, kinds):
@@ -154,6 +163,7 @@ def _unary_infer(op, kinds):
             if k != "approximate" and not isinstance(v, (int, float)):
                 raise GraphError(f"{node.describe()}: {k}={v!r}, expected a number")
         return types[0]
+
     return infer
 
 
@@ -169,6 +179,7 @@ def _predicate_infer(op):
             if v not in (0, 1) or isinstance(v, float):
                 raise GraphError(f"{node.describe()}: {k}={v!r}, expected 0 or 1")
         return types[0].with_dtype(dt.bool_)
+
     return infer
 
 
@@ -221,6 +232,7 @@ def _cast_ref(node, ins, attrs):
 
 
 # ---- builders -------------------------------------------------------------------------------
+
 
 def _binary(name, a, b):
     """Add `name` on two operands broadcast numpy-style; a Python scalar takes the tensor's dtype."""
@@ -504,8 +516,14 @@ def where(condition, a, b):
     """Select a where condition is true, else b (broadcasting)."""
     g = graph_of("where", condition, a, b)
     like = a if isinstance(a, Value) else b if isinstance(b, Value) else None
-    return g.apply("where", [as_value("where", "condition", condition, g),
-                             as_value("where", "a", a, g, like), as_value("where", "b", b, g, like)])[0]
+    return g.apply(
+        "where",
+        [
+            as_value("where", "condition", condition, g),
+            as_value("where", "a", a, g, like),
+            as_value("where", "b", b, g, like),
+        ],
+    )[0]
 
 
 @builder

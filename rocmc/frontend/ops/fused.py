@@ -8,6 +8,7 @@ tail into the conv's dispatch; a library call can take the whole op). The convol
 conv2d's: the same attributes, shape rule and reference. Likewise a transformer MLP's first
 projection and its relu / tanh-approximated GELU: a GEMM library applies them as its epilogue.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,10 @@ def _fused_conv2d_infer(node, types, attrs):
     if r is not None and r != y:
         raise GraphError(f"{node.describe()}: 'residual' is {r}, expected the convolution's result type {y}")
     if attrs.get("activation") not in ACTIVATIONS:
-        raise GraphError(f"{node.describe()}: attribute activation={attrs.get('activation')!r}, expected one of "
-                         f"{', '.join(map(repr, ACTIVATIONS))}")
+        raise GraphError(
+            f"{node.describe()}: attribute activation={attrs.get('activation')!r}, expected one of "
+            f"{', '.join(map(repr, ACTIVATIONS))}"
+        )
     return y
 
 
@@ -44,8 +47,7 @@ def _fused_conv2d_ref(node, ins, attrs):
 
 
 @builder
-def fused_conv2d(x, weight, bias=None, residual=None, *, stride=1, padding=0, dilation=1, groups=1,
-                 activation="none"):
+def fused_conv2d(x, weight, bias=None, residual=None, *, stride=1, padding=0, dilation=1, groups=1, activation="none"):
     """activation(conv2d(x, weight, bias, ...) + residual): conv2d's keywords; `residual` (optional) has
     the convolution's result shape and dtype; activation is "none" or "relu"."""
     g, operands = _operands("fused_conv2d", x, weight, bias)
@@ -64,8 +66,10 @@ def _fused_linear_infer(node, types, attrs):
     """linear's rule; the activations are float functions."""
     y = _linear(node, types, attrs)
     if attrs.get("activation") not in LINEAR_ACTIVATIONS:
-        raise GraphError(f"{node.describe()}: attribute activation={attrs.get('activation')!r}, expected one of "
-                         f"{', '.join(map(repr, LINEAR_ACTIVATIONS))}")
+        raise GraphError(
+            f"{node.describe()}: attribute activation={attrs.get('activation')!r}, expected one of "
+            f"{', '.join(map(repr, LINEAR_ACTIVATIONS))}"
+        )
     if not y.dtype.is_float:
         raise GraphError(f"{node.describe()}: 'x' has dtype {y.dtype}, expected a float tensor")
     return y

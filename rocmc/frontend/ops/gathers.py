@@ -10,6 +10,7 @@ Scatters combine an update with what is already there by `reduction`: "none" (ov
 "max" or "min". Several updates may land on one place; they are applied in the order of the updates
 (row-major over indices), one after another, so the result is deterministic: with "none" the last
 one wins, as in ONNX's reference implementation (which leaves that case undefined)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,9 @@ def _take_along_axis(node, types, attrs):
     desc, axis = node.describe(), attrs["axis"]
     _int_indices(desc, idx)
     if idx.rank != x.rank:
-        raise GraphError(f"{desc}: 'indices' has rank {idx.rank} ({idx}) but 'x' has rank {x.rank} ({x}); "
-                         f"expected the same rank")
+        raise GraphError(
+            f"{desc}: 'indices' has rank {idx.rank} ({idx}) but 'x' has rank {x.rank} ({x}); expected the same rank"
+        )
     for i, (a, b) in enumerate(zip(x.shape, idx.shape)):
         if i != axis and isinstance(a, int) and isinstance(b, int) and b > a:
             raise GraphError(f"{desc}: dim {i} of 'indices' is {b}, larger than {a} in 'x' ({idx} vs {x})")
@@ -82,21 +84,23 @@ def _gather_nd(node, types, attrs):
         raise GraphError(f"{desc}: 'indices' is {idx}, expected rank >= 1 with a static last dim (the tuple length)")
     k = idx.shape[-1]
     if b >= min(x.rank, idx.rank) or not 1 <= k <= x.rank - b:
-        raise GraphError(f"{desc}: index tuples of length {k} with batch_dims={b} don't fit 'x' {x} "
-                         f"(expected 1 <= {k} <= rank - batch_dims = {x.rank - b}, batch_dims < both ranks)")
+        raise GraphError(
+            f"{desc}: index tuples of length {k} with batch_dims={b} don't fit 'x' {x} "
+            f"(expected 1 <= {k} <= rank - batch_dims = {x.rank - b}, batch_dims < both ranks)"
+        )
     for i in range(b):
         if x.shape[i] != idx.shape[i]:
             raise GraphError(f"{desc}: batch dim {i} is {x.shape[i]} in 'x' but {idx.shape[i]} in 'indices'")
-    if any(d == 0 for d in x.shape[b:b + k]) and 0 not in idx.shape:
+    if any(d == 0 for d in x.shape[b : b + k]) and 0 not in idx.shape:
         raise GraphError(f"{desc}: gathers from {x}, which is empty along an indexed dim")
-    return x.with_shape(idx.shape[:-1] + x.shape[b + k:])
+    return x.with_shape(idx.shape[:-1] + x.shape[b + k :])
 
 
 @reference("gather_nd")
 def _gather_nd_ref(node, ins, attrs):
     x, idx = ins
     b, k = attrs["batch_dims"], idx.shape[-1]
-    if idx.size and any(d == 0 for d in x.shape[b:b + k]):
+    if idx.size and any(d == 0 for d in x.shape[b : b + k]):
         raise InputError(f"{node.describe()}: gathers from a {x.shape} array, empty along an indexed dim")
     out_batch = idx.shape[:-1]
     flat = idx.reshape(-1, k)
@@ -107,7 +111,7 @@ def _gather_nd_ref(node, ins, attrs):
         bi = tuple(batch[r // per_batch]) if b else ()
         tup = tuple(int(gather_indices(np.array(flat[r, j]), x.shape[b + j])) for j in range(k))
         rows.append(x[bi + tup])
-    return [np.array(rows, dtype=x.dtype).reshape(out_batch + x.shape[b + k:])]
+    return [np.array(rows, dtype=x.dtype).reshape(out_batch + x.shape[b + k :])]
 
 
 @builder
@@ -121,6 +125,7 @@ def gather_nd(x, indices, batch_dims=0):
 
 
 # ---- scatters ----------------------------------------------------------------------------------
+
 
 def _check_scatter(desc: str, data: TensorType, idx: TensorType, upd: TensorType, reduction) -> None:
     """What both scatters require of their operands' dtypes and of `reduction`."""
@@ -154,8 +159,10 @@ def _scatter_elements(node, types, attrs):
     desc, axis = node.describe(), attrs["axis"]
     _check_scatter(desc, data, idx, upd, attrs["reduction"])
     if idx.rank != data.rank:
-        raise GraphError(f"{desc}: 'indices' has rank {idx.rank} ({idx}) but 'data' has rank {data.rank} ({data}); "
-                         f"expected the same rank")
+        raise GraphError(
+            f"{desc}: 'indices' has rank {idx.rank} ({idx}) but 'data' has rank {data.rank} ({data}); "
+            f"expected the same rank"
+        )
     if upd.shape != idx.shape:
         raise GraphError(f"{desc}: 'updates' is {upd} but 'indices' is {idx}; expected the same shape")
     for i, (a, b) in enumerate(zip(data.shape, idx.shape)):
@@ -205,13 +212,17 @@ def _scatter_nd(node, types, attrs):
     desc = node.describe()
     _check_scatter(desc, data, idx, upd, attrs["reduction"])
     if idx.rank < 1 or not isinstance(idx.shape[-1], int) or not 1 <= idx.shape[-1] <= data.rank:
-        raise GraphError(f"{desc}: 'indices' is {idx}, expected rank >= 1 with a static last dim (the tuple "
-                         f"length) from 1 to {data.rank}, the rank of 'data'")
+        raise GraphError(
+            f"{desc}: 'indices' is {idx}, expected rank >= 1 with a static last dim (the tuple "
+            f"length) from 1 to {data.rank}, the rank of 'data'"
+        )
     k = idx.shape[-1]
     want = idx.shape[:-1] + data.shape[k:]
     if upd.shape != want:
-        raise GraphError(f"{desc}: 'updates' is {upd}, expected shape [{','.join(map(str, want))}] "
-                         f"(indices.shape[:-1] + data.shape[{k}:])")
+        raise GraphError(
+            f"{desc}: 'updates' is {upd}, expected shape [{','.join(map(str, want))}] "
+            f"(indices.shape[:-1] + data.shape[{k}:])"
+        )
     if any(d == 0 for d in data.shape[:k]) and 0 not in idx.shape[:-1]:
         raise GraphError(f"{desc}: scatters into {data}, which is empty along an indexed dim")
     return data

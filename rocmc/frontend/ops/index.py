@@ -6,6 +6,7 @@ run time. Starts clamp as in XLA's dynamic_update_slice / dynamic_slice, so the 
 never writes or reads out of bounds. A `narrow` length and an `arange` limit may name a symbol of
 the graph (a dim of some input, e.g. "kv"): the size is then that input's size at run time.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,17 +15,17 @@ import numpy as np
 
 from ... import symbolic
 from ...errors import GraphError, InputError
-from .. import dtypes as dt
+from ... import dtypes as dt
 from ..graph import Graph, TensorType, Value
-from ..opdef import as_value, builder, defop, graph_of, normalize_axis, reference
+from ..opdef import as_value, builder, check_axis, defop, graph_of, normalize_axis, reference
 from ..reference import symbol_sizes
 from .reduce import reduced_shape
 
 __all__ = ["update_slice", "narrow", "argmax", "argmin", "topk", "arange", "cumsum", "triu", "tril"]
 
-# argmax and topk carry positions in 31 bits (lowering/generated/index.py: topk packs (value,
+# argmax and topk carry positions in 31 bits (lowering/codegen/index.py: topk packs (value,
 # position) into one i64 key; argmax reduces positions as i32).
-MAX_POSITIONS = 2 ** 31 - 1
+MAX_POSITIONS = 2**31 - 1
 
 
 def _is_int(v) -> bool:
@@ -36,13 +37,8 @@ def _desc(op: str, *values) -> str:
     return f"{op}({', '.join(f'%{v.id}' for v in values if isinstance(v, Value))})"
 
 
-def _check_axis(desc: str, axis, rank: int) -> int:
-    if not _is_int(axis) or not 0 <= axis < rank:
-        raise GraphError(f"{desc}: axis={axis!r} out of range for rank {rank}; expected 0..{rank - 1}")
-    return int(axis)
-
-
 # ---- dynamic starts ----------------------------------------------------------------------------
+
 
 def _start_operand(desc: str, graph: Graph, start):
     """(operands, attributes) of a start: no operand and {"start": the int or size expression}, or
@@ -56,8 +52,10 @@ def _start_operand(desc: str, graph: Graph, start):
         if start.graph is not graph:
             raise GraphError(f"{desc}: argument 'start' belongs to another graph")
         return [start], {}
-    raise GraphError(f"{desc}: start={start!r}, expected an int, a size expression of the graph's symbols "
-                     f"(\"kv-1\") or an integer graph value of shape () or (1,)")
+    raise GraphError(
+        f"{desc}: start={start!r}, expected an int, a size expression of the graph's symbols "
+        f'("kv-1") or an integer graph value of shape () or (1,)'
+    )
 
 
 def _size_expression(desc: str, graph: Graph, text: str):
@@ -97,11 +95,12 @@ def clamp_start(start: int, dim: int, length: int) -> int:
 
 # ---- update_slice ------------------------------------------------------------------------------
 
+
 @defop("update_slice", attrs=("axis", "start"))
 def _update_slice(node, types, attrs):
     x, upd = types[0], types[1]
     desc = node.describe()
-    axis = _check_axis(desc, attrs["axis"], x.rank)
+    axis = check_axis(desc, attrs["axis"], x.rank)
     _check_start(desc, types[2] if len(types) > 2 else None, attrs.get("start"))
     if upd.dtype != x.dtype:
         raise GraphError(f"{desc}: 'update' is {upd.dtype} but 'x' is {x.dtype}; expected the same dtype")
@@ -109,8 +108,10 @@ def _update_slice(node, types, attrs):
         raise GraphError(f"{desc}: 'update' has rank {upd.rank} ({upd}) but 'x' has rank {x.rank} ({x})")
     for i, (a, b) in enumerate(zip(x.shape, upd.shape)):
         if i != axis and a != b:
-            raise GraphError(f"{desc}: dim {i} of 'update' is {b} but {a} in 'x' ({upd} into {x}); only dim "
-                             f"{axis} (the axis) may differ")
+            raise GraphError(
+                f"{desc}: dim {i} of 'update' is {b} but {a} in 'x' ({upd} into {x}); only dim "
+                f"{axis} (the axis) may differ"
+            )
     n, u = x.shape[axis], upd.shape[axis]
     if isinstance(n, int) and isinstance(u, int) and u > n:
         raise GraphError(f"{desc}: 'update' has {u} entries along axis {axis}, more than the {n} of 'x'")
@@ -154,16 +155,19 @@ def update_slice(x, update, start, axis):
 
 # ---- narrow ------------------------------------------------------------------------------------
 
+
 @defop("narrow", attrs=("axis", "start", "length"))
 def _narrow(node, types, attrs):
     x, desc, length = types[0], node.describe(), attrs["length"]
-    axis = _check_axis(desc, attrs["axis"], x.rank)
+    axis = check_axis(desc, attrs["axis"], x.rank)
     _check_start(desc, types[1] if len(types) > 1 else None, attrs.get("start"))
     symbols = node.inputs[0].graph.symbols()
     if isinstance(length, str):
         if not symbolic.parse(length).symbols() <= set(symbols):
-            raise GraphError(f"{desc}: length={length!r} is not a size over the dims of the graph's inputs "
-                             f"(symbols: {', '.join(symbols) or 'none'})")
+            raise GraphError(
+                f"{desc}: length={length!r} is not a size over the dims of the graph's inputs "
+                f"(symbols: {', '.join(symbols) or 'none'})"
+            )
     elif not _is_int(length) or length < 0:
         raise GraphError(f"{desc}: length={length!r}, expected an int >= 0 or a size expression")
     n = x.shape[axis]
@@ -180,8 +184,7 @@ def _narrow_ref(node, ins, attrs):
     size = symbolic.parse(length).evaluate(symbol_sizes()) if isinstance(length, str) else length
     n = x.shape[axis]
     if size > n:
-        raise InputError(f"{node.describe()}: length {length} = {size} is larger than dim {axis} of 'x', "
-                         f"which is {n}")
+        raise InputError(f"{node.describe()}: length {length} = {size} is larger than dim {axis} of 'x', which is {n}")
     s = clamp_start(_start_value(ins, attrs, 1), n, size)
     return [np.take(x, np.arange(s, s + size), axis=axis)]
 
@@ -207,6 +210,7 @@ def narrow(x, axis, start, length):
 
 
 # ---- argmax ------------------------------------------------------------------------------------
+
 
 def _check_bool(desc: str, name: str, v) -> None:
     if not isinstance(v, bool):
@@ -242,7 +246,7 @@ def _arg_extreme(node, types, attrs):
     x, desc = types[0], node.describe()
     if x.dtype.kind not in ("float", "int"):
         raise GraphError(f"{desc}: 'x' has dtype {x.dtype}, expected a float or int tensor")
-    axis = _check_axis(desc, attrs["axis"], x.rank)
+    axis = check_axis(desc, attrs["axis"], x.rank)
     _check_bool(desc, "keepdims", attrs["keepdims"])
     _check_bool(desc, "last_index", attrs.get("last_index", False))
     _require_nonempty(desc, x, axis)
@@ -266,14 +270,14 @@ def _arg_extreme_ref(node, ins, attrs):
     pick = np.argmax if node.op == "argmax" else np.argmin
     if not attrs.get("last_index", False):
         return [pick(x, axis=axis, keepdims=attrs["keepdims"])]
-    n = x.shape[axis]      # the first position in the reversed axis is the last one
+    n = x.shape[axis]  # the first position in the reversed axis is the last one
     return [n - 1 - pick(np.flip(x, axis), axis=axis, keepdims=attrs["keepdims"])]
 
 
 def _arg_builder(op: str, x, axis, keepdims, last_index):
     g, xv, desc = _operand(op, x, keepdims=keepdims, last_index=last_index)
     attrs = {"axis": normalize_axis(desc, axis, xv.rank), "keepdims": bool(keepdims)}
-    if last_index:          # absent when False: graphs built before the flag existed print and hash the same
+    if last_index:  # absent when False: graphs built before the flag existed print and hash the same
         attrs["last_index"] = True
     return g.apply(op, [xv], attrs)[0]
 
@@ -296,12 +300,13 @@ def argmin(x, axis=-1, keepdims=False, last_index=False):
 
 # ---- topk --------------------------------------------------------------------------------------
 
+
 @defop("topk", attrs=("k", "axis", "largest", "sorted"))
 def _topk(node, types, attrs):
     x, desc, k = types[0], node.describe(), attrs["k"]
     if x.dtype.kind not in ("float", "int"):
         raise GraphError(f"{desc}: 'x' has dtype {x.dtype}, expected a float or int tensor")
-    axis = _check_axis(desc, attrs["axis"], x.rank)
+    axis = check_axis(desc, attrs["axis"], x.rank)
     for name in ("largest", "sorted"):
         _check_bool(desc, name, attrs[name])
     n = x.shape[axis]
@@ -319,7 +324,7 @@ def topk_order(x: np.ndarray, axis: int, largest: bool) -> np.ndarray:
     """Positions along `axis` in topk order: by value (NaN the largest, -0.0 equal to 0.0), lower
     position first among equal values."""
     x = np.moveaxis(np.asarray(x), axis, -1)
-    if x.dtype.kind in "iu":      # bitwise not reverses the order without overflowing
+    if x.dtype.kind in "iu":  # bitwise not reverses the order without overflowing
         return np.moveaxis(np.argsort(~x if largest else x, axis=-1, kind="stable"), -1, axis)
     x = x.astype(np.float64)
     nan = np.isnan(x)
@@ -334,8 +339,9 @@ def topk_order(x: np.ndarray, axis: int, largest: bool) -> np.ndarray:
 def _topk_ref(node, ins, attrs):
     x, axis, k = ins[0], attrs["axis"], attrs["k"]
     if k > x.shape[axis]:
-        raise InputError(f"{node.describe()}: k={k} is larger than dim {axis} of 'x', which is {x.shape[axis]} "
-                         f"in this call")
+        raise InputError(
+            f"{node.describe()}: k={k} is larger than dim {axis} of 'x', which is {x.shape[axis]} in this call"
+        )
     idx = np.take(topk_order(x, axis, attrs["largest"]), np.arange(k), axis=axis)
     return [np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)]
 
@@ -351,13 +357,13 @@ def topk(x, k, axis=-1, largest=True, sorted=True):
     g, xv, desc = _operand("topk", x, largest=largest, sorted=sorted)
     if not _is_int(k):
         raise GraphError(f"{desc}: k={k!r}, expected a static int")
-    attrs = {"k": int(k), "axis": normalize_axis(desc, axis, xv.rank), "largest": bool(largest),
-             "sorted": bool(sorted)}
+    attrs = {"k": int(k), "axis": normalize_axis(desc, axis, xv.rank), "largest": bool(largest), "sorted": bool(sorted)}
     values, indices = g.apply("topk", [xv], attrs)
     return values, indices
 
 
 # ---- arange ------------------------------------------------------------------------------------
+
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
@@ -374,8 +380,10 @@ def arange_size(start, limit, delta):
 def _arange(node, types, attrs):
     desc, (start, limit, delta) = node.describe(), (attrs["start"], attrs["limit"], attrs["delta"])
     if attrs["dtype"] not in dt.ALL or dt.ALL[attrs["dtype"]].kind not in ("float", "int"):
-        raise GraphError(f"{desc}: dtype={attrs['dtype']!r}, expected one of "
-                         f"{', '.join(n for n, d in dt.ALL.items() if d.kind in ('float', 'int'))}")
+        raise GraphError(
+            f"{desc}: dtype={attrs['dtype']!r}, expected one of "
+            f"{', '.join(n for n, d in dt.ALL.items() if d.kind in ('float', 'int'))}"
+        )
     out = dt.ALL[attrs["dtype"]]
     for name, v in (("start", start), ("delta", delta)) + ((("limit", limit),) if not isinstance(limit, str) else ()):
         if not _is_number(v) or not math.isfinite(v):
@@ -385,15 +393,20 @@ def _arange(node, types, attrs):
     if delta == 0:
         raise GraphError(f"{desc}: delta=0; expected a non-zero step")
     if isinstance(limit, str) and (not _is_int(start) or delta != 1):
-        raise GraphError(f"{desc}: a symbolic limit ({limit!r}) needs an int start and delta=1, got "
-                         f"start={start!r}, delta={delta!r}")
+        raise GraphError(
+            f"{desc}: a symbolic limit ({limit!r}) needs an int start and delta=1, got start={start!r}, delta={delta!r}"
+        )
     return TensorType((arange_size(start, limit, delta),), out)
 
 
 @reference("arange")
 def _arange_ref(node, ins, attrs):
     start, limit, delta = attrs["start"], attrs["limit"], attrs["delta"]
-    n = symbolic.parse(limit).evaluate(symbol_sizes()) - start if isinstance(limit, str) else arange_size(start, limit, delta)
+    n = (
+        symbolic.parse(limit).evaluate(symbol_sizes()) - start
+        if isinstance(limit, str)
+        else arange_size(start, limit, delta)
+    )
     return [start + np.arange(n, dtype=np.float64) * delta]
 
 
@@ -412,10 +425,16 @@ def arange(graph, start, limit, delta=1, dtype="i64"):
     except GraphError:
         raise GraphError(f"arange: dtype={dtype!r}, expected one of f32, f16, bf16, i32, i64") from None
     if isinstance(limit, str) and not symbolic.parse(limit).symbols() <= set(graph.symbols()):
-        raise GraphError(f"arange: limit={limit!r} is not a size over the dims of graph {graph.name!r}'s inputs "
-                         f"(symbols: {', '.join(graph.symbols()) or 'none'})")
-    attrs = {"start": _plain(start), "limit": limit if isinstance(limit, str) else _plain(limit),
-             "delta": _plain(delta), "dtype": name}
+        raise GraphError(
+            f"arange: limit={limit!r} is not a size over the dims of graph {graph.name!r}'s inputs "
+            f"(symbols: {', '.join(graph.symbols()) or 'none'})"
+        )
+    attrs = {
+        "start": _plain(start),
+        "limit": limit if isinstance(limit, str) else _plain(limit),
+        "delta": _plain(delta),
+        "dtype": name,
+    }
     return graph.apply("arange", [], attrs)[0]
 
 
@@ -430,12 +449,13 @@ def _plain(v):
 
 # ---- cumsum ------------------------------------------------------------------------------------
 
+
 @defop("cumsum", attrs=("axis", "exclusive", "reverse"))
 def _cumsum(node, types, attrs):
     x, desc = types[0], node.describe()
     if x.dtype.kind not in ("float", "int"):
         raise GraphError(f"{desc}: 'x' has dtype {x.dtype}, expected a float or int tensor")
-    _check_axis(desc, attrs["axis"], x.rank)
+    check_axis(desc, attrs["axis"], x.rank)
     for name in ("exclusive", "reverse"):
         _check_bool(desc, name, attrs[name])
     return x
@@ -447,7 +467,7 @@ def _cumsum_ref(node, ins, attrs):
     if attrs["reverse"]:
         x = np.flip(x, axis)
     s = np.cumsum(x, axis=axis, dtype=x.dtype)
-    if attrs["exclusive"] and x.shape[axis]:      # shifted by one: each sum leaves its own entry out
+    if attrs["exclusive"] and x.shape[axis]:  # shifted by one: each sum leaves its own entry out
         first = np.zeros_like(np.take(s, [0], axis=axis))
         s = np.concatenate([first, np.take(s, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
     return [np.flip(s, axis) if attrs["reverse"] else s]
@@ -464,6 +484,7 @@ def cumsum(x, axis, exclusive=False, reverse=False):
 
 
 # ---- triu / tril -------------------------------------------------------------------------------
+
 
 def _triangle(node, types, attrs):
     x, desc, k = types[0], node.describe(), attrs["k"]

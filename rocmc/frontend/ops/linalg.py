@@ -2,6 +2,7 @@
 
 Float matmuls accumulate in f32 whatever the storage type; integer matmuls accumulate in their own type.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -94,8 +95,14 @@ def matmul(a, b, transpose_a=False, transpose_b=False):
     g = graph_of("matmul", a, b)
     like = a if isinstance(a, Value) else b
     operands = [as_value("matmul", "a", a, g, like), as_value("matmul", "b", b, g, like)]
-    return g.apply("matmul", operands, {"transpose_a": _flag("matmul", "transpose_a", transpose_a),
-                                        "transpose_b": _flag("matmul", "transpose_b", transpose_b)})[0]
+    return g.apply(
+        "matmul",
+        operands,
+        {
+            "transpose_a": _flag("matmul", "transpose_a", transpose_a),
+            "transpose_b": _flag("matmul", "transpose_b", transpose_b),
+        },
+    )[0]
 
 
 @builder
@@ -144,14 +151,16 @@ def _einsum_terms(equation: str, ranks: list) -> tuple[list, list]:
     for t, ls in zip(terms, labels):
         repeated = sorted({l for l in ls if ls.count(l) > 1})
         if repeated:
-            raise GraphError(f"{desc}: label {repeated[0]!r} repeats in term {t!r}: diagonals and traces are not "
-                             f"supported by rocmc's einsum")
+            raise GraphError(
+                f"{desc}: label {repeated[0]!r} repeats in term {t!r}: diagonals and traces are not "
+                f"supported by rocmc's einsum"
+            )
     ell = [f".{i}" for i in range(width, 0, -1)]
     if arrow:
         if rhs.count(_ELLIPSIS) > 1 or (rhs.replace(_ELLIPSIS, "") and not rhs.replace(_ELLIPSIS, "").isalpha()):
             raise GraphError(f"{desc}: result {rhs!r} is not letters with at most one '...'")
         out = _expand(rhs, width)
-    else:                 # numpy's implicit result: '...' first, then the labels used once, sorted
+    else:  # numpy's implicit result: '...' first, then the labels used once, sorted
         used = [l for ls in labels for l in ls if not l.startswith(".")]
         out = ell + sorted(l for l in set(used) if used.count(l) == 1)
     known = {l for ls in labels for l in ls}
@@ -190,6 +199,7 @@ class _Term:
         """The value with dims in `order` (labels it lacks become size-1 dims), each broadcast to its
         label's size when `sizes` names it."""
         from .shape import broadcast_to, permute, reshape
+
         have = [l for l in order if l in self.labels]
         v = permute(self.value, [self.labels.index(l) for l in have]) if have != self.labels else self.value
         shape = [v.shape[have.index(l)] if l in have else 1 for l in order]
@@ -200,6 +210,7 @@ class _Term:
 
     def sum_out(self, labels) -> "_Term":
         from .reduce import sum as reduce_sum
+
         axes = [i for i, l in enumerate(self.labels) if l in labels]
         if not axes:
             return self
@@ -211,6 +222,7 @@ def _contract(a: _Term, b: _Term, keep: set, sizes: dict) -> _Term:
     shared labels not kept (batched over those kept), or a broadcast product when there are none."""
     from .shape import product
     from .elementwise import mul
+
     shared = [l for l in a.labels if l in b.labels]
     batch = [l for l in shared if l in keep]
     inner = [l for l in shared if l not in keep]
@@ -225,16 +237,19 @@ def _contract(a: _Term, b: _Term, keep: set, sizes: dict) -> _Term:
     # An operand already laid out with its contracted labels first (a) or last (b) is taken as it is,
     # through matmul's transpose flag, rather than permuted.
     ta, tb = a.labels == batch + inner + a_only, b.labels == batch + b_only + inner
-    x = _reshaped(a.arranged(batch + inner + a_only if ta else batch + a_only + inner, common),
-                  lead + ([k, m] if ta else [m, k]))
-    y = _reshaped(b.arranged(batch + b_only + inner if tb else batch + inner + b_only, common),
-                  lead + ([n, k] if tb else [k, n]))
+    x = _reshaped(
+        a.arranged(batch + inner + a_only if ta else batch + a_only + inner, common), lead + ([k, m] if ta else [m, k])
+    )
+    y = _reshaped(
+        b.arranged(batch + b_only + inner if tb else batch + inner + b_only, common), lead + ([n, k] if tb else [k, n])
+    )
     out = matmul(x, y, transpose_a=ta, transpose_b=tb)
     return _Term(_reshaped(out, lead + [sizes[l] for l in a_only + b_only]), batch + a_only + b_only)
 
 
 def _reshaped(v: Value, shape: list) -> Value:
     from .shape import reshape
+
     return v if list(v.shape) == list(shape) else reshape(v, shape)
 
 
@@ -247,6 +262,7 @@ def einsum(equation, *operands):
     implicit output (no '->') are accepted. A label repeated within one term (a diagonal, a trace)
     is a GraphError."""
     from .shape import permute
+
     if not operands:
         raise GraphError("einsum: no operands given")
     g = graph_of("einsum", *operands)
@@ -261,7 +277,7 @@ def einsum(equation, *operands):
         terms[i] = t.sum_out(set(t.labels) - elsewhere)
     cur = terms[0]
     for i, t in enumerate(terms[1:], 1):
-        keep = set(out).union(*(o.labels for o in terms[i + 1:]))
+        keep = set(out).union(*(o.labels for o in terms[i + 1 :]))
         cur = _contract(cur, t, keep, sizes)
     cur = cur.sum_out(set(cur.labels) - set(out))
     v = cur.value

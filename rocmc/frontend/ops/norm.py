@@ -10,13 +10,14 @@ is a layer norm over the trailing dims of x viewed as (N, G, C/G, *spatial) (an 
 one group per channel), followed by the per-channel weight and bias. The statistics therefore
 accumulate in f32 for f16/bf16 like layer_norm's, and the graph shows the layer_norm it runs.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from ...errors import GraphError
 from ..graph import TensorType
-from ..opdef import as_value, builder, defop, graph_of, normalize_axis, reference, require_dtype
+from ..opdef import as_value, builder, check_axis, defop, graph_of, normalize_axis, reference, require_dtype
 from .elementwise import add, mul
 from .shape import reshape
 
@@ -25,6 +26,7 @@ __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "instance_norm", 
 
 # ---- shape and attribute rules ------------------------------------------------------------------
 
+
 def _check_x(node, t: TensorType) -> None:
     require_dtype(node.describe(), "x", t)
     if t.rank == 0:
@@ -32,10 +34,7 @@ def _check_x(node, t: TensorType) -> None:
 
 
 def _check_axis(node, attrs, rank: int) -> int:
-    axis = attrs.get("axis")
-    if normalize_axis(node.describe(), axis, rank) != axis:
-        raise GraphError(f"{node.describe()}: axis={axis!r}, expected a non-negative axis below rank {rank}")
-    return axis
+    return check_axis(node.describe(), attrs.get("axis"), rank)
 
 
 def _check_eps(node, attrs) -> None:
@@ -53,8 +52,10 @@ def _check_affine(node, types, names, axis: int) -> None:
             continue
         require_dtype(node.describe(), arg, t)
         if t.shape != want:
-            raise GraphError(f"{node.describe()}: {arg!r} has shape [{','.join(map(str, t.shape))}], expected "
-                             f"[{','.join(map(str, want))}] (x.shape[{axis}:] for x of shape {x})")
+            raise GraphError(
+                f"{node.describe()}: {arg!r} has shape [{','.join(map(str, t.shape))}], expected "
+                f"[{','.join(map(str, want))}] (x.shape[{axis}:] for x of shape {x})"
+            )
 
 
 def _softmax_infer(node, types, attrs):
@@ -70,6 +71,7 @@ def _norm_infer(names):
         _check_eps(node, attrs)
         _check_affine(node, types, names, axis)
         return types[0]
+
     return infer
 
 
@@ -80,6 +82,7 @@ defop("rms_norm", attrs=("eps", "axis"))(_norm_infer(("weight",)))
 
 
 # ---- float64 references -------------------------------------------------------------------------
+
 
 def _shifted(x, axis):
     return x - np.max(x, axis=axis, keepdims=True)
@@ -119,6 +122,7 @@ def _rms_norm_ref(node, ins, attrs):
 
 
 # ---- builders ------------------------------------------------------------------------------------
+
 
 def _axis_attr(op, x, axis) -> int:
     if x.rank == 0:
@@ -200,10 +204,15 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     g = graph_of("group_norm", x)
     x = as_value("group_norm", "x", x, g)
     c = _channels_first("group_norm", x)
-    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups < 1 \
-            or c % num_groups:
-        raise GraphError(f"group_norm: num_groups={num_groups!r}, expected a positive divisor of the "
-                         f"{c} channels of 'x'")
+    if (
+        isinstance(num_groups, bool)
+        or not isinstance(num_groups, (int, np.integer))
+        or num_groups < 1
+        or c % num_groups
+    ):
+        raise GraphError(
+            f"group_norm: num_groups={num_groups!r}, expected a positive divisor of the {c} channels of 'x'"
+        )
     grouped = reshape(x, (x.shape[0], int(num_groups), c // int(num_groups), *x.shape[2:]))
     y = reshape(layer_norm(grouped, eps=_eps_attr("group_norm", eps), axis=2), x.shape)
     return _per_channel("group_norm", y, x, weight, bias)

@@ -4,12 +4,13 @@ sampled generation is reproducible from its seed wherever it runs.
 random_uniform(key, n)[..., j] mixes the i64 key with the counter j through splitmix64's finalizer (64-bit
 wrapping arithmetic) and keeps the top 24 bits as (bits + 0.5) / 2**24: uniform in (0, 1), never 0 or 1.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from ...errors import GraphError
-from .. import dtypes as dt
+from ... import dtypes as dt
 from ..graph import TensorType
 from ..opdef import as_value, builder, defop, graph_of, reference
 
@@ -35,7 +36,9 @@ def _random_uniform(node, types, attrs):
 def mix(key: np.ndarray, j: np.ndarray) -> np.ndarray:
     """splitmix64 of key * GOLDEN + (j + 1) * MIX1, as uint64."""
     with np.errstate(over="ignore"):
-        z = key.astype(np.int64).view(np.uint64) * np.uint64(GOLDEN) + (j.astype(np.uint64) + np.uint64(1)) * np.uint64(MIX1)
+        z = key.astype(np.int64).view(np.uint64) * np.uint64(GOLDEN) + (j.astype(np.uint64) + np.uint64(1)) * np.uint64(
+            MIX1
+        )
         z = (z ^ (z >> np.uint64(SHIFTS[0]))) * np.uint64(MIX1)
         z = (z ^ (z >> np.uint64(SHIFTS[1]))) * np.uint64(MIX2)
         return z ^ (z >> np.uint64(SHIFTS[2]))
@@ -45,7 +48,7 @@ def mix(key: np.ndarray, j: np.ndarray) -> np.ndarray:
 def _random_uniform_ref(node, ins, attrs):
     key = np.asarray(ins[0])[..., None]
     bits = mix(key, np.arange(attrs["n"], dtype=np.uint64))
-    return [((bits >> np.uint64(40)).astype(np.float64) + 0.5) / 2.0 ** 24]
+    return [((bits >> np.uint64(40)).astype(np.float64) + 0.5) / 2.0**24]
 
 
 @builder

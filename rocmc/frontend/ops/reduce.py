@@ -5,6 +5,7 @@ Every reduction has the signature `fn(x, axis=None, keepdims=False)` with numpy'
 normalized: `{"axes": sorted non-negative ints, "keepdims": bool}`. `max` and `amax` are the same
 reduction under two names (MIOpen and ONNX both have both spellings).
 """
+
 from __future__ import annotations
 
 import builtins
@@ -13,7 +14,7 @@ import numpy as np
 
 from ...errors import GraphError
 from ..graph import TensorType
-from ..opdef import as_value, builder, defop, graph_of, reference
+from ..opdef import as_value, builder, defop, graph_of, normalize_axis, reference
 
 _FLOAT = ("float",)
 _NUMBER = ("float", "int")
@@ -42,10 +43,7 @@ def normalize_axes(op: str, axis, rank: int) -> list:
     for a in items:
         if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
             raise GraphError(f"{op}: axis={axis!r} must be None, an int or a tuple of ints")
-        if not -rank <= a < rank:
-            expect = f"expected {-rank}..{rank - 1}" if rank else "a 0-d tensor has no axes"
-            raise GraphError(f"{op}: axis {a} out of range for rank {rank}; {expect}")
-        a = int(a) % rank
+        a = normalize_axis(op, a, rank, scalar_axis=False)
         if a in out:
             raise GraphError(f"{op}: axis {a} repeated in axis={axis!r}")
         out.append(a)
@@ -70,6 +68,7 @@ def _infer(op, kinds):
         if not isinstance(keepdims, bool):
             raise GraphError(f"{where}: keepdims={keepdims!r}, expected a bool")
         return TensorType(reduced_shape(t.shape, axes, keepdims), t.dtype)
+
     return infer
 
 

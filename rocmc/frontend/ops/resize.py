@@ -11,6 +11,7 @@ Every mode is separable: along each resized dim, output position o reads a few i
 reference applies them dim after dim, the lowering gathers with them. Resized dims must therefore
 be static (the tables are compile-time constants); other dims (a batch) may be symbolic.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,28 +21,46 @@ import numpy as np
 
 from ...errors import GraphError
 from ..graph import TensorType
-from ..opdef import as_value, builder, defop, graph_of, reference
+from ..opdef import as_value, builder, defop, graph_of, normalize_axis, reference
 
 __all__ = ["resize", "interpolate"]
 
 MODES = ("nearest", "linear", "cubic")
-COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-                    "tf_crop_and_resize")
+COORDINATE_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 ASPECT_POLICIES = ("stretch", "not_larger", "not_smaller")
-ATTRS = ("sizes", "scales", "mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
-         "exclude_outside", "extrapolation_value", "roi", "antialias")
+ATTRS = (
+    "sizes",
+    "scales",
+    "mode",
+    "coordinate_transformation_mode",
+    "nearest_mode",
+    "cubic_coeff_a",
+    "exclude_outside",
+    "extrapolation_value",
+    "roi",
+    "antialias",
+)
 
 
 # ---- the per-dim tables --------------------------------------------------------------------------
+
 
 @dataclass
 class Taps:
     """Along one dim: output position o is sum_t weight[o, t] * x[index[o, t]], or the
     extrapolation value where outside[o]."""
-    index: np.ndarray      # int64 [out, taps], inside [0, in)
-    weight: np.ndarray     # float64 [out, taps]
-    outside: np.ndarray    # bool [out]
+
+    index: np.ndarray  # int64 [out, taps], inside [0, in)
+    weight: np.ndarray  # float64 [out, taps]
+    outside: np.ndarray  # bool [out]
 
 
 def source_coordinates(size: int, out: int, scale: float, mode: str, roi) -> np.ndarray:
@@ -68,8 +87,12 @@ def source_coordinates(size: int, out: int, scale: float, mode: str, roi) -> np.
 
 def _round(x: np.ndarray, nearest_mode: str) -> np.ndarray:
     """The nearest input position; ties go as nearest_mode says."""
-    return {"round_prefer_floor": lambda: np.ceil(x - 0.5), "round_prefer_ceil": lambda: np.floor(x + 0.5),
-            "floor": lambda: np.floor(x), "ceil": lambda: np.ceil(x)}[nearest_mode]().astype(np.int64)
+    return {
+        "round_prefer_floor": lambda: np.ceil(x - 0.5),
+        "round_prefer_ceil": lambda: np.floor(x + 0.5),
+        "floor": lambda: np.floor(x),
+        "ceil": lambda: np.ceil(x),
+    }[nearest_mode]().astype(np.int64)
 
 
 def _keys(t: np.ndarray, a: float) -> np.ndarray:
@@ -83,8 +106,11 @@ def _keys(t: np.ndarray, a: float) -> np.ndarray:
 def _filter(x: np.ndarray, attrs: dict, scale: float):
     """First tap and weights of a linear or cubic filter at positions x. With antialias, a
     downscale widens the filter by 1/scale (and weights are renormalized)."""
-    support, kernel = (1, lambda t: np.maximum(1 - np.abs(t), 0.0)) if attrs["mode"] == "linear" else \
-        (2, lambda t: _keys(t, attrs["cubic_coeff_a"]))
+    support, kernel = (
+        (1, lambda t: np.maximum(1 - np.abs(t), 0.0))
+        if attrs["mode"] == "linear"
+        else (2, lambda t: _keys(t, attrs["cubic_coeff_a"]))
+    )
     stretch = min(scale, 1.0) if attrs["antialias"] else 1.0
     reach = math.floor(support / stretch - 1e-12) if stretch < 1 else support - 1
     base = np.floor(x).astype(np.int64)
@@ -124,10 +150,14 @@ def dim_taps(attrs: dict, shape, i: int) -> Taps:
 
 # ---- shape rule and reference --------------------------------------------------------------------
 
+
 def _check_attrs(node, x: TensorType, a: dict) -> None:
     where = node.describe()
-    for key, allowed in (("mode", MODES), ("coordinate_transformation_mode", COORDINATE_MODES),
-                         ("nearest_mode", NEAREST_MODES)):
+    for key, allowed in (
+        ("mode", MODES),
+        ("coordinate_transformation_mode", COORDINATE_MODES),
+        ("nearest_mode", NEAREST_MODES),
+    ):
         if a.get(key) not in allowed:
             raise GraphError(f"{where}: {key}={a.get(key)!r}, expected one of {', '.join(allowed)}")
     sizes, scales = a.get("sizes"), a.get("scales")
@@ -164,7 +194,7 @@ def _resize_ref(node, ins, attrs):
     y = ins[0].astype(np.float64)
     for i in resized_dims(attrs):
         taps = dim_taps(attrs, ins[0].shape, i)
-        gathered = np.take(y, taps.index, axis=i)                      # dims: ..., out, taps, ...
+        gathered = np.take(y, taps.index, axis=i)  # dims: ..., out, taps, ...
         w = taps.weight.reshape((1,) * i + taps.weight.shape + (1,) * (y.ndim - i - 1))
         y = (gathered * w).sum(axis=i + 1)
         mask = taps.outside.reshape((1,) * i + (-1,) + (1,) * (y.ndim - i - 1))
@@ -174,14 +204,13 @@ def _resize_ref(node, ins, attrs):
 
 # ---- builders ------------------------------------------------------------------------------------
 
+
 def _axes(op: str, axes, rank: int) -> list:
     if axes is None:
         return list(range(rank))
     out = []
     for a in axes:
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not -rank <= a < rank:
-            raise GraphError(f"{op}: axes={list(axes)!r}, expected distinct ints in [{-rank}, {rank})")
-        out.append(int(a) % rank)
+        out.append(normalize_axis(op, a, rank, "axes", scalar_axis=False))
     if len(set(out)) != len(out):
         raise GraphError(f"{op}: axes={list(axes)!r} repeats a dim")
     return out
@@ -189,8 +218,9 @@ def _axes(op: str, axes, rank: int) -> list:
 
 def _numbers(op: str, arg: str, v, n: int, kind) -> list:
     vals = list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n
-    if len(vals) != n or not all(isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-                                 for x in vals):
+    if len(vals) != n or not all(
+        isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) for x in vals
+    ):
         raise GraphError(f"{op}: {arg}={v!r}, expected {n} numbers (one per resized dim)")
     return [kind(x) for x in vals]
 
@@ -238,9 +268,21 @@ def _choice(op: str, arg: str, v, allowed) -> str:
 
 
 @builder
-def resize(x, sizes=None, scales=None, mode="nearest", coordinate_transformation_mode="half_pixel",
-           nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=False, extrapolation_value=0.0,
-           roi=None, axes=None, keep_aspect_ratio_policy="stretch", antialias=False):
+def resize(
+    x,
+    sizes=None,
+    scales=None,
+    mode="nearest",
+    coordinate_transformation_mode="half_pixel",
+    nearest_mode="round_prefer_floor",
+    cubic_coeff_a=-0.75,
+    exclude_outside=False,
+    extrapolation_value=0.0,
+    roi=None,
+    axes=None,
+    keep_aspect_ratio_policy="stretch",
+    antialias=False,
+):
     """ONNX Resize: `sizes` or `scales` for the dims in `axes` (all dims by default); `roi` is one
     (start, end) pair per dim in `axes`, used by tf_crop_and_resize. antialias widens linear and
     cubic filters when downscaling."""
@@ -249,14 +291,20 @@ def resize(x, sizes=None, scales=None, mode="nearest", coordinate_transformation
     x = as_value(op, "x", x, g)
     dims = _axes(op, axes, x.rank)
     out, scale = _plan(op, x, dims, sizes, scales, keep_aspect_ratio_policy)
-    attrs = {"sizes": out, "scales": scale, "mode": _choice(op, "mode", mode, MODES),
-             "coordinate_transformation_mode": _choice(op, "coordinate_transformation_mode",
-                                                       coordinate_transformation_mode, COORDINATE_MODES),
-             "nearest_mode": _choice(op, "nearest_mode", nearest_mode, NEAREST_MODES),
-             "cubic_coeff_a": _numbers(op, "cubic_coeff_a", cubic_coeff_a, 1, float)[0],
-             "exclude_outside": bool(exclude_outside),
-             "extrapolation_value": _numbers(op, "extrapolation_value", extrapolation_value, 1, float)[0],
-             "roi": None, "antialias": bool(antialias)}
+    attrs = {
+        "sizes": out,
+        "scales": scale,
+        "mode": _choice(op, "mode", mode, MODES),
+        "coordinate_transformation_mode": _choice(
+            op, "coordinate_transformation_mode", coordinate_transformation_mode, COORDINATE_MODES
+        ),
+        "nearest_mode": _choice(op, "nearest_mode", nearest_mode, NEAREST_MODES),
+        "cubic_coeff_a": _numbers(op, "cubic_coeff_a", cubic_coeff_a, 1, float)[0],
+        "exclude_outside": bool(exclude_outside),
+        "extrapolation_value": _numbers(op, "extrapolation_value", extrapolation_value, 1, float)[0],
+        "roi": None,
+        "antialias": bool(antialias),
+    }
     if coordinate_transformation_mode == "tf_crop_and_resize":
         if roi is None:
             raise GraphError(f"{op}: coordinate_transformation_mode='tf_crop_and_resize' needs roi")
@@ -272,10 +320,14 @@ def resize(x, sizes=None, scales=None, mode="nearest", coordinate_transformation
     return g.apply(op, [x], attrs)[0]
 
 
-_TORCH_MODES = {"nearest": ("nearest", "asymmetric", "floor"), "nearest-exact": ("nearest", "half_pixel",
-                                                                                 "round_prefer_ceil"),
-                "linear": ("linear", None, None), "bilinear": ("linear", None, None),
-                "trilinear": ("linear", None, None), "bicubic": ("cubic", None, None)}
+_TORCH_MODES = {
+    "nearest": ("nearest", "asymmetric", "floor"),
+    "nearest-exact": ("nearest", "half_pixel", "round_prefer_ceil"),
+    "linear": ("linear", None, None),
+    "bilinear": ("linear", None, None),
+    "trilinear": ("linear", None, None),
+    "bicubic": ("cubic", None, None),
+}
 
 
 @builder
@@ -290,8 +342,9 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     if x.rank < 3:
         raise GraphError(f"{op}: 'x' is {x.type}, expected rank >= 3 (N, C, *spatial)")
     if mode not in _TORCH_MODES:
-        raise GraphError(f"{op}: mode={mode!r}, expected one of {', '.join(map(repr, _TORCH_MODES))} "
-                         f"('area' is not supported)")
+        raise GraphError(
+            f"{op}: mode={mode!r}, expected one of {', '.join(map(repr, _TORCH_MODES))} ('area' is not supported)"
+        )
     kind, coord, rounding = _TORCH_MODES[mode]
     if kind == "nearest" and align_corners is not None:
         raise GraphError(f"{op}: align_corners applies to linear and cubic modes, not {mode!r}")
@@ -300,6 +353,15 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     n = x.rank - 2
     sizes = None if size is None else _numbers(op, "size", size, n, int)
     scales = None if scale_factor is None else _numbers(op, "scale_factor", scale_factor, n, float)
-    return resize(x, sizes=sizes, scales=scales, mode=kind, coordinate_transformation_mode=coord,
-                  nearest_mode=rounding or "round_prefer_floor", axes=list(range(2, x.rank)), antialias=antialias,
-                  exclude_outside=bool(antialias), cubic_coeff_a=-0.5 if antialias else -0.75)
+    return resize(
+        x,
+        sizes=sizes,
+        scales=scales,
+        mode=kind,
+        coordinate_transformation_mode=coord,
+        nearest_mode=rounding or "round_prefer_floor",
+        axes=list(range(2, x.rank)),
+        antialias=antialias,
+        exclude_outside=bool(antialias),
+        cubic_coeff_a=-0.5 if antialias else -0.75,
+    )

@@ -7,6 +7,7 @@ the initial states (1, batch, hidden) are optional (zeros). The outputs are y (s
 h_n (1, batch, hidden) and, for the LSTM, c_n. seq and batch may be symbolic; input and hidden
 sizes come from the weights and must be static.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,10 @@ __all__ = ["lstm", "gru"]
 
 GATES = {"lstm": 4, "gru": 3}
 # Operand names in graph order; the states each op takes after the biases.
-OPERANDS = {"lstm": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "c0"),
-            "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0")}
+OPERANDS = {
+    "lstm": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "c0"),
+    "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0"),
+}
 
 
 def _shape(s) -> str:
@@ -45,8 +48,9 @@ def _rnn_infer(node, types, attrs):
     if not isinstance(inp, int):
         raise GraphError(f"{desc}: 'x' has shape {x}; the input size (dim 2) must be static")
     if w_hh.rank != 2 or not all(isinstance(d, int) for d in w_hh.shape) or w_hh.shape[0] != g * w_hh.shape[1]:
-        raise GraphError(f"{desc}: 'w_hh' has shape {_shape(w_hh.shape)}, expected static "
-                         f"[{g}*hidden,hidden] ({g} gates)")
+        raise GraphError(
+            f"{desc}: 'w_hh' has shape {_shape(w_hh.shape)}, expected static [{g}*hidden,hidden] ({g} gates)"
+        )
     hidden = w_hh.shape[1]
     _expect(node, "w_hh", w_hh, (g * hidden, hidden), x.dtype)
     _expect(node, "w_ih", w_ih, (g * hidden, inp), x.dtype)
@@ -108,8 +112,7 @@ def _rnn(op, x, w_ih, w_hh, optional):
     g = graph_of(op, x)
     xv = as_value(op, "x", x, g)
     operands = [xv, as_value(op, "w_ih", w_ih, g, like=xv), as_value(op, "w_hh", w_hh, g, like=xv)]
-    operands += [None if v is None else as_value(op, arg, v, g, like=xv)
-                 for arg, v in zip(OPERANDS[op][3:], optional)]
+    operands += [None if v is None else as_value(op, arg, v, g, like=xv) for arg, v in zip(OPERANDS[op][3:], optional)]
     return tuple(g.apply(op, operands, {}))
 
 

@@ -6,6 +6,7 @@ r = rotary_dim/2; dims from rotary_dim on are copied unchanged. The tables are (
 0..t-1 used (T >= t), or (b, t, r) per batch; with position_ids (b, t) the rows are gathered from a
 (max_pos, r) table (positions must be < max_pos). Computed in f32 whatever the storage type.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -83,7 +84,7 @@ def _rope_ref(node, ins, attrs):
     if attrs["interleaved"]:
         x0, x1 = xr[..., 0::2], xr[..., 1::2]
     else:
-        x0, x1 = xr[..., :rot // 2], xr[..., rot // 2:]
+        x0, x1 = xr[..., : rot // 2], xr[..., rot // 2 :]
     y0, y1 = x0 * c - x1 * s, x0 * s + x1 * c
     y = np.stack([y0, y1], -1).reshape(xr.shape) if attrs["interleaved"] else np.concatenate([y0, y1], -1)
     return [np.concatenate([y, x[..., rot:]], -1)]
@@ -99,8 +100,12 @@ def rope(x, cos, sin, interleaved=False, layout="bhsd", rotary_dim=None, positio
     """
     g = graph_of("rope", x)
     x = as_value("rope", "x", x, g)
-    operands = [x, as_value("rope", "cos", cos, g, x), as_value("rope", "sin", sin, g, x),
-                None if position_ids is None else as_value("rope", "position_ids", position_ids, g)]
+    operands = [
+        x,
+        as_value("rope", "cos", cos, g, x),
+        as_value("rope", "sin", sin, g, x),
+        None if position_ids is None else as_value("rope", "position_ids", position_ids, g),
+    ]
     if not isinstance(interleaved, (bool, np.bool_)):
         raise GraphError(f"rope: interleaved={interleaved!r}, expected a bool")
     if rotary_dim in (None, 0):

@@ -5,6 +5,7 @@ tracked as products (`Size`): a reshape of f32[b,seq,512] to [b*seq,512] and bac
 typed exactly, the way a person would reason about it; anything that is not a product (a sum from
 concat, a clamped slice) is an opaque atom that only matches itself.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -16,20 +17,45 @@ from ...errors import GraphError, InputError
 from ... import symbolic
 from ...symbolic import BIG, slice_bounds
 from ..graph import Graph, TensorType, Value
-from ..opdef import (as_value, broadcast_shapes, builder, defop, dim_expr, graph_of, normalize_axis, reference,
-                     same_dtype)
+from ..opdef import (
+    as_value,
+    broadcast_shapes,
+    builder,
+    check_axis,
+    defop,
+    dim_expr,
+    graph_of,
+    normalize_axis,
+    reference,
+    same_dtype,
+)
 from ..reference import symbol_sizes
 
-__all__ = ["sizes", "reshape", "transpose", "permute", "concat", "slice", "gather", "embedding", "broadcast_to", "pad",
-           "squeeze", "unsqueeze", "flatten"]
+__all__ = [
+    "sizes",
+    "reshape",
+    "transpose",
+    "permute",
+    "concat",
+    "slice",
+    "gather",
+    "embedding",
+    "broadcast_to",
+    "pad",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+]
 
 # ---- symbolic sizes as products ------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Size:
     """A dim as coefficient * product of atoms (symbols, or opaque expressions like '(n+4)')."""
+
     coef: int
-    atoms: tuple = ()          # sorted, with repetition
+    atoms: tuple = ()  # sorted, with repetition
 
     def __mul__(self, o: "Size") -> "Size":
         return Size(self.coef * o.coef, tuple(sorted(self.atoms + o.atoms)))
@@ -62,7 +88,7 @@ def _split_product(s: str):
     for ch in s[1:-1]:
         depth += (ch == "(") - (ch == ")")
         if depth < 0:
-            return None          # '(a)+(b)': the outer parentheses do not match each other
+            return None  # '(a)+(b)': the outer parentheses do not match each other
         if ch == "*" and depth == 0:
             parts.append(cur)
             cur = ""
@@ -118,6 +144,7 @@ def _value(op: str, x) -> Value:
 
 # ---- sizes as values ------------------------------------------------------------------------
 
+
 @defop("sizes", attrs=("dims", "dtype"))
 def _sizes(node, types, attrs):
     desc, dims = node.describe(), attrs["dims"]
@@ -125,7 +152,8 @@ def _sizes(node, types, attrs):
         raise GraphError(f"{desc}: dtype={attrs['dtype']!r}, expected i32 or i64")
     if not isinstance(dims, list) or not all(_is_int(d) or isinstance(d, str) for d in dims):
         raise GraphError(f"{desc}: dims={dims!r}, expected a list of ints and size expressions")
-    from ..dtypes import dtype
+    from ...dtypes import dtype
+
     return TensorType((len(dims),), dtype(attrs["dtype"]))
 
 
@@ -151,14 +179,17 @@ def sizes(graph, dims, dtype="i64"):
         elif isinstance(d, str) and _over(d, graph.symbols()):
             out.append(symbolic.canonical(d))
         else:
-            raise GraphError(f"sizes: dim {d!r} is neither an int nor a size over the symbols of graph "
-                             f"{graph.name!r} ({', '.join(graph.symbols()) or 'none'})")
+            raise GraphError(
+                f"sizes: dim {d!r} is neither an int nor a size over the symbols of graph "
+                f"{graph.name!r} ({', '.join(graph.symbols()) or 'none'})"
+            )
     if dtype not in ("i32", "i64"):
         raise GraphError(f"sizes: dtype={dtype!r}, expected 'i32' or 'i64'")
     return graph.apply("sizes", [], {"dims": out, "dtype": dtype})[0]
 
 
 # ---- reshape -----------------------------------------------------------------------------
+
 
 def resolve_reshape(desc: str, in_shape: tuple, shape) -> tuple[list, tuple]:
     """Check a reshape target against the input shape; returns (attribute list, output shape).
@@ -185,8 +216,10 @@ def resolve_reshape(desc: str, in_shape: tuple, shape) -> tuple[list, tuple]:
             out.append(int(d))
         elif isinstance(d, str) and d:
             if not set(size_of(d).atoms) <= atoms:
-                raise GraphError(f"{desc}: shape entry {d!r} is not built from the symbols of x's shape "
-                                 f"{_fmt(in_shape)}; expected ints, -1 or those symbols")
+                raise GraphError(
+                    f"{desc}: shape entry {d!r} is not built from the symbols of x's shape "
+                    f"{_fmt(in_shape)}; expected ints, -1 or those symbols"
+                )
             dim = d if d in in_shape else size_of(d).dim
             attr.append(dim)
             out.append(dim)
@@ -196,8 +229,9 @@ def resolve_reshape(desc: str, in_shape: tuple, shape) -> tuple[list, tuple]:
     known = product(d for d in out if d is not None)
     if infer_at is None:
         if known != total:
-            raise GraphError(f"{desc}: cannot reshape {_fmt(in_shape)} ({total.dim} elements) to "
-                             f"{_fmt(out)} ({known.dim} elements)")
+            raise GraphError(
+                f"{desc}: cannot reshape {_fmt(in_shape)} ({total.dim} elements) to {_fmt(out)} ({known.dim} elements)"
+            )
         return attr, tuple(out)
     q = total.divide(known)
     if q is not None:
@@ -206,8 +240,9 @@ def resolve_reshape(desc: str, in_shape: tuple, shape) -> tuple[list, tuple]:
         # Only the coefficient fails to divide: a run-time quotient such as (n/2).
         out[infer_at] = f"({total.dim}/{known.dim})"
     else:
-        raise GraphError(f"{desc}: cannot infer -1 in {list(shape)}: {total.dim} elements of x are not a "
-                         f"multiple of {known.dim}")
+        raise GraphError(
+            f"{desc}: cannot infer -1 in {list(shape)}: {total.dim} elements of x are not a multiple of {known.dim}"
+        )
     return attr, tuple(out)
 
 
@@ -234,7 +269,7 @@ def _concrete_reshape(x: np.ndarray, in_shape: tuple, attr: list) -> list:
                 continue
             s = size_of(d)
             if not all(a in bound for a in s.atoms):
-                out.append(-1)      # the one size numpy may infer
+                out.append(-1)  # the one size numpy may infer
                 continue
             out.append(s.coef * int(np.prod([bound[a] for a in s.atoms])))
         else:
@@ -266,8 +301,8 @@ def flatten(x, start_dim=0, end_dim=-1):
     e = normalize_axis(desc, end_dim, x.rank, "end_dim")
     if s > e:
         raise GraphError(f"{desc}: start_dim={start_dim} comes after end_dim={end_dim} for rank {x.rank}")
-    merged = product(x.shape[s:e + 1]).dim if e > s else x.shape[s]
-    return reshape(x, [*x.shape[:s], merged, *x.shape[e + 1:]])
+    merged = product(x.shape[s : e + 1]).dim if e > s else x.shape[s]
+    return reshape(x, [*x.shape[:s], merged, *x.shape[e + 1 :]])
 
 
 @builder
@@ -296,12 +331,15 @@ def squeeze(x, axes=None):
         for a in sorted(norm):
             if x.shape[a] != 1:
                 what = "symbolic" if isinstance(x.shape[a], str) else "not 1"
-                raise GraphError(f"{desc}: cannot squeeze axis {a} of {x.type}: its size {x.shape[a]} is {what}; "
-                                 f"expected a static size-1 dim")
+                raise GraphError(
+                    f"{desc}: cannot squeeze axis {a} of {x.type}: its size {x.shape[a]} is {what}; "
+                    f"expected a static size-1 dim"
+                )
     return reshape(x, [d for i, d in enumerate(x.shape) if i not in norm])
 
 
 # ---- transpose -----------------------------------------------------------------------------
+
 
 @defop("transpose", attrs=("perm",))
 def _transpose(node, types, attrs):
@@ -341,6 +379,7 @@ def transpose(x, dim0, dim1):
 
 # ---- concat --------------------------------------------------------------------------------
 
+
 def dim_sum(dims):
     """Sum of dims: static parts fold, symbolic parts become '(a+b)' expressions."""
     static = sum(d for d in dims if isinstance(d, int))
@@ -359,12 +398,12 @@ def _concat(node, types, attrs):
         raise GraphError(f"{desc}: expected at least one tensor")
     dtype = same_dtype(desc, types, names)
     first = types[0]
-    if not _is_int(axis) or not 0 <= axis < first.rank:
-        raise GraphError(f"{desc}: axis={axis!r} out of range for rank {first.rank}")
+    check_axis(desc, axis, first.rank)
     for t, n in zip(types[1:], names[1:]):
         if t.rank != first.rank:
-            raise GraphError(f"{desc}: {n} has rank {t.rank} ({t}) but {names[0]} has rank {first.rank}; "
-                             f"expected the same rank")
+            raise GraphError(
+                f"{desc}: {n} has rank {t.rank} ({t}) but {names[0]} has rank {first.rank}; expected the same rank"
+            )
         for i, (a, b) in enumerate(zip(first.shape, t.shape)):
             if i != axis and a != b:
                 raise GraphError(f"{desc}: dim {i} of {n} is {b} but {a} in {names[0]}; only axis {axis} may differ")
@@ -392,6 +431,7 @@ def concat(values, axis=0):
 
 # ---- slice ---------------------------------------------------------------------------------
 
+
 def _slice_dim(d, start, end, step):
     if isinstance(d, int):
         return slice_bounds(d, start, end, step)[1]
@@ -406,8 +446,10 @@ def normalize_slice(desc: str, shape: tuple, starts, ends, axes, steps) -> dict:
     axes = list(range(len(starts))) if axes is None else _int_list(desc, "axes", axes)
     steps = [1] * len(starts) if steps is None else _int_list(desc, "steps", steps)
     if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise GraphError(f"{desc}: starts, ends, axes and steps have {len(starts)}, {len(ends)}, {len(axes)} and "
-                         f"{len(steps)} entries; expected the same number")
+        raise GraphError(
+            f"{desc}: starts, ends, axes and steps have {len(starts)}, {len(ends)}, {len(axes)} and "
+            f"{len(steps)} entries; expected the same number"
+        )
     axes = [normalize_axis(desc, a, len(shape), "axes") for a in axes]
     if len(set(axes)) != len(axes):
         raise GraphError(f"{desc}: axes={axes} repeats an axis")
@@ -424,8 +466,12 @@ def normalize_slice(desc: str, shape: tuple, starts, ends, axes, steps) -> dict:
         else:
             s, e = max(min(s, BIG), -BIG), max(min(e, BIG), -BIG)
         rows.append((a, s, e, st))
-    return {"axes": [r[0] for r in rows], "starts": [r[1] for r in rows], "ends": [r[2] for r in rows],
-            "steps": [r[3] for r in rows]}
+    return {
+        "axes": [r[0] for r in rows],
+        "starts": [r[1] for r in rows],
+        "ends": [r[2] for r in rows],
+        "steps": [r[3] for r in rows],
+    }
 
 
 @defop("slice", attrs=("axes", "starts", "ends", "steps"))
@@ -458,6 +504,7 @@ def slice(x, starts, ends, axes=None, steps=None):
 
 # ---- gather --------------------------------------------------------------------------------
 
+
 @defop("gather", attrs=("axis",))
 def _gather(node, types, attrs):
     x, idx = types
@@ -466,11 +513,10 @@ def _gather(node, types, attrs):
         raise GraphError(f"{desc}: indices have dtype {idx.dtype}, expected an int tensor (i32 or i64)")
     if x.rank == 0:
         raise GraphError(f"{desc}: x is a scalar ({x}); expected rank >= 1")
-    if not _is_int(axis) or not 0 <= axis < x.rank:
-        raise GraphError(f"{desc}: axis={axis!r} out of range for rank {x.rank}")
+    check_axis(desc, axis, x.rank)
     if x.shape[axis] == 0 and 0 not in idx.shape:
         raise GraphError(f"{desc}: gathers from axis {axis} of {x}, which is empty; nothing to read")
-    return x.with_shape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+    return x.with_shape(x.shape[:axis] + idx.shape + x.shape[axis + 1 :])
 
 
 def gather_indices(idx: np.ndarray, n: int) -> np.ndarray:
@@ -485,8 +531,10 @@ def _gather_ref(node, ins, attrs):
     x, idx = ins
     n = x.shape[attrs["axis"]]
     if n == 0 and idx.size:
-        raise InputError(f"{node.describe()}: gathers {idx.size} indices from axis {attrs['axis']} of a "
-                         f"{x.shape} array, which is empty; nothing to read")
+        raise InputError(
+            f"{node.describe()}: gathers {idx.size} indices from axis {attrs['axis']} of a "
+            f"{x.shape} array, which is empty; nothing to read"
+        )
     return [np.take(x, gather_indices(idx, n), axis=attrs["axis"])]
 
 
@@ -512,6 +560,7 @@ def embedding(indices, weight):
 
 # ---- broadcast_to --------------------------------------------------------------------------
 
+
 @defop("broadcast_to", attrs=("shape",))
 def _broadcast_to(node, types, attrs):
     x, shape, desc = types[0], attrs["shape"], node.describe()
@@ -521,8 +570,10 @@ def _broadcast_to(node, types, attrs):
     known = symbols | {d for d in x.shape if isinstance(d, str)}
     for d in shape:
         if not ((_is_int(d) and d >= 0) or (isinstance(d, str) and (d in known or _over(d, symbols)))):
-            raise GraphError(f"{desc}: target dim {d!r} is neither an int >= 0 nor a size over the graph's "
-                             f"symbols ({', '.join(sorted(known)) or 'none'})")
+            raise GraphError(
+                f"{desc}: target dim {d!r} is neither an int >= 0 nor a size over the graph's "
+                f"symbols ({', '.join(sorted(known)) or 'none'})"
+            )
     got = broadcast_shapes(desc, x.shape, tuple(shape))
     if list(got) != shape:
         raise GraphError(f"{desc}: {x} does not broadcast to {_fmt(shape)}")
@@ -574,8 +625,11 @@ def _pad_pairs(desc: str, rank: int, pad_width) -> list:
         pairs = [(pad_width, pad_width)] * rank
     elif isinstance(pad_width, (list, tuple)) and len(pad_width) == 2 and all(_is_int(p) for p in pad_width):
         pairs = [tuple(pad_width)] * rank
-    elif isinstance(pad_width, (list, tuple)) and len(pad_width) == rank and all(
-            isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_int(q) for q in p) for p in pad_width):
+    elif (
+        isinstance(pad_width, (list, tuple))
+        and len(pad_width) == rank
+        and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_int(q) for q in p) for p in pad_width)
+    ):
         pairs = [tuple(p) for p in pad_width]
     else:
         raise GraphError(f"{desc}: pad_width={pad_width!r}, expected an int or {rank} (lo, hi) pairs of ints")
@@ -619,5 +673,6 @@ def pad(x, pad_width, mode="constant", value=0.0):
     if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)):
         raise GraphError(f"{desc}: value={value!r}, expected a number")
     value = int(value) if x.dtype.kind != "float" and float(value).is_integer() else float(value)
-    return x.graph.apply("pad", [x], {"pad_width": _pad_pairs(desc, x.rank, pad_width), "mode": mode,
-                                      "value": value})[0]
+    return x.graph.apply("pad", [x], {"pad_width": _pad_pairs(desc, x.rank, pad_width), "mode": mode, "value": value})[
+        0
+    ]

@@ -3,16 +3,29 @@
 Arithmetic computes in torch's promoted dtype (`Node.promoted`: int tensor + float scalar is a float
 tensor, a 0-d tensor does not widen a tensor); comparisons compare in it and give bool.
 """
+
 from __future__ import annotations
 
 import math
 
-from . import Missing, Node, Unsupported, _ops, aten_exists, converts, is_size
+from .importer import Missing, Node, Unsupported, _ops, aten_exists, converts, is_size
 
-_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
-           "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater",
-           "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
-           "logical_xor": "logical_xor"}
+_BINARY = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
+    "logical_xor": "logical_xor",
+}
 _COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 _LOGICAL = {"logical_and", "logical_or", "logical_xor"}
 
@@ -65,7 +78,7 @@ def _rsub(n: Node):
 def _div(n: Node):
     R = _ops()
     mode = n.a.get("rounding_mode")
-    if mode is None:                      # true division, in torch's float result dtype
+    if mode is None:  # true division, in torch's float result dtype
         return R.div(n.value("self", n.out_dtype()), n.value("other", n.out_dtype()))
     if mode not in ("floor", "trunc"):
         raise Unsupported(f"rounding_mode={mode!r}")
@@ -91,16 +104,32 @@ def _pow(n: Node):
     return _ops().pow(n.value("self", dt), n.value("exponent", dt))
 
 
-_UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
-          "tanh": "tanh", "sigmoid": "sigmoid", "erf": "erf", "relu": "relu", "cos": "cos", "sin": "sin",
-          "sign": "sign", "floor": "floor", "ceil": "ceil", "round": "round", "reciprocal": "reciprocal"}
+_UNARY = {
+    "neg": "neg",
+    "abs": "abs",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "erf": "erf",
+    "relu": "relu",
+    "cos": "cos",
+    "sin": "sin",
+    "sign": "sign",
+    "floor": "floor",
+    "ceil": "ceil",
+    "round": "round",
+    "reciprocal": "reciprocal",
+}
 _FLOAT_RESULT = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "cos", "sin", "reciprocal"}
 
 
 @converts(*_names(_UNARY, ("default",)))
 def _unary(n: Node):
     op = n.fx.target._schema.name.split("::")[1]
-    dt = n.out_dtype() if op in _FLOAT_RESULT else None   # integer inputs compute in torch's float dtype
+    dt = n.out_dtype() if op in _FLOAT_RESULT else None  # integer inputs compute in torch's float dtype
     return getattr(_ops(), _UNARY[op])(n.value("self", dt))
 
 
@@ -152,8 +181,13 @@ def _elu(n: Node):
     return _ops().elu(n.value("self"), alpha=float(n.a.get("alpha", 1.0)))
 
 
-@converts("aten.clamp.default", "aten.clamp.Tensor", "aten.hardtanh.default", "aten.clamp_min.default",
-          "aten.clamp_max.default")
+@converts(
+    "aten.clamp.default",
+    "aten.clamp.Tensor",
+    "aten.hardtanh.default",
+    "aten.clamp_min.default",
+    "aten.clamp_max.default",
+)
 def _clamp(n: Node):
     R = _ops()
     op = n.fx.target._schema.name.split("::")[1]
@@ -164,7 +198,7 @@ def _clamp(n: Node):
     lo = n.a.get(lo_key) if lo_key else None
     hi = n.a.get(hi_key) if hi_key else None
     if op == "hardtanh" and lo == 0 and isinstance(hi, (int, float)):
-        return R.clipped_relu(x, ceiling=float(hi))       # relu6: the activation form
+        return R.clipped_relu(x, ceiling=float(hi))  # relu6: the activation form
     if lo is not None:
         x = R.maximum(x, n.imp.tensor(lo, dt, "min"))
     if hi is not None:
@@ -180,13 +214,20 @@ def _where(n: Node):
 
 # ---- casts and identities ------------------------------------------------------------------------------
 
+
 @converts("aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout")
 def _to_copy(n: Node):
     return n.value("self", n.out_dtype())
 
 
-@converts("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default",
-          "aten.contiguous.default", "aten.dropout.default")
+@converts(
+    "aten.clone.default",
+    "aten.alias.default",
+    "aten.detach.default",
+    "aten.lift_fresh_copy.default",
+    "aten.contiguous.default",
+    "aten.dropout.default",
+)
 def _identity(n: Node):
     if n.name == "aten.dropout.default" and n.a.get("train") and n.a.get("p"):
         raise Unsupported("dropout in training mode")
@@ -200,8 +241,12 @@ def _native_dropout(n: Node):
     return [n.value("input"), Missing("native_dropout's mask is not computed")]
 
 
-@converts("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
-          "aten.sym_constrain_range_for_size.default", "aten.sym_constrain_range.default")
+@converts(
+    "aten._assert_tensor_metadata.default",
+    "aten._assert_scalar.default",
+    "aten.sym_constrain_range_for_size.default",
+    "aten.sym_constrain_range.default",
+)
 def _assertion(n: Node):
     """torch's own checks of the traced program: the types rocmc infers and the Dims' ranges (graph
     assumptions) cover them."""
@@ -209,6 +254,7 @@ def _assertion(n: Node):
 
 
 # ---- creation -----------------------------------------------------------------------------------
+
 
 def _filled(n: Node, shape, fill, dt: str):
     R = _ops()
@@ -245,12 +291,13 @@ def _scalar_tensor(n: Node):
 
 # ---- reductions -----------------------------------------------------------------------------------
 
+
 def _dims(n: Node, key: str, rank: int) -> tuple:
     dims = n.a.get(key)
     if dims is None or dims == []:
         return tuple(range(rank))
     dims = [dims] if isinstance(dims, int) else dims
-    return tuple(sorted(d % max(rank, 1) for d in dims))
+    return tuple(sorted(n.axis(d, rank, key) for d in dims))
 
 
 def _reduce_input(n: Node):
@@ -259,8 +306,16 @@ def _reduce_input(n: Node):
     return n.value("self", n.out_dtype() if n.out_dtype() != x.dtype.name else None)
 
 
-@converts("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.prod.dim_int",
-          "aten.prod.default", "aten.amax.default", "aten.amin.default")
+@converts(
+    "aten.sum.dim_IntList",
+    "aten.sum.default",
+    "aten.mean.dim",
+    "aten.mean.default",
+    "aten.prod.dim_int",
+    "aten.prod.default",
+    "aten.amax.default",
+    "aten.amin.default",
+)
 def _reduce(n: Node):
     R = _ops()
     op = n.fx.target._schema.name.split("::")[1]
@@ -289,7 +344,7 @@ def _any_all(n: Node):
 def _max_dim(n: Node):
     R = _ops()
     x = n.value("self")
-    axis, keep = n.a["dim"] % max(x.rank, 1), bool(n.a.get("keepdim", False))
+    axis, keep = n.axis(n.a["dim"], x.rank), bool(n.a.get("keepdim", False))
     big = "max" in n.name
     values = (R.max if big else R.min)(x, axis=axis, keepdims=keep)
     return [values, (R.argmax if big else R.argmin)(x, axis=axis, keepdims=keep)]
@@ -308,9 +363,12 @@ def _argmax(n: Node):
     x = n.value("self")
     fn = R.argmax if "argmax" in n.name else R.argmin
     if n.a.get("dim") is None:
-        return fn(R.reshape(x, (-1,)), axis=0, keepdims=False) if not n.a.get("keepdim") else \
-            R.reshape(fn(R.reshape(x, (-1,)), axis=0), (1,) * x.rank)
-    return fn(x, axis=n.a["dim"] % max(x.rank, 1), keepdims=bool(n.a.get("keepdim", False)))
+        return (
+            fn(R.reshape(x, (-1,)), axis=0, keepdims=False)
+            if not n.a.get("keepdim")
+            else R.reshape(fn(R.reshape(x, (-1,)), axis=0), (1,) * x.rank)
+        )
+    return fn(x, axis=n.axis(n.a["dim"], x.rank), keepdims=bool(n.a.get("keepdim", False)))
 
 
 @converts("aten.var.correction", "aten.var.dim", "aten.std.correction", "aten.std.dim", "aten.var_mean.correction")
@@ -340,13 +398,13 @@ def _softmax(n: Node):
     R = _ops()
     x = n.value("self", n.out_dtype())
     fn = R.log_softmax if "log_softmax" in n.name else R.softmax
-    return fn(x, axis=n.a["dim"] % max(x.rank, 1))
+    return fn(x, axis=n.axis(n.a["dim"], x.rank))
 
 
 @converts("aten.cumsum.default")
 def _cumsum(n: Node):
     x = n.value("self", n.out_dtype())
-    return _ops().cumsum(x, n.a["dim"] % max(x.rank, 1))
+    return _ops().cumsum(x, n.axis(n.a["dim"], x.rank))
 
 
 @converts("aten.triu.default", "aten.tril.default")

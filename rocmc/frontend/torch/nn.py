@@ -3,18 +3,22 @@
 `addmm(bias, x, permute(W, [1, 0]))` and `mm(x, permute(W, [1, 0]))`, what a decomposed nn.Linear is,
 become `ops.linear(x, W, bias)`: the weight is read as stored (the GEMM libraries take it transposed).
 """
+
 from __future__ import annotations
 
 import math
 
-from . import Missing, Node, Unsupported, _ops, converts
+from .importer import Missing, Node, Unsupported, _ops, converts
 
 
 def _transposed_weight(n: Node, key: str):
     """W when operand `key` is permute(W, [1, 0]) of a 2-D tensor, else None."""
     fx = n.fx_arg(key)
-    if getattr(fx, "op", None) == "call_function" and str(fx.target) == "aten.permute.default" \
-            and list(fx.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0]):
+    if (
+        getattr(fx, "op", None) == "call_function"
+        and str(fx.target) == "aten.permute.default"
+        and list(fx.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0])
+    ):
         w = n.imp.env.get(fx.args[0])
         return w if getattr(w, "rank", None) == 2 else None
     return None
@@ -74,8 +78,16 @@ def _convolution(n: Node):
     groups = int(n.a["groups"])
     if n.a["transposed"]:
         fn = getattr(R, f"conv_transpose{nsp}d")
-        return fn(x, w, bias, stride=stride, padding=padding, output_padding=n.int_list("output_padding"),
-                  groups=groups, dilation=dilation)
+        return fn(
+            x,
+            w,
+            bias,
+            stride=stride,
+            padding=padding,
+            output_padding=n.int_list("output_padding"),
+            groups=groups,
+            dilation=dilation,
+        )
     return getattr(R, _CONV[nsp])(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
@@ -87,8 +99,14 @@ def _max_pool(n: Node):
     kernel = n.int_list("kernel_size")
     stride = n.int_list("stride") or kernel
     fn = R.max_pool2d if nsp == 2 else R.max_pool3d
-    y = fn(x, kernel, stride=stride, padding=n.int_list("padding"), dilation=n.int_list("dilation"),
-           ceil_mode=bool(n.a.get("ceil_mode", False)))
+    y = fn(
+        x,
+        kernel,
+        stride=stride,
+        padding=n.int_list("padding"),
+        dilation=n.int_list("dilation"),
+        ceil_mode=bool(n.a.get("ceil_mode", False)),
+    )
     return [y, Missing("max_pool's indices are not computed")] if "with_indices" in n.name else y
 
 
@@ -100,8 +118,14 @@ def _avg_pool(n: Node):
     x = n.value("self")
     kernel = n.int_list("kernel_size")
     fn = R.avg_pool2d if x.rank == 4 else R.avg_pool3d
-    return fn(x, kernel, stride=n.int_list("stride") or kernel, padding=n.int_list("padding"),
-              ceil_mode=bool(n.a.get("ceil_mode", False)), count_include_pad=bool(n.a.get("count_include_pad", True)))
+    return fn(
+        x,
+        kernel,
+        stride=n.int_list("stride") or kernel,
+        padding=n.int_list("padding"),
+        ceil_mode=bool(n.a.get("ceil_mode", False)),
+        count_include_pad=bool(n.a.get("count_include_pad", True)),
+    )
 
 
 @converts("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
@@ -121,6 +145,7 @@ def _adaptive_avg_pool(n: Node):
 
 # ---- normalization ------------------------------------------------------------------------------------
 
+
 @converts("aten.native_layer_norm.default")
 def _layer_norm(n: Node):
     x = n.value("input")
@@ -137,8 +162,9 @@ def _rms_norm(n: Node):
     x = n.value("input")
     axis = x.rank - len(n.a["normalized_shape"])
     eps = n.a.get("eps")
-    if eps is None:                       # torch's default: the dtype's machine epsilon
+    if eps is None:  # torch's default: the dtype's machine epsilon
         import torch
+
         eps = torch.finfo(n.fx_arg("input").meta["val"].dtype).eps
     w = n.value("weight") if n.a.get("weight") is not None else None
     y = _ops().rms_norm(x, w, eps=float(eps), axis=axis)
@@ -167,6 +193,7 @@ def _batch_norm(n: Node):
 
 # ---- attention ---------------------------------------------------------------------------------------
 
+
 @converts("aten.scaled_dot_product_attention.default")
 def _sdpa(n: Node):
     """torch's is_causal keeps key j for query i when j <= i (top-left aligned); rocmc's aligns to the
@@ -179,7 +206,9 @@ def _sdpa(n: Node):
     mask = None if mask is None else n.value("attn_mask")
     if q.rank != 4:
         if q.rank != 3:
-            raise Unsupported(f"query of rank {q.rank}: rocmc's sdpa takes (batch, heads, seq, dim) or (heads, seq, dim)")
+            raise Unsupported(
+                f"query of rank {q.rank}: rocmc's sdpa takes (batch, heads, seq, dim) or (heads, seq, dim)"
+            )
         q, k, v = (R.unsqueeze(t, [0]) for t in (q, k, v))
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv and not n.a.get("enable_gqa", False):
@@ -208,8 +237,9 @@ def _zero_unattended(R, y, mask):
     """torch gives 0 for a query whose keys are all masked out; rocmc's sdpa leaves such a row
     undefined (NaN), which a later layer would spread to every row through its values."""
     import numpy as np
-    if mask.dtype.kind == "bool":   # counted by a product with ones: IREE 3.13's CPU code for a max over
-        keys = mask.shape[-1]         # a gathered dynamic bool mask needs an unbounded stack
+
+    if mask.dtype.kind == "bool":  # counted by a product with ones: IREE 3.13's CPU code for a max over
+        keys = mask.shape[-1]  # a gathered dynamic bool mask needs an unbounded stack
         ones = R.broadcast_to(y.graph.constant(None, np.ones((1, 1), np.float32)), (keys, 1))
         attends = R.greater(R.matmul(R.cast(mask, "f32"), ones), np.float32(0))
     else:

@@ -2,6 +2,7 @@
 size expressions, view/reshape, permute, expand, slice/select, cat/split, index/index_put, gather/scatter,
 arange and padding.
 """
+
 from __future__ import annotations
 
 import operator
@@ -9,7 +10,7 @@ import operator
 from ... import symbolic
 from ...errors import GraphError
 from ..importing import slice_bound
-from . import Node, Unsupported, _ops, converts, is_size
+from .importer import Node, Unsupported, _ops, converts, is_size
 
 # ---- size arithmetic --------------------------------------------------------------------------------
 
@@ -17,7 +18,7 @@ from . import Node, Unsupported, _ops, converts, is_size
 @converts("aten.sym_size.int")
 def _sym_size(n: Node):
     x = n.a["self"]
-    return x.shape[n.a["dim"] % x.rank]
+    return x.shape[n.axis(n.a["dim"], x.rank, scalar=False)]
 
 
 @converts("aten.sym_numel.default")
@@ -71,9 +72,7 @@ def _size_extreme(n: Node):
     a, b = _sizes(n)
     assumed: dict = {}
     out = (symbolic.dim_max if n.fx.target.__name__ == "sym_max" else symbolic.dim_min)(a, b, assumed)
-    for sym, least in sorted(assumed.items()):
-        n.imp.graph.assume(symbolic.Constraint(f"{n.imp.label} (imported assuming {sym} >= {least})", "at_least",
-                                               symbolic.Sym(sym), symbolic.Int(least)))
+    n.imp.assume_symbols(assumed)
     return out
 
 
@@ -86,6 +85,7 @@ def _getitem(n: Node):
 
 
 # ---- views -----------------------------------------------------------------------------------------
+
 
 @converts("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 def _view(n: Node):
@@ -100,7 +100,7 @@ def _view(n: Node):
         for i, d in enumerate(shape):
             if isinstance(d, str) and -1 not in shape:
                 try:
-                    return R.reshape(x, tuple(shape[:i] + [-1] + shape[i + 1:]))
+                    return R.reshape(x, tuple(shape[:i] + [-1] + shape[i + 1 :]))
                 except GraphError:
                     continue
         raise Unsupported(str(first)) from None
@@ -109,7 +109,7 @@ def _view(n: Node):
 @converts("aten.permute.default")
 def _permute(n: Node):
     x = n.value("self")
-    return _ops().permute(x, tuple(d % max(x.rank, 1) for d in n.int_list("dims")))
+    return _ops().permute(x, tuple(n.axis(d, x.rank, "dims") for d in n.int_list("dims")))
 
 
 @converts("aten.t.default", "aten.numpy_T.default")
@@ -122,7 +122,7 @@ def _t(n: Node):
 def _transpose(n: Node):
     x = n.value("self")
     perm = list(range(x.rank))
-    a, b = n.a["dim0"] % x.rank, n.a["dim1"] % x.rank
+    a, b = n.axis(n.a["dim0"], x.rank, "dim0", scalar=False), n.axis(n.a["dim1"], x.rank, "dim1", scalar=False)
     perm[a], perm[b] = perm[b], perm[a]
     return _ops().permute(x, tuple(perm))
 
@@ -141,7 +141,7 @@ def _expand(n: Node):
 @converts("aten.unsqueeze.default")
 def _unsqueeze(n: Node):
     x = n.value("self")
-    return _ops().unsqueeze(x, [n.a["dim"] % (x.rank + 1)])
+    return _ops().unsqueeze(x, [n.axis(n.a["dim"], x.rank + 1)])
 
 
 @converts("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
@@ -152,7 +152,8 @@ def _squeeze(n: Node):
         axes = [i for i, d in enumerate(x.shape) if d == 1]
     else:
         dims = [dims] if isinstance(dims, int) else dims
-        axes = [d % max(x.rank, 1) for d in dims if x.rank and x.shape[d % x.rank] == 1]   # torch keeps non-1 dims
+        axes = [n.axis(d, x.rank) for d in dims]
+        axes = [a for a in axes if x.rank and x.shape[a] == 1]  # torch keeps non-1 dims
     return _ops().squeeze(x, sorted(axes)) if axes else x
 
 
@@ -178,11 +179,10 @@ def _slice_axis(n: Node, x, axis: int, start, end, step: int):
     return R.narrow(x, axis, s, symbolic.dim_sub(e, s))
 
 
-
 @converts("aten.slice.Tensor")
 def _slice(n: Node):
     x = n.value("self")
-    axis = n.a.get("dim", 0) % x.rank
+    axis = n.axis(n.a.get("dim", 0), x.rank, scalar=False)
     return _slice_axis(n, x, axis, n.a.get("start"), n.a.get("end"), int(n.a.get("step", 1)))
 
 
@@ -190,7 +190,7 @@ def _slice(n: Node):
 def _select(n: Node):
     R = _ops()
     x = n.value("self")
-    axis, index = n.a["dim"] % x.rank, n.a["index"]
+    axis, index = n.axis(n.a["dim"], x.rank, scalar=False), n.a["index"]
     if isinstance(index, int) and index < 0:
         index = symbolic.dim_add(x.shape[axis], index)
     if isinstance(index, int) and isinstance(x.shape[axis], int):
@@ -203,22 +203,31 @@ def _select(n: Node):
 @converts("aten.narrow.default")
 def _narrow(n: Node):
     x = n.value("self")
-    return _ops().narrow(x, n.a["dim"] % x.rank, n.a["start"], n.a["length"])
+    return _ops().narrow(x, n.axis(n.a["dim"], x.rank, scalar=False), n.a["start"], n.a["length"])
 
 
 @converts("aten.cat.default", "aten.concat.default")
 def _cat(n: Node):
     dt = n.out_dtype()
     values = [n.imp.tensor(v, dt, "tensors") for v in n.a["tensors"]]
-    values = [v for v in values if not (v.rank == 1 and v.shape[0] == 0)]   # torch skips empty 1-d tensors
-    return _ops().concat(values, axis=n.a.get("dim", 0) % values[0].rank) if len(values) > 1 else values[0]
+    values = [v for v in values if not (v.rank == 1 and v.shape[0] == 0)]  # torch skips empty 1-d tensors
+    return (
+        _ops().concat(values, axis=n.axis(n.a.get("dim", 0), values[0].rank, scalar=False))
+        if len(values) > 1
+        else values[0]
+    )
 
 
-@converts("aten.split_with_sizes.default", "aten.split.Tensor", "aten.split_with_sizes_copy.default",
-          "aten.split_copy.Tensor", "aten.unbind.int")
+@converts(
+    "aten.split_with_sizes.default",
+    "aten.split.Tensor",
+    "aten.split_with_sizes_copy.default",
+    "aten.split_copy.Tensor",
+    "aten.unbind.int",
+)
 def _split(n: Node):
     x = n.value("self")
-    axis = n.a.get("dim", 0) % x.rank
+    axis = n.axis(n.a.get("dim", 0), x.rank, scalar=False)
     dim = x.shape[axis]
     if "unbind" in n.name:
         if not isinstance(dim, int):
@@ -234,8 +243,11 @@ def _split(n: Node):
     outs, start = [], 0
     for size in sizes:
         end = symbolic.dim_add(start, size)
-        outs.append(_slice_axis(n, x, axis, start, end, 1) if not isinstance(dim, int) or not isinstance(end, int)
-                    else _ops().slice(x, [start], [end], [axis], [1]))
+        outs.append(
+            _slice_axis(n, x, axis, start, end, 1)
+            if not isinstance(dim, int) or not isinstance(end, int)
+            else _ops().slice(x, [start], [end], [axis], [1])
+        )
         start = end
     return outs
 
@@ -245,7 +257,7 @@ def _flip(n: Node):
     x = n.value("self")
     out = x
     for d in n.int_list("dims"):
-        axis = d % x.rank
+        axis = n.axis(d, x.rank, "dims", scalar=False)
         if not isinstance(x.shape[axis], int):
             raise Unsupported(f"flip of the symbolic dim {x.shape[axis]}")
         out = _ops().slice(out, [-1], [-symbolic.BIG], [axis], [-1])
@@ -266,6 +278,7 @@ def _pad(n: Node):
 
 
 # ---- creation of positions ----------------------------------------------------------------------------
+
 
 @converts("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 def _arange(n: Node):
@@ -290,6 +303,7 @@ def _arange(n: Node):
 
 # ---- indexing ----------------------------------------------------------------------------------------
 
+
 def _index_block(n: Node, x, indices):
     """Torch's advanced indexing by the index tensors `indices` (None: a whole dim): the given ones must
     be adjacent; returns (first indexed axis, index tensors broadcast together, stacked on a last dim)."""
@@ -302,10 +316,17 @@ def _index_block(n: Node, x, indices):
         if t.dtype.name == "bool":
             raise Unsupported("boolean mask indices (data-dependent shapes) are not supported")
     from ..opdef import broadcast_shapes
+
     shape = broadcast_shapes("index", *(t.shape for t in tensors))
-    stacked = [R.unsqueeze(R.broadcast_to(R.cast(t, "i64") if t.dtype.name != "i64" else t, shape)
-                           if tuple(t.shape) != tuple(shape) else (R.cast(t, "i64") if t.dtype.name != "i64" else t),
-                           [len(shape)]) for t in tensors]
+    stacked = [
+        R.unsqueeze(
+            R.broadcast_to(R.cast(t, "i64") if t.dtype.name != "i64" else t, shape)
+            if tuple(t.shape) != tuple(shape)
+            else (R.cast(t, "i64") if t.dtype.name != "i64" else t),
+            [len(shape)],
+        )
+        for t in tensors
+    ]
     return given[0], R.concat(stacked, axis=len(shape)) if len(stacked) > 1 else stacked[0], shape
 
 
@@ -343,7 +364,7 @@ def _index_put(n: Node):
     first, idx, shape = _index_block(n, x, indices)
     if first != 0:
         raise Unsupported("index_put with leading ':' dims is not supported")
-    rest = x.shape[len([t for t in indices if t is not None]):]
+    rest = x.shape[len([t for t in indices if t is not None]) :]
     values = R.broadcast_to(n.value("values", x.dtype.name), tuple(shape) + tuple(rest))
     reduction = "add" if n.a.get("accumulate") else "none"
     return R.scatter_nd(x, idx, values, reduction=reduction)
@@ -363,16 +384,21 @@ def _fitted(n: Node, x, index, axis: int):
 @converts("aten.gather.default")
 def _gather(n: Node):
     x, index = n.value("self"), n.value("index")
-    axis = n.a["dim"] % max(x.rank, 1)
+    axis = n.axis(n.a["dim"], x.rank)
     return _ops().take_along_axis(_fitted(n, x, index, axis), index, axis=axis)
 
 
-@converts("aten.scatter.src", "aten.scatter.value", "aten.scatter_add.default", "aten.scatter.reduce",
-          "aten.scatter_reduce.two")
+@converts(
+    "aten.scatter.src",
+    "aten.scatter.value",
+    "aten.scatter_add.default",
+    "aten.scatter.reduce",
+    "aten.scatter_reduce.two",
+)
 def _scatter(n: Node):
     R = _ops()
     x, index = n.value("self"), n.value("index")
-    axis = n.a["dim"] % max(x.rank, 1)
+    axis = n.axis(n.a["dim"], x.rank)
     if any(a != b for d, (a, b) in enumerate(zip(x.shape, index.shape)) if d != axis):
         raise Unsupported("scatter with an index smaller than self in another dim is not supported")
     src = n.a.get("src", n.a.get("value"))
@@ -380,8 +406,15 @@ def _scatter(n: Node):
     if src.shape != index.shape:
         src = R.broadcast_to(src, index.shape) if src.rank == 0 else _fitted(n, src, index, -1)
     reduce = "add" if "scatter_add" in n.name else n.a.get("reduce", "none")
-    reduction = {"none": "none", "add": "add", "sum": "add", "multiply": "mul", "prod": "mul", "amax": "max",
-                 "amin": "min"}.get(reduce)
+    reduction = {
+        "none": "none",
+        "add": "add",
+        "sum": "add",
+        "multiply": "mul",
+        "prod": "mul",
+        "amax": "max",
+        "amin": "min",
+    }.get(reduce)
     if reduction is None or n.a.get("include_self") is False:
         raise Unsupported(f"scatter reduce={reduce!r} (include_self={n.a.get('include_self', True)}) is not supported")
     return R.scatter_elements(x, index, src, axis=axis, reduction=reduction)

@@ -8,6 +8,7 @@ name and sets PMI_RANK/PMI_SIZE, all before the device is opened. The collective
 vendor's, loaded by IREE: `collective_library(kind)` checks that it can be found and names what to
 install when it can't.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -21,13 +22,17 @@ from pathlib import Path
 
 from ... import children
 from ...errors import DistributedError
+from ...files import cache_root
 from ..devices import _loadable
 
 SOURCE = Path(__file__).with_name("mpi_bootstrap.c")
 # What IREE's drivers dlopen, and where the field installs it.
 LIBRARIES = {
-    "cuda": ("libnccl.so", "NCCL", "pip install nvidia-nccl-cu12 (PyTorch's CUDA wheels bring it), or the "
-             "libnccl2 + libnccl-dev packages"),
+    "cuda": (
+        "libnccl.so",
+        "NCCL",
+        "pip install nvidia-nccl-cu12 (PyTorch's CUDA wheels bring it), or the libnccl2 + libnccl-dev packages",
+    ),
     "rocm": ("librccl.so", "RCCL", "install ROCm's rccl package (it puts librccl.so in /opt/rocm/lib)"),
 }
 _COMPILERS = ("CC", "clang-19", "clang", "gcc", "cc")
@@ -37,7 +42,6 @@ _installed: dict = {}
 
 def work_dir() -> Path:
     """Where the native pieces are made: the compile cache, or a per-user temporary directory."""
-    from ...lowering.cache import cache_root
     return (cache_root() or Path(tempfile.gettempdir()) / f"rocmc-{os.getuid()}") / "native"
 
 
@@ -49,12 +53,17 @@ def build(out_dir: Path | None = None) -> Path:
         return lib
     cc = next((c for c in (os.environ.get("CC"), *_COMPILERS[1:]) if c and shutil.which(c)), None)
     if cc is None:
-        raise DistributedError("tensor parallelism on a GPU builds a small C library at first use and found no C "
-                               "compiler (set CC, or install clang or gcc)")
+        raise DistributedError(
+            "tensor parallelism on a GPU builds a small C library at first use and found no C "
+            "compiler (set CC, or install clang or gcc)"
+        )
     lib.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    proc = children.run([cc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libmpi.so", "-o", str(tmp), str(SOURCE)],
-                          capture_output=True, text=True)
+    proc = children.run(
+        [cc, "-shared", "-fPIC", "-O2", "-Wl,-soname,libmpi.so", "-o", str(tmp), str(SOURCE)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise DistributedError(f"building the collective bootstrap with {cc} failed:\n{proc.stderr.strip()}")
     os.replace(tmp, lib)
@@ -74,13 +83,14 @@ def install(group) -> None:
                 return 1
             ctypes.memmove(buffer, data, nbytes)
             return 0
-        except Exception as e:      # noqa: BLE001 - reported, and IREE gets an MPI error code
+        except Exception as e:  # noqa: BLE001 - reported, and IREE gets an MPI error code
             print(f"rocmc: rank {group.rank}: exchanging the collective id failed: {e}", file=sys.stderr)
             return 1
+
     callback = _BROADCAST(broadcast)
     if lib.rocmc_bootstrap_configure(group.rank, group.world_size, callback) != 0:
         raise DistributedError(f"the collective bootstrap refused rank {group.rank} of {group.world_size}")
-    _installed.update(lib=lib, callback=callback)     # kept alive for IREE's calls
+    _installed.update(lib=lib, callback=callback)  # kept alive for IREE's calls
     os.environ["PMI_SIZE"] = str(group.world_size)
     os.environ["PMI_RANK"] = str(group.rank)
 
@@ -94,11 +104,15 @@ def collective_library(kind: str) -> None:
     if _loadable(name):
         return
     found = find_pip_library(kind)
-    where = (f" ({what} is at {found}, but not under the name {name}: `rocmc launch` links it for its ranks; "
-             f"with another launcher put a directory holding {name} -> {found.name} on LD_LIBRARY_PATH)"
-             if found else "")
-    raise DistributedError(f"tensor parallelism on {kind} needs {what} ({name}), which the loader can't find: "
-                           f"{how}{where}")
+    where = (
+        f" ({what} is at {found}, but not under the name {name}: `rocmc launch` links it for its ranks; "
+        f"with another launcher put a directory holding {name} -> {found.name} on LD_LIBRARY_PATH)"
+        if found
+        else ""
+    )
+    raise DistributedError(
+        f"tensor parallelism on {kind} needs {what} ({name}), which the loader can't find: {how}{where}"
+    )
 
 
 def find_pip_library(kind: str) -> Path | None:

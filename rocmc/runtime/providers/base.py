@@ -1,9 +1,10 @@
 """What every provider shares: decoding the ABI's arguments and building the VM module."""
+
 from __future__ import annotations
 
 from ...errors import DeviceError
 from ...externs import Library
-from ...frontend import dtypes
+from ... import dtypes
 
 
 def dtype_of(element_type) -> dtypes.DType:
@@ -16,13 +17,13 @@ def dtype_of(element_type) -> dtypes.DType:
 
 
 class Provider:
-    """Serves one library's imports (`<library>.<op>`, rocmc.externs) on one device. Subclasses
+    """Serves one library role's imports (`<library>.<op>`, rocmc.externs) on one device. Subclasses
     implement `run(op, tensors, attrs)`: tensors are iree HalBufferViews in ABI order (an empty one
     for an absent optional operand), attrs the decoded scalars; it returns the result as a
     HalBufferView."""
 
     library = "?"
-    abi: Library       # the library whose calls it serves (set by provider_for)
+    abi: Library  # the library whose calls it serves (set by provider_for)
 
     def __init__(self, hal_device, device_name: str):
         self.device = hal_device
@@ -35,17 +36,18 @@ class Provider:
     def run(self, op: str, tensors: list, attrs: dict):
         raise NotImplementedError
 
-    def vm_module(self, imports):
-        """A PyModuleInterface module named after the library, exporting each import's function
-        (`conv2d`, `conv2d.f16` for `miopen.conv2d`, `miopen.conv2d.f16`)."""
+    def vm_module(self, imports, namespace: str | None = None):
+        """A PyModuleInterface module named `namespace` (default: the library's role), exporting each
+        import's function (`conv2d`, `conv2d.f16` for `dnn.conv2d`, `dnn.conv2d.f16`)."""
         from iree import runtime as rt
+
         provider = self
 
         class Instance:
             def __init__(self, iface):
                 pass
 
-        iface = rt.PyModuleInterface(self.abi.name, Instance)
+        iface = rt.PyModuleInterface(namespace or self.abi.name, Instance)
         for full in imports:
             name = full.split(".", 1)[1]
             op = name.split(".")[0]
@@ -56,12 +58,13 @@ class Provider:
 
 class Attrs(dict):
     """Decoded scalars of a call, with `key`: a hashable form a provider may cache plans by."""
+
     key: tuple = ()
 
 
 def _entry(provider: Provider, op: str, sig, view_type):
     n = len(sig.tensors)
-    decoded: dict = {}    # the raw i64 scalars -> Attrs: a module calls with few distinct ones
+    decoded: dict = {}  # the raw i64 scalars -> Attrs: a module calls with few distinct ones
 
     def call(_instance, *args):
         tensors = [a.deref(view_type) for a in args[:n]]
@@ -73,5 +76,6 @@ def _entry(provider: Provider, op: str, sig, view_type):
             if len(decoded) < 256:
                 decoded[raw] = attrs
         return provider.run(op, tensors, attrs).ref
+
     call.__name__ = op
     return call

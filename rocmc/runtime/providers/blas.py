@@ -1,4 +1,4 @@
-"""The GEMM library provider: `hipblaslt.matmul` served by hipBLASLt on hip devices and by its twin
+"""The providers of the `blas` role: `blas.matmul` served by hipBLASLt on hip devices and by its twin
 cuBLASLt on cuda devices, through one binding driven by a per-vendor table.
 
 hipBLASLt's C API is cuBLASLt's with a `hipblasLt` prefix: the same descriptors (a matmul
@@ -22,6 +22,7 @@ heuristic offers it for their exact shape. Accumulation is f32 for every storage
 GEMMs run in full f32 (no TF32), as IREE's own code does. Launches are captured into stream graphs
 per set of pointers and replayed (Replays), where the table enables it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -31,12 +32,14 @@ from time import perf_counter
 from ...errors import DeviceError
 from ...externs import EPILOGUES
 from .cudnn import CUDART
-from .dnn import DnnProvider, P, Plan, Replays, _release, itemsize
+from .capi import P
+from .dnn import DnnProvider
+from .plans import Plan, Replays, _release, itemsize
 from .miopen import HIP
 
-HEURISTIC_RESULTS = 8          # candidates asked of the heuristic
-MAX_WORKSPACE = 32 << 20       # bytes of workspace an algorithm may use (the provider owns it)
-ROW_BUCKET = 64                # rows rounded up to this for reusing a timed winner
+HEURISTIC_RESULTS = 8  # candidates asked of the heuristic
+MAX_WORKSPACE = 32 << 20  # bytes of workspace an algorithm may use (the provider owns it)
+ROW_BUCKET = 64  # rows rounded up to this for reusing a timed winner
 TIMING_RUNS = 3
 
 
@@ -44,6 +47,7 @@ TIMING_RUNS = 3
 class Result:
     """Layout of one heuristic result record: the algorithm's bytes at 0, then its workspace size
     (size_t) and its state (0: usable)."""
+
     size: int
     algo: int
     workspace: int
@@ -55,17 +59,17 @@ class BlasTable:
     name: str
     libraries: tuple
     install: str
-    functions: dict            # role -> (C function, typed argument declaration), see dnn.declared
-    runtime: object            # the device runtime's table (CUDA / HIP)
+    functions: dict  # role -> (C function, typed argument declaration), see capi.declared
+    runtime: object  # the device runtime's table (CUDA / HIP)
     dlpack_device: int
-    dtypes: dict               # rocmc dtype -> the library's data type enum (cudaDataType / hipDataType)
-    compute_f32: int           # compute type: f32 accumulation, no reduced-precision shortcuts
-    scale_f32: int             # data type of alpha and beta
-    op: dict                   # "n" / "t" -> operation enum
-    desc: dict                 # matmul descriptor attribute -> (id, ctypes type of its value)
-    layout: dict               # matrix layout attribute -> (id, ctypes type)
-    preference: dict           # preference attribute -> (id, ctypes type)
-    epilogues: dict            # epilogue (with "bias" prefixed when a bias is fused) -> enum
+    dtypes: dict  # rocmc dtype -> the library's data type enum (cudaDataType / hipDataType)
+    compute_f32: int  # compute type: f32 accumulation, no reduced-precision shortcuts
+    scale_f32: int  # data type of alpha and beta
+    op: dict  # "n" / "t" -> operation enum
+    desc: dict  # matmul descriptor attribute -> (id, ctypes type of its value)
+    layout: dict  # matrix layout attribute -> (id, ctypes type)
+    preference: dict  # preference attribute -> (id, ctypes type)
+    epilogues: dict  # epilogue (with "bias" prefixed when a bias is fused) -> enum
     result: Result
     last_error: str = ""
     graph_launch: bool = False
@@ -97,17 +101,25 @@ _I32, _U32, _I64, _U64 = ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes
 _EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "bias+relu": 6, "gelu_tanh": 32, "bias+gelu_tanh": 36}
 
 CUBLASLT = BlasTable(
-    name="cuBLASLt", libraries=("libcublasLt.so.12", "libcublasLt.so.13", "libcublasLt.so"),
+    name="cuBLASLt",
+    libraries=("libcublasLt.so.12", "libcublasLt.so.13", "libcublasLt.so"),
     install="install cuBLAS (`pip install nvidia-cublas-cu12`, or a PyTorch wheel that ships it)",
     functions=_functions("cublasLt", "cublasLtGetStatusString"),
-    runtime=CUDART, dlpack_device=2,
-    dtypes={"f32": 0, "f16": 2, "bf16": 14},                 # cudaDataType_t
-    compute_f32=68, scale_f32=0,                             # CUBLAS_COMPUTE_32F, CUDA_R_32F
-    op={"n": 0, "t": 1},                                     # cublasOperation_t
+    runtime=CUDART,
+    dlpack_device=2,
+    dtypes={"f32": 0, "f16": 2, "bf16": 14},  # cudaDataType_t
+    compute_f32=68,
+    scale_f32=0,  # CUBLAS_COMPUTE_32F, CUDA_R_32F
+    op={"n": 0, "t": 1},  # cublasOperation_t
     desc={"transa": (3, _I32), "transb": (4, _I32), "epilogue": (7, _U32), "bias_pointer": (8, P)},
     layout={"batch_count": (5, _I32), "batch_offset": (6, _I64)},
-    preference={"max_workspace": (1, _U64), "align_a": (5, _U32), "align_b": (6, _U32), "align_c": (7, _U32),
-                "align_d": (8, _U32)},
+    preference={
+        "max_workspace": (1, _U64),
+        "align_a": (5, _U32),
+        "align_b": (6, _U32),
+        "align_c": (7, _U32),
+        "align_d": (8, _U32),
+    },
     epilogues=_EPILOGUES,
     result=Result(size=96, algo=0, workspace=64, state=72),
     graph_launch=True,
@@ -115,13 +127,16 @@ CUBLASLT = BlasTable(
 
 # libhipblaslt exports no status-to-string function (hipblasStatusToString is libhipblas's).
 HIPBLASLT = BlasTable(
-    name="hipBLASLt", libraries=("libhipblaslt.so.0", "libhipblaslt.so"),
+    name="hipBLASLt",
+    libraries=("libhipblaslt.so.0", "libhipblaslt.so"),
     install="install hipBLASLt (ROCm's `hipblaslt` package, usually /opt/rocm/lib)",
     functions=_functions("hipblasLt", None),
-    runtime=HIP, dlpack_device=10,
-    dtypes={"f32": 0, "f16": 2, "bf16": 14},                 # hipDataType
-    compute_f32=2, scale_f32=0,                              # HIPBLAS_COMPUTE_32F, HIP_R_32F
-    op={"n": 111, "t": 112},                                 # hipblasOperation_t
+    runtime=HIP,
+    dlpack_device=10,
+    dtypes={"f32": 0, "f16": 2, "bf16": 14},  # hipDataType
+    compute_f32=2,
+    scale_f32=0,  # HIPBLAS_COMPUTE_32F, HIP_R_32F
+    op={"n": 111, "t": 112},  # hipblasOperation_t
     desc={"transa": (0, _I32), "transb": (1, _I32), "epilogue": (2, _U32), "bias_pointer": (3, P)},
     layout={"batch_count": (0, _I32), "batch_offset": (1, _I64)},
     preference={"max_workspace": (1, _U64)},
@@ -134,13 +149,14 @@ HIPBLASLT = BlasTable(
 class Gemm:
     """One call in the library's column-major terms (module docstring): D (n x m) = op(A) @ op(B),
     A the ABI's b, B the ABI's a, over `batch` matrices."""
+
     m: int
     n: int
     k: int
     batch: int
-    trans_a: bool          # the ABI's transpose_a
+    trans_a: bool  # the ABI's transpose_a
     trans_b: bool
-    a_batched: bool        # the ABI's a has the batch (else one matrix broadcast)
+    a_batched: bool  # the ABI's a has the batch (else one matrix broadcast)
     b_batched: bool
     bias: bool
     epilogue: str
@@ -155,10 +171,24 @@ class Gemm:
         kb, n = (cb, rb) if tb else (rb, cb)
         batch = max(ba, bb)
         if k != kb or {ba, bb} - {1, batch} or nbias not in (0, n) or not 0 <= attrs["epilogue"] < len(EPILOGUES):
-            raise DeviceError(f"matmul: operands {shapes} (transpose_a={ta}, transpose_b={tb}, epilogue "
-                              f"{attrs['epilogue']}) do not form a GEMM; the module was not built by this rocmc")
-        return Gemm(m, n, k, batch, ta, tb, ba == batch, bb == batch, nbias > 0, EPILOGUES[attrs["epilogue"]], dtype,
-                    attrs["alpha"])
+            raise DeviceError(
+                f"matmul: operands {shapes} (transpose_a={ta}, transpose_b={tb}, epilogue "
+                f"{attrs['epilogue']}) do not form a GEMM; the module was not built by this rocmc"
+            )
+        return Gemm(
+            m,
+            n,
+            k,
+            batch,
+            ta,
+            tb,
+            ba == batch,
+            bb == batch,
+            nbias > 0,
+            EPILOGUES[attrs["epilogue"]],
+            dtype,
+            attrs["alpha"],
+        )
 
     @property
     def out_shape(self) -> tuple:
@@ -167,8 +197,21 @@ class Gemm:
     def bucket(self, align: int) -> tuple:
         """The key a timed winner is reused under: the rows rounded up to ROW_BUCKET."""
         rows = -(-self.m // ROW_BUCKET) * ROW_BUCKET
-        return (self.dtype, self.batch, rows, self.n, self.k, self.trans_a, self.trans_b, self.a_batched,
-                self.b_batched, self.bias, self.epilogue, self.alpha, align)
+        return (
+            self.dtype,
+            self.batch,
+            rows,
+            self.n,
+            self.k,
+            self.trans_a,
+            self.trans_b,
+            self.a_batched,
+            self.b_batched,
+            self.bias,
+            self.epilogue,
+            self.alpha,
+            align,
+        )
 
 
 class _Descriptors:
@@ -192,7 +235,7 @@ class _Descriptors:
         self.pref = self._make("pref_create", "pref_destroy", keep)
         self._set("pref_set", self.pref, t.preference, "max_workspace", MAX_WORKSPACE)
         for role in ("align_a", "align_b", "align_c", "align_d"):
-            if role in t.preference:     # where the library assumes more alignment than the buffers have
+            if role in t.preference:  # where the library assumes more alignment than the buffers have
                 self._set("pref_set", self.pref, t.preference, role, align)
 
     def _make(self, create, destroy, keep, **kw):
@@ -221,8 +264,19 @@ def _candidates(p: "BlasProvider", ds: _Descriptors) -> list:
     r = p.table.result
     records = (ctypes.c_byte * (r.size * HEURISTIC_RESULTS))()
     count = ctypes.c_int()
-    p.api.call("heuristic", h=p.handle, desc=ds.desc, aD=ds.a, bD=ds.b, cD=ds.d, dD=ds.d, pref=ds.pref,
-               requested=HEURISTIC_RESULTS, results=records, n_out=ctypes.byref(count))
+    p.api.call(
+        "heuristic",
+        h=p.handle,
+        desc=ds.desc,
+        aD=ds.a,
+        bD=ds.b,
+        cD=ds.d,
+        dD=ds.d,
+        pref=ds.pref,
+        requested=HEURISTIC_RESULTS,
+        results=records,
+        n_out=ctypes.byref(count),
+    )
     out = []
     for i in range(count.value):
         base = ctypes.addressof(records) + i * r.size
@@ -256,11 +310,13 @@ def _gemm_plan(p: "BlasProvider", op, dtype, shapes, attrs, ptrs) -> Plan:
     try:
         ds = _Descriptors(p, g, align, keep)
         if g.bias:
-            ds.set_bias(ptrs[2])    # the heuristic reads the bias pointer's alignment
+            ds.set_bias(ptrs[2])  # the heuristic reads the bias pointer's alignment
         found = _candidates(p, ds)
         if not found:
-            raise DeviceError(f"{p.table.name} has no algorithm for a {dtype} GEMM of {g.batch} x ({g.m} x {g.k}) @ "
-                              f"({g.k} x {g.n}) on this device; compile it with impl={{'matmul': 'generated'}}")
+            raise DeviceError(
+                f"{p.table.name} has no algorithm for a {dtype} GEMM of {g.batch} x ({g.m} x {g.k}) @ "
+                f"({g.k} x {g.n}) on this device; compile it with impl={{'matmul': 'generated'}}"
+            )
         algo, need, timed = _choose(p, g, ds, found, ptrs, align)
     except Exception:
         _release(p, keep)
@@ -274,8 +330,14 @@ def _gemm_plan(p: "BlasProvider", op, dtype, shapes, attrs, ptrs) -> Plan:
 
     def run(ptrs, y):
         start((ptrs[0], ptrs[1], ptrs[2] if g.bias else None, y, p.workspace(need) if need else None))
-    info = {"api": f"{p.table.name} matmul", "candidates": len(found), "workspace": need, "timed": timed,
-            "graph_launch": replays is not None}
+
+    info = {
+        "api": f"{p.table.name} matmul",
+        "candidates": len(found),
+        "workspace": need,
+        "timed": timed,
+        "graph_launch": replays is not None,
+    }
     return Plan(g.out_shape, run, keep, info)
 
 
@@ -293,6 +355,7 @@ def _launcher(p: "BlasProvider", g: Gemm, ds: _Descriptors, algo, need: int):
             ds.set_bias(bias)
         # library A = the ABI's b, library B = the ABI's a; C = D (beta 0)
         matmul(handle, desc, alpha, b, a_d, a, b_d, beta, y, d_d, y, d_d, algo, ws, size if ws else 0, stream)
+
     return launch
 
 
@@ -314,7 +377,7 @@ def _choose(p: "BlasProvider", g: Gemm, ds: _Descriptors, found: list, ptrs, ali
             launch = _launcher(p, g, ds, algo, need)
             key_ptrs = (ptrs[0], ptrs[1], ptrs[2] if g.bias else None, scratch, p.workspace(need) if need else None)
             try:
-                launch(key_ptrs)          # warm-up (and a check that the algorithm runs at all)
+                launch(key_ptrs)  # warm-up (and a check that the algorithm runs at all)
                 p._sync(p.stream)
             except DeviceError:
                 continue
@@ -340,19 +403,22 @@ class BlasProvider(DnnProvider):
     planners = {"matmul": _gemm_plan}
 
     def __init__(self, hal_device, device_name: str):
-        self.winners: dict = {}     # bucket -> bytes of the timed winner's algorithm record
-        self.timings: dict = {}     # bucket -> microseconds per launch of each candidate timed
+        self.winners: dict = {}  # bucket -> bytes of the timed winner's algorithm record
+        self.timings: dict = {}  # bucket -> microseconds per launch of each candidate timed
         super().__init__(hal_device, device_name)
 
 
 class CublasLtProvider(BlasProvider):
     table = CUBLASLT
-    exportable_hint = ("open the device with rocmc.runtime.providers.cudnn.prepare_cuda() before loading, "
-                       "or call iree.runtime.flags.parse_flags('--cuda_async_allocations=false') before the "
-                       "first cuda device is opened")
+    exportable_hint = (
+        "open the device with rocmc.runtime.providers.cudnn.prepare_cuda() before loading, "
+        "or call iree.runtime.flags.parse_flags('--cuda_async_allocations=false') before the "
+        "first cuda device is opened"
+    )
 
 
 class HipblasLtProvider(BlasProvider):
     table = HIPBLASLT
-    exportable_hint = ("call iree.runtime.flags.parse_flags('--hip_async_allocations=false') before the first hip "
-                       "device is opened")
+    exportable_hint = (
+        "call iree.runtime.flags.parse_flags('--hip_async_allocations=false') before the first hip device is opened"
+    )

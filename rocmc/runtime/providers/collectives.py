@@ -4,6 +4,7 @@ The host has no collective library; the ranks' tensors go through the group's re
 (rocmc.runtime.distributed), summed or concatenated in rank order. f16 and bf16 are summed in f32 and
 rounded once. This is the path CI runs; GPUs use NCCL/RCCL through IREE.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +19,7 @@ class HostCollectivesProvider(Provider):
     def run(self, op, tensors, attrs):
         from iree import runtime as rt
         from .. import distributed
+
         x = tensors[0]
         dtype = dtype_of(x.element_type)
         host = rt.DeviceArray(self.device, x).to_host()

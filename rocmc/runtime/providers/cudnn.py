@@ -19,9 +19,10 @@ of pointwise ops on virtual f32 intermediates (+ residual, + bias, relu) ending 
 cudnnConvolutionBiasActivationForward's act(conv + z + bias). Measured with cuDNN 9 on an H100, that
 chain gets engines (f32 without TF32 too, grouped or not) where + bias, then + residual, gets none;
 conv -> relu without a bias gets none either. Where no engine takes the chain, the convolution (and
-bias) graph runs and the epilogue follows as legacy calls (dnn._epilogue); plan.info["epilogue"] says
+bias) graph runs and the epilogue follows as legacy calls (conv_plan._epilogue); plan.info["epilogue"] says
 which form ran.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,12 +30,15 @@ import math
 from time import perf_counter
 
 from ...errors import DeviceError
-from ...externs import MIOPEN as _MIOPEN_ABI
-from .dnn import PLANNERS, DnnProvider, P, Perf, RuntimeTable, TensorOp, VendorTable, packed_strides
+from ...externs import DNN as _DNN_ABI
+from .capi import P, Perf, RuntimeTable, VendorTable, packed_strides
+from .conv_plan import TensorOp
+from .dnn import PLANNERS, DnnProvider
 from .recurrent import PLANNERS as RNN_PLANNERS
 
 CUDART = RuntimeTable(
-    name="CUDA", libraries=("libcudart.so", "libcudart.so.13", "libcudart.so.12"),
+    name="CUDA",
+    libraries=("libcudart.so", "libcudart.so.13", "libcudart.so.12"),
     install="install the CUDA toolkit or `pip install nvidia-cuda-runtime-cu12`",
     functions={
         "set_device": ("cudaSetDevice", "device:int"),
@@ -54,7 +58,8 @@ CUDART = RuntimeTable(
         "graph_launch": ("cudaGraphLaunch", "exec stream"),
         "graph_exec_destroy": ("cudaGraphExecDestroy", "exec"),
         "graph_destroy": ("cudaGraphDestroy", "graph"),
-    })
+    },
+)
 
 # role -> (C function, argument names in C order), from the cuDNN 9 headers
 FUNCTIONS = {
@@ -73,13 +78,19 @@ FUNCTIONS = {
     "set_conv_groups": ("cudnnSetConvolutionGroupCount", "desc groups:int"),
     "set_conv_math": ("cudnnSetConvolutionMathType", "desc math:int"),
     "destroy_conv": ("cudnnDestroyConvolutionDescriptor", "desc"),
-    "conv_fwd_find": ("cudnnFindConvolutionForwardAlgorithmEx",
-                      "h xD x wD w conv yD y req:int n_out perf ws ws_size:size_t"),
+    "conv_fwd_find": (
+        "cudnnFindConvolutionForwardAlgorithmEx",
+        "h xD x wD w conv yD y req:int n_out perf ws ws_size:size_t",
+    ),
     "conv_fwd": ("cudnnConvolutionForward", "h alpha xD x wD w conv algo:int ws ws_size:size_t beta yD y"),
-    "conv_bwd_data_find": ("cudnnFindConvolutionBackwardDataAlgorithmEx",
-                           "h wD w dyD dy conv dxD dx req:int n_out perf ws ws_size:size_t"),
-    "conv_bwd_data": ("cudnnConvolutionBackwardData",
-                      "h alpha wD w dyD dy conv algo:int ws ws_size:size_t beta dxD dx"),
+    "conv_bwd_data_find": (
+        "cudnnFindConvolutionBackwardDataAlgorithmEx",
+        "h wD w dyD dy conv dxD dx req:int n_out perf ws ws_size:size_t",
+    ),
+    "conv_bwd_data": (
+        "cudnnConvolutionBackwardData",
+        "h alpha wD w dyD dy conv algo:int ws ws_size:size_t beta dxD dx",
+    ),
     "add_tensor": ("cudnnAddTensor", "h alpha bD b beta yD y"),
     "create_pool": ("cudnnCreatePoolingDescriptor", "out"),
     "set_pool": ("cudnnSetPooling2dDescriptor", "desc mode:int nan:int wh:int ww:int ph:int pw:int sh:int sw:int"),
@@ -91,8 +102,10 @@ FUNCTIONS = {
     "destroy_act": ("cudnnDestroyActivationDescriptor", "desc"),
     "act_fwd": ("cudnnActivationForward", "h desc alpha xD x beta yD y"),
     "derive_bn": ("cudnnDeriveBNTensorDescriptor", "bnD xD mode:int"),
-    "bn_infer": ("cudnnBatchNormalizationForwardInference",
-                 "h mode:int alpha beta xD x yD y bnD scale bias mean var eps:double"),
+    "bn_infer": (
+        "cudnnBatchNormalizationForwardInference",
+        "h mode:int alpha beta xD x yD y bnD scale bias mean var eps:double",
+    ),
     "create_lrn": ("cudnnCreateLRNDescriptor", "out"),
     "set_lrn": ("cudnnSetLRNDescriptor", "desc lrn_n:uint lrn_alpha:double lrn_beta:double lrn_k:double"),
     "destroy_lrn": ("cudnnDestroyLRNDescriptor", "desc"),
@@ -102,21 +115,26 @@ FUNCTIONS = {
     "set_dropout": ("cudnnSetDropoutDescriptor", "desc h drop_p:float states state_size:size_t seed:u64"),
     "destroy_dropout": ("cudnnDestroyDropoutDescriptor", "desc"),
     "create_rnn": ("cudnnCreateRNNDescriptor", "out"),
-    "set_rnn": ("cudnnSetRNNDescriptor_v8",
-                "desc rnn_algo:int rnn_mode:int bias_mode:int direction:int in_mode:int dtype:int math_prec:int "
-                "math:int input_size:int hsize:int proj_size:int nlayers:int dropout aux_flags:int"),
+    "set_rnn": (
+        "cudnnSetRNNDescriptor_v8",
+        "desc rnn_algo:int rnn_mode:int bias_mode:int direction:int in_mode:int dtype:int math_prec:int "
+        "math:int input_size:int hsize:int proj_size:int nlayers:int dropout aux_flags:int",
+    ),
     "destroy_rnn": ("cudnnDestroyRNNDescriptor", "desc"),
     "create_rnn_data": ("cudnnCreateRNNDataDescriptor", "out"),
-    "set_rnn_data": ("cudnnSetRNNDataDescriptor",
-                     "desc dtype:int layout:int max_seq:int batch:int vec:int seq_lens pad_fill"),
+    "set_rnn_data": (
+        "cudnnSetRNNDataDescriptor",
+        "desc dtype:int layout:int max_seq:int batch:int vec:int seq_lens pad_fill",
+    ),
     "destroy_rnn_data": ("cudnnDestroyRNNDataDescriptor", "desc"),
     "rnn_weight_size": ("cudnnGetRNNWeightSpaceSize", "h desc size_out"),
-    "rnn_weight_params": ("cudnnGetRNNWeightParams",
-                          "h desc layer:int w_size:size_t w lin_id:int mD m_addr bD b_addr"),
+    "rnn_weight_params": ("cudnnGetRNNWeightParams", "h desc layer:int w_size:size_t w lin_id:int mD m_addr bD b_addr"),
     "rnn_temp_sizes": ("cudnnGetRNNTempSpaceSizes", "h desc fwd_mode:int xS size_out size_out2"),
-    "rnn_fwd": ("cudnnRNNForward",
-                "h desc fwd_mode:int dev_seq_lens xS x yS y hD hx hy cD cx cy w_size:size_t w ws_size:size_t ws "
-                "rs_size:size_t rs"),
+    "rnn_fwd": (
+        "cudnnRNNForward",
+        "h desc fwd_mode:int dev_seq_lens xS x yS y hD hx hy cD cx cy w_size:size_t w ws_size:size_t ws "
+        "rs_size:size_t rs",
+    ),
     # the backend (graph) API, cudnn_graph.h
     "be_create": ("cudnnBackendCreateDescriptor", "desc_type:int out"),
     "be_destroy": ("cudnnBackendDestroyDescriptor", "desc"),
@@ -127,74 +145,144 @@ FUNCTIONS = {
 }
 
 # The backend API's enums, from cudnn_graph.h of cuDNN 9. cudnnBackendDescriptorType_t:
-DESCRIPTORS = {"pointwise": 0, "convolution": 1, "engine": 2, "engine_config": 3, "engine_heuristics": 4,
-               "execution_plan": 5, "op_conv_forward": 10, "op_conv_backward_data": 12, "op_pointwise": 13,
-               "operation_graph": 15, "variant_pack": 16, "tensor": 17}
+DESCRIPTORS = {
+    "pointwise": 0,
+    "convolution": 1,
+    "engine": 2,
+    "engine_config": 3,
+    "engine_heuristics": 4,
+    "execution_plan": 5,
+    "op_conv_forward": 10,
+    "op_conv_backward_data": 12,
+    "op_pointwise": 13,
+    "operation_graph": 15,
+    "variant_pack": 16,
+    "tensor": 17,
+}
 # cudnnBackendAttributeType_t, and the C type of one element
-ATTR_TYPES = {"handle": (0, P), "data_type": (1, ctypes.c_int), "boolean": (2, ctypes.c_bool),
-              "int64": (3, ctypes.c_int64), "float": (4, ctypes.c_float), "double": (5, ctypes.c_double),
-              "void_ptr": (6, P), "convolution_mode": (7, ctypes.c_int), "heur_mode": (8, ctypes.c_int),
-              "numerical_note": (11, ctypes.c_int), "pointwise_mode": (14, ctypes.c_int),
-              "backend_descriptor": (15, P)}
+ATTR_TYPES = {
+    "handle": (0, P),
+    "data_type": (1, ctypes.c_int),
+    "boolean": (2, ctypes.c_bool),
+    "int64": (3, ctypes.c_int64),
+    "float": (4, ctypes.c_float),
+    "double": (5, ctypes.c_double),
+    "void_ptr": (6, P),
+    "convolution_mode": (7, ctypes.c_int),
+    "heur_mode": (8, ctypes.c_int),
+    "numerical_note": (11, ctypes.c_int),
+    "pointwise_mode": (14, ctypes.c_int),
+    "backend_descriptor": (15, P),
+}
 # cudnnBackendAttributeName_t: our name -> (enum, attribute type)
 ATTRS = {
-    "pointwise_mode": (0, "pointwise_mode"), "pointwise_math_prec": (1, "data_type"),
-    "conv_comp_type": (100, "data_type"), "conv_mode": (101, "convolution_mode"),
-    "conv_dilations": (102, "int64"), "conv_filter_strides": (103, "int64"), "conv_post_paddings": (104, "int64"),
-    "conv_pre_paddings": (105, "int64"), "conv_spatial_dims": (106, "int64"),
-    "heur_mode": (200, "heur_mode"), "heur_operation_graph": (201, "backend_descriptor"),
+    "pointwise_mode": (0, "pointwise_mode"),
+    "pointwise_math_prec": (1, "data_type"),
+    "conv_comp_type": (100, "data_type"),
+    "conv_mode": (101, "convolution_mode"),
+    "conv_dilations": (102, "int64"),
+    "conv_filter_strides": (103, "int64"),
+    "conv_post_paddings": (104, "int64"),
+    "conv_pre_paddings": (105, "int64"),
+    "conv_spatial_dims": (106, "int64"),
+    "heur_mode": (200, "heur_mode"),
+    "heur_operation_graph": (201, "backend_descriptor"),
     "heur_results": (202, "backend_descriptor"),
     "engine_config_engine": (300, "backend_descriptor"),
-    "plan_handle": (400, "handle"), "plan_engine_config": (401, "backend_descriptor"),
+    "plan_handle": (400, "handle"),
+    "plan_engine_config": (401, "backend_descriptor"),
     "plan_workspace_size": (402, "int64"),
-    "fwd_alpha": (700, "float"), "fwd_beta": (701, "float"), "fwd_conv": (702, "backend_descriptor"),
-    "fwd_w": (703, "backend_descriptor"), "fwd_x": (704, "backend_descriptor"), "fwd_y": (705, "backend_descriptor"),
-    "bwd_data_alpha": (706, "float"), "bwd_data_beta": (707, "float"), "bwd_data_conv": (708, "backend_descriptor"),
-    "bwd_data_w": (709, "backend_descriptor"), "bwd_data_dx": (710, "backend_descriptor"),
+    "fwd_alpha": (700, "float"),
+    "fwd_beta": (701, "float"),
+    "fwd_conv": (702, "backend_descriptor"),
+    "fwd_w": (703, "backend_descriptor"),
+    "fwd_x": (704, "backend_descriptor"),
+    "fwd_y": (705, "backend_descriptor"),
+    "bwd_data_alpha": (706, "float"),
+    "bwd_data_beta": (707, "float"),
+    "bwd_data_conv": (708, "backend_descriptor"),
+    "bwd_data_w": (709, "backend_descriptor"),
+    "bwd_data_dx": (710, "backend_descriptor"),
     "bwd_data_dy": (711, "backend_descriptor"),
-    "pw_descriptor": (750, "backend_descriptor"), "pw_x": (751, "backend_descriptor"),
-    "pw_b": (752, "backend_descriptor"), "pw_y": (753, "backend_descriptor"),
-    "graph_handle": (800, "handle"), "graph_ops": (801, "backend_descriptor"),
-    "tensor_alignment": (900, "int64"), "tensor_data_type": (901, "data_type"), "tensor_dims": (902, "int64"),
-    "tensor_strides": (903, "int64"), "tensor_uid": (906, "int64"), "tensor_virtual": (907, "boolean"),
-    "pack_uids": (1000, "int64"), "pack_pointers": (1001, "void_ptr"), "pack_workspace": (1003, "void_ptr"),
-    "engine_global_index": (1301, "int64"), "engine_numerical_note": (1303, "numerical_note"),
+    "pw_descriptor": (750, "backend_descriptor"),
+    "pw_x": (751, "backend_descriptor"),
+    "pw_b": (752, "backend_descriptor"),
+    "pw_y": (753, "backend_descriptor"),
+    "graph_handle": (800, "handle"),
+    "graph_ops": (801, "backend_descriptor"),
+    "tensor_alignment": (900, "int64"),
+    "tensor_data_type": (901, "data_type"),
+    "tensor_dims": (902, "int64"),
+    "tensor_strides": (903, "int64"),
+    "tensor_uid": (906, "int64"),
+    "tensor_virtual": (907, "boolean"),
+    "pack_uids": (1000, "int64"),
+    "pack_pointers": (1001, "void_ptr"),
+    "pack_workspace": (1003, "void_ptr"),
+    "engine_global_index": (1301, "int64"),
+    "engine_numerical_note": (1303, "numerical_note"),
 }
-HEUR_MODES = {"instant": 0, "b": 1, "fallback": 2, "a": 3}             # cudnnBackendHeurMode_t
+HEUR_MODES = {"instant": 0, "b": 1, "fallback": 2, "a": 3}  # cudnnBackendHeurMode_t
 NUMERICAL_NOTES = {"tensor_core": 0, "down_convert_inputs": 1, "reduced_precision_reduction": 2}
 # cudnnPointwiseMode_t (cudnn_graph.h of cuDNN 9.6.0): CUDNN_POINTWISE_ADD, CUDNN_POINTWISE_RELU_FWD
 POINTWISE_ADD = 0
 POINTWISE_RELU_FWD = 100
 # Engines whose numerics break rocmc's rules: f32 must not run on TF32 tensor cores (parity with
 # float64 at 1e-4), f16/bf16 must accumulate in f32.
-FORBIDDEN_NOTES = {"f32": {NUMERICAL_NOTES["tensor_core"], NUMERICAL_NOTES["down_convert_inputs"]},
-                   "f16": {NUMERICAL_NOTES["reduced_precision_reduction"]},
-                   "bf16": {NUMERICAL_NOTES["reduced_precision_reduction"]}}
-CANDIDATES = 6                 # execution plans timed on the first call
-MAX_CONFIGS = 64               # engine configs looked at per heuristics mode
-MAX_WORKSPACE = 256 << 20      # engine configs needing more are skipped (what the legacy search offered)
-PACKS_PER_PLAN = 32            # variant packs kept per plan (one per set of device pointers)
+FORBIDDEN_NOTES = {
+    "f32": {NUMERICAL_NOTES["tensor_core"], NUMERICAL_NOTES["down_convert_inputs"]},
+    "f16": {NUMERICAL_NOTES["reduced_precision_reduction"]},
+    "bf16": {NUMERICAL_NOTES["reduced_precision_reduction"]},
+}
+CANDIDATES = 6  # execution plans timed on the first call
+MAX_CONFIGS = 64  # engine configs looked at per heuristics mode
+MAX_WORKSPACE = 256 << 20  # engine configs needing more are skipped (what the legacy search offered)
+PACKS_PER_PLAN = 32  # variant packs kept per plan (one per set of device pointers)
 
 
 # Enum integers from cudnn_ops.h, cudnn_cnn.h, cudnn_adv.h, cudnn_graph.h of cuDNN 9
 CUDNN = VendorTable(
-    name="cuDNN", libraries=("libcudnn.so.9", "libcudnn.so"),
+    name="cuDNN",
+    libraries=("libcudnn.so.9", "libcudnn.so"),
     install="install cuDNN 9 (`pip install nvidia-cudnn-cu12`, or a PyTorch wheel that ships it)",
     functions=FUNCTIONS,
     dtypes={"f32": 0, "f16": 2, "bf16": 9},
-    enums={"cross_correlation": 1, "nchw": 0, "fma_math": 3, "tensor_op_math": 1, "propagate_nan": 1,
-           "pool_max": 0, "pool_avg_include": 1, "pool_avg_exclude": 2,
-           "softmax_accurate": 1, "softmax_log": 2, "softmax_channel": 1,
-           "bn_spatial": 1, "lrn_cross_channel": 0,
-           # cudnnRNNMode_t, cudnnRNNInputMode_t, cudnnDirectionMode_t, cudnnRNNBiasMode_t (DOUBLE_BIAS:
-           # separate input and recurrent biases, as torch has), cudnnRNNAlgo_t, cudnnForwardMode_t
-           # (Inference=0, Training=1), cudnnRNNDataLayout_t
-           "rnn_lstm": 2, "rnn_gru": 3, "rnn_linear_input": 0, "rnn_unidirectional": 0,
-           "rnn_no_bias": 0, "rnn_bias": 2, "rnn_algo_standard": 0, "rnn_inference": 0, "rnn_training": 1,
-           "rnn_seq_major_packed": 1},
+    enums={
+        "cross_correlation": 1,
+        "nchw": 0,
+        "fma_math": 3,
+        "tensor_op_math": 1,
+        "propagate_nan": 1,
+        "pool_max": 0,
+        "pool_avg_include": 1,
+        "pool_avg_exclude": 2,
+        "softmax_accurate": 1,
+        "softmax_log": 2,
+        "softmax_channel": 1,
+        "bn_spatial": 1,
+        "lrn_cross_channel": 0,
+        # cudnnRNNMode_t, cudnnRNNInputMode_t, cudnnDirectionMode_t, cudnnRNNBiasMode_t (DOUBLE_BIAS:
+        # separate input and recurrent biases, as torch has), cudnnRNNAlgo_t, cudnnForwardMode_t
+        # (Inference=0, Training=1), cudnnRNNDataLayout_t
+        "rnn_lstm": 2,
+        "rnn_gru": 3,
+        "rnn_linear_input": 0,
+        "rnn_unidirectional": 0,
+        "rnn_no_bias": 0,
+        "rnn_bias": 2,
+        "rnn_algo_standard": 0,
+        "rnn_inference": 0,
+        "rnn_training": 1,
+        "rnn_seq_major_packed": 1,
+    },
     # op -> (cudnnActivationMode_t, attribute given as `coef`); no leaky relu: built from parts
-    activations={"sigmoid": (0, None), "relu": (1, None), "tanh": (2, None), "clipped_relu": (3, "ceiling"),
-                 "elu": (4, "alpha")},
+    activations={
+        "sigmoid": (0, None),
+        "relu": (1, None),
+        "tanh": (2, None),
+        "clipped_relu": (3, "ceiling"),
+        "elu": (4, "alpha"),
+    },
     # cudnnConvolutionFwdAlgoPerf_t: {algo, status (enums), float time, size_t memory, determinism, mathType
     # (enums), int reserved[3]}
     perf=Perf(size=48, algo=0, status=4, time=8, memory=16),
@@ -235,8 +323,9 @@ class Graph:
         enum, atype = ATTRS[name]
         code, ctype = ATTR_TYPES[atype]
         values = list(values) if isinstance(values, (list, tuple)) else [values]
-        self.api.call("be_set", desc=d, attr=enum, atype=code, n_elems=len(values),
-                      values=(ctype * len(values))(*values))
+        self.api.call(
+            "be_set", desc=d, attr=enum, atype=code, n_elems=len(values), values=(ctype * len(values))(*values)
+        )
 
     def make(self, kind: str, **attrs) -> int:
         """A finalized descriptor with the given attributes."""
@@ -251,13 +340,14 @@ class Graph:
         code, ctype = ATTR_TYPES[atype]
         out, n = (ctype * most)(), ctypes.c_int64()
         self.api.call("be_get", desc=d, attr=enum, atype=code, n_elems=most, n_out=ctypes.byref(n), values=out)
-        return list(out[:n.value])
+        return list(out[: n.value])
 
     def count(self, d: int, name: str) -> int:
         enum, atype = ATTRS[name]
         n = ctypes.c_int64()
-        self.api.call("be_get", desc=d, attr=enum, atype=ATTR_TYPES[atype][0], n_elems=0, n_out=ctypes.byref(n),
-                      values=None)
+        self.api.call(
+            "be_get", desc=d, attr=enum, atype=ATTR_TYPES[atype][0], n_elems=0, n_out=ctypes.byref(n), values=None
+        )
         return n.value
 
     def get_descriptors(self, d: int, name: str, kind: str, most: int) -> list:
@@ -265,9 +355,16 @@ class Graph:
         made = [self.new(kind) for _ in range(most)]
         enum, _ = ATTRS[name]
         n = ctypes.c_int64()
-        self.api.call("be_get", desc=d, attr=enum, atype=ATTR_TYPES["backend_descriptor"][0], n_elems=most,
-                      n_out=ctypes.byref(n), values=(P * most)(*made))
-        return made[:n.value]
+        self.api.call(
+            "be_get",
+            desc=d,
+            attr=enum,
+            atype=ATTR_TYPES["backend_descriptor"][0],
+            n_elems=most,
+            n_out=ctypes.byref(n),
+            values=(P * most)(*made),
+        )
+        return made[: n.value]
 
 
 def _alignment(ptr) -> int:
@@ -293,23 +390,44 @@ def _conv_graph(g: Graph, prob, bound: dict, fuse_bias: bool, fuse_epilogue: boo
     dt = CUDNN.dtypes[prob.dtype]
 
     def tensor(uid, dims, ptr=None, virtual=False, dtype=dt):
-        return g.make("tensor", tensor_data_type=dtype, tensor_dims=dims, tensor_strides=packed_strides(dims),
-                      tensor_uid=uid, tensor_alignment=_alignment(ptr),
-                      **({"tensor_virtual": True} if virtual else {}))
+        return g.make(
+            "tensor",
+            tensor_data_type=dtype,
+            tensor_dims=dims,
+            tensor_strides=packed_strides(dims),
+            tensor_uid=uid,
+            tensor_alignment=_alignment(ptr),
+            **({"tensor_virtual": True} if virtual else {}),
+        )
+
     x, w, y = (tensor(ids[r], getattr(prob, r), bound[r]) for r in ("x", "w", "y"))
     out = prob.out
     result, dims = {"x": x, "y": y}[out], getattr(prob, out)
     chain = _pointwise_chain(prob, fuse_bias, fuse_epilogue)
     virtual = iter(VIRTUAL_UIDS)
     conv_out = tensor(next(virtual), dims, virtual=True, dtype=f32) if chain else result
-    conv = g.make("convolution", conv_comp_type=f32, conv_mode=CUDNN.enums["cross_correlation"],
-                  conv_spatial_dims=2, conv_dilations=prob.dilation, conv_filter_strides=prob.stride,
-                  conv_pre_paddings=prob.pad, conv_post_paddings=prob.pad)
+    conv = g.make(
+        "convolution",
+        conv_comp_type=f32,
+        conv_mode=CUDNN.enums["cross_correlation"],
+        conv_spatial_dims=2,
+        conv_dilations=prob.dilation,
+        conv_filter_strides=prob.stride,
+        conv_pre_paddings=prob.pad,
+        conv_post_paddings=prob.pad,
+    )
     if prob.direction == "forward":
         op = g.make("op_conv_forward", fwd_alpha=1.0, fwd_beta=0.0, fwd_conv=conv, fwd_w=w, fwd_x=x, fwd_y=conv_out)
     else:
-        op = g.make("op_conv_backward_data", bwd_data_alpha=1.0, bwd_data_beta=0.0, bwd_data_conv=conv,
-                    bwd_data_w=w, bwd_data_dx=conv_out, bwd_data_dy=y)
+        op = g.make(
+            "op_conv_backward_data",
+            bwd_data_alpha=1.0,
+            bwd_data_beta=0.0,
+            bwd_data_conv=conv,
+            bwd_data_w=w,
+            bwd_data_dx=conv_out,
+            bwd_data_dy=y,
+        )
     ops, last = [op], conv_out
     operand_dims = {"b": (1, dims[1], 1, 1), "r": dims}
     for i, (mode, role) in enumerate(chain):
@@ -392,7 +510,7 @@ def _fastest(p: DnnProvider, g: Graph, graph: int, prob, bound: dict, roles: tup
                     best = min(best, perf_counter() - t0)
             packs.release()
             index = g.get(engine, "engine_global_index", 1)[0]
-        except DeviceError:   # a config the library can't finalize or run for this problem
+        except DeviceError:  # a config the library can't finalize or run for this problem
             continue
         timed.append((best, index, plan, need))
         if len(timed) == CANDIDATES:
@@ -400,8 +518,16 @@ def _fastest(p: DnnProvider, g: Graph, graph: int, prob, bound: dict, roles: tup
     if not timed:
         return None
     best, engine, plan, need = min(timed)
-    return plan, need, {"engine": engine, "workspace": need, "configs_seen": seen,
-                        "candidates_ms": sorted(round(t[0] * 1e3, 4) for t in timed)}
+    return (
+        plan,
+        need,
+        {
+            "engine": engine,
+            "workspace": need,
+            "configs_seen": seen,
+            "candidates_ms": sorted(round(t[0] * 1e3, 4) for t in timed),
+        },
+    )
 
 
 def _fusions(prob) -> list:
@@ -437,28 +563,34 @@ def graph_conv(p: DnnProvider, prob, bound: dict, keep: list):
 
     def run(ptrs, ws):
         execute(handle, plan, packs.get(ptrs + (ws,)))
+
     return TensorOp(roles, run, workspace=need, fused_bias=fuse_bias, fused_epilogue=fuse_epilogue, info=info)
 
 
 def prepare_cuda(device: str = "cuda"):
     """Open `device` (rocmc opens CUDA devices with exportable, caching allocations; see devices.py)."""
     from .. import devices
+
     return devices.get_device(device)
 
 
 class CudnnProvider(DnnProvider):
     table = CUDNN
-    exportable_hint = ("open the device with rocmc.runtime.providers.cudnn.prepare_cuda() before loading, "
-                       "or call iree.runtime.flags.parse_flags('--cuda_async_allocations=false') before the "
-                       "first cuda device is opened")
+    exportable_hint = (
+        "open the device with rocmc.runtime.providers.cudnn.prepare_cuda() before loading, "
+        "or call iree.runtime.flags.parse_flags('--cuda_async_allocations=false') before the "
+        "first cuda device is opened"
+    )
 
     planners = {**PLANNERS, **RNN_PLANNERS}
     conv_builder = staticmethod(graph_conv)
 
     def table_limits(self, op, attrs):
-        if op in _MIOPEN_ABI.unavailable["cuda"]:
-            return _MIOPEN_ABI.unavailable["cuda"][op]
+        if op in _DNN_ABI.unavailable["cuda"]:
+            return _DNN_ABI.unavailable["cuda"][op]
         if op == "lrn" and not (1 <= attrs["size"] <= 16 and attrs["k"] >= 1e-5 and attrs["beta"] >= 0.01):
-            return (f"LRN with size={attrs['size']}, k={attrs['k']}, beta={attrs['beta']} "
-                    f"(cuDNN needs size in [1, 16], k >= 1e-5, beta >= 0.01)")
+            return (
+                f"LRN with size={attrs['size']}, k={attrs['k']}, beta={attrs['beta']} "
+                f"(cuDNN needs size in [1, 16], k >= 1e-5, beta >= 0.01)"
+            )
         return None

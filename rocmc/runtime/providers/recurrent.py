@@ -16,21 +16,25 @@ What differs beyond names and argument order (which the vendor tables hold):
 Weights are operands, not constants, so they are copied in on every call. The result is the ABI's
 packed (seq + states, batch, hidden) tensor: the library writes y, then h_n (and c_n) behind it.
 """
+
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
 
 from ...externs import RNN_STATES, gate_blocks
-from .dnn import DnnProvider, P, Plan, declared, itemsize
+from .capi import P, declared
+from .dnn import DnnProvider
+from .plans import Plan, itemsize
 
-MEMCPY_DEVICE_TO_DEVICE = 3    # hipMemcpyDeviceToDevice == cudaMemcpyDeviceToDevice
+MEMCPY_DEVICE_TO_DEVICE = 3  # hipMemcpyDeviceToDevice == cudaMemcpyDeviceToDevice
 MEMCPY_HOST_TO_DEVICE = 1
 
 
 @dataclass(frozen=True)
 class Slot:
     """One gate block: the library's id, the ABI operand it comes from, its byte offset there."""
+
     lib_id: int
     operand: int
     offset: int
@@ -81,8 +85,15 @@ def _library_copies(p: DnnProvider, ctx: dict, blocks: list, keep: list):
 
     def write(ptrs):
         for s, d in zip(blocks, descs):
-            api.call("rnn_set_bias" if s.bias else "rnn_set_param", wD=wD, lin_id=s.lib_id, mD=d,
-                     src=_source(ptrs, s, zeros), **common)
+            api.call(
+                "rnn_set_bias" if s.bias else "rnn_set_param",
+                wD=wD,
+                lin_id=s.lib_id,
+                mD=d,
+                src=_source(ptrs, s, zeros),
+                **common,
+            )
+
     return write
 
 
@@ -94,16 +105,33 @@ def _address_copies(p: DnnProvider, ctx: dict, blocks: list, keep: list):
         mD, bD = p._out(P, "create_tensor"), p._out(P, "create_tensor")
         keep += [("destroy_tensor", mD), ("destroy_tensor", bD)]
         m_addr, b_addr = P(), P()
-        api.call("rnn_weight_params", h=p.handle, desc=ctx["rnn"], layer=0, w_size=ctx["w_size"],
-                 w=ctx["wspace"], lin_id=s.lib_id, mD=mD, m_addr=ctypes.byref(m_addr), bD=bD,
-                 b_addr=ctypes.byref(b_addr))
+        api.call(
+            "rnn_weight_params",
+            h=p.handle,
+            desc=ctx["rnn"],
+            layer=0,
+            w_size=ctx["w_size"],
+            w=ctx["wspace"],
+            lin_id=s.lib_id,
+            mD=mD,
+            m_addr=ctypes.byref(m_addr),
+            bD=bD,
+            b_addr=ctypes.byref(b_addr),
+        )
         dests.append((b_addr if s.bias else m_addr).value)
     zeros = ctx["zeros"]
 
     def write(ptrs):
         for s, dst in zip(blocks, dests):
-            p.rt.call("memcpy_async", dst=dst, src=_source(ptrs, s, zeros), count=s.nbytes,
-                      kind=MEMCPY_DEVICE_TO_DEVICE, stream=p.stream)
+            p.rt.call(
+                "memcpy_async",
+                dst=dst,
+                src=_source(ptrs, s, zeros),
+                count=s.nbytes,
+                kind=MEMCPY_DEVICE_TO_DEVICE,
+                stream=p.stream,
+            )
+
     return write
 
 
@@ -114,8 +142,18 @@ def _dropout(p: DnnProvider, keep: list) -> int:
     """A no-dropout descriptor (probability 0, no RNG state): the RNN setters require one."""
     d = p._out(P, "create_dropout")
     keep.append(("destroy_dropout", d))
-    p.api.call("set_dropout", desc=d, h=p.handle, drop_p=0.0, states=None, state_size=0, seed=0, use_mask=False,
-               state_evo=False, rng_mode=0)
+    p.api.call(
+        "set_dropout",
+        desc=d,
+        h=p.handle,
+        drop_p=0.0,
+        states=None,
+        state_size=0,
+        seed=0,
+        use_mask=False,
+        state_evo=False,
+        rng_mode=0,
+    )
     return d
 
 
@@ -127,12 +165,24 @@ def rnn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     with_bias = ptrs[3] is not None or ptrs[4] is not None
     rnn = p._out(P, "create_rnn")
     keep.append(("destroy_rnn", rnn))
-    api.call("set_rnn", desc=rnn, hsize=hidden, nlayers=1, dropout=_dropout(p, keep), in_mode=e["rnn_linear_input"],
-             direction=e["rnn_unidirectional"], rnn_mode=e[f"rnn_{op}"],
-             bias_mode=e["rnn_bias" if with_bias else "rnn_no_bias"], rnn_algo=e["rnn_algo_standard"],
-             dtype=t.dtypes[dtype], math_prec=t.dtypes["f32"],
-             math=e.get("fma_math" if dtype == "f32" else "tensor_op_math", 0),
-             input_size=inp, proj_size=hidden, aux_flags=0)
+    api.call(
+        "set_rnn",
+        desc=rnn,
+        hsize=hidden,
+        nlayers=1,
+        dropout=_dropout(p, keep),
+        in_mode=e["rnn_linear_input"],
+        direction=e["rnn_unidirectional"],
+        rnn_mode=e[f"rnn_{op}"],
+        bias_mode=e["rnn_bias" if with_bias else "rnn_no_bias"],
+        rnn_algo=e["rnn_algo_standard"],
+        dtype=t.dtypes[dtype],
+        math_prec=t.dtypes["f32"],
+        math=e.get("fma_math" if dtype == "f32" else "tensor_op_math", 0),
+        input_size=inp,
+        proj_size=hidden,
+        aux_flags=0,
+    )
     # Every sequence has the full length, so the packed sequence-major layout is the dense
     # (seq, batch, vec) tensor the ABI passes.
     lens = (ctypes.c_int * batch)(*([seq] * batch))
@@ -143,18 +193,39 @@ def rnn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     def seq_data(vec):
         d = p._out(P, "create_rnn_data")
         keep.append(("destroy_rnn_data", d))
-        api.call("set_rnn_data", desc=d, dtype=t.dtypes[dtype], layout=e["rnn_seq_major_packed"], max_seq=seq,
-                 batch=batch, vec=vec, seq_lens=lens, pad_fill=None)
+        api.call(
+            "set_rnn_data",
+            desc=d,
+            dtype=t.dtypes[dtype],
+            layout=e["rnn_seq_major_packed"],
+            max_seq=seq,
+            batch=batch,
+            vec=vec,
+            seq_lens=lens,
+            pad_fill=None,
+        )
         return d
+
     xS, yS = seq_data(inp), seq_data(hidden)
     hD = p.tensor((1, batch, hidden), dtype, keep)
     # One step's input (batch, input): only MIOpen's weight queries take it (cuDNN's legacy tensor
     # descriptors want 3 dims or more).
-    xD = p.tensor((batch, inp), dtype, keep) if "xD" in [n for n, _ in declared(t.functions["rnn_weight_size"][1])] else None
+    xD = (
+        p.tensor((batch, inp), dtype, keep)
+        if "xD" in [n for n, _ in declared(t.functions["rnn_weight_size"][1])]
+        else None
+    )
     w_size, ws_size, rs_size = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     api.call("rnn_weight_size", h=p.handle, desc=rnn, xD=xD, size_out=ctypes.byref(w_size), dtype=t.dtypes[dtype])
-    api.call("rnn_temp_sizes", h=p.handle, desc=rnn, xS=xS, fwd_mode=e["rnn_inference"],
-             size_out=ctypes.byref(ws_size), size_out2=ctypes.byref(rs_size))
+    api.call(
+        "rnn_temp_sizes",
+        h=p.handle,
+        desc=rnn,
+        xS=xS,
+        fwd_mode=e["rnn_inference"],
+        size_out=ctypes.byref(ws_size),
+        size_out2=ctypes.byref(rs_size),
+    )
     wspace = p._malloc(w_size.value)
     keep.append(("free", wspace))
     reserve = p._malloc(rs_size.value) if rs_size.value else None
@@ -162,8 +233,14 @@ def rnn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
         keep.append(("free", reserve))
     blocks = slots(op, t.gate_order[op], inp, hidden, item, with_bias)
     missing_bias = with_bias and (ptrs[3] is None or ptrs[4] is None)
-    ctx = {"rnn": rnn, "xD": xD, "wspace": wspace, "w_size": w_size.value, "dtype": t.dtypes[dtype],
-           "zeros": _zeros(p, len(t.gate_order[op]) * hidden * item, keep) if missing_bias else 0}
+    ctx = {
+        "rnn": rnn,
+        "xD": xD,
+        "wspace": wspace,
+        "w_size": w_size.value,
+        "dtype": t.dtypes[dtype],
+        "zeros": _zeros(p, len(t.gate_order[op]) * hidden * item, keep) if missing_bias else 0,
+    }
     write = WEIGHT_WRITERS[t.rnn_weights](p, ctx, blocks, keep)
     state_bytes = batch * hidden * item
 
@@ -171,12 +248,33 @@ def rnn_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
         write(ptrs)
         hy = y + seq * state_bytes
         ws = p.workspace(ws_size.value) if ws_size.value else None
-        api.call("rnn_fwd", h=p.handle, desc=rnn, fwd_mode=e["rnn_inference"], dev_seq_lens=dev_lens,
-                 xS=xS, x=ptrs[0], yS=yS, y=y, hD=hD, hx=ptrs[5], hy=hy, cD=hD,
-                 cx=ptrs[6] if op == "lstm" else None, cy=hy + state_bytes if op == "lstm" else None,
-                 w_size=w_size.value, w=wspace, ws_size=ws_size.value, ws=ws, rs_size=rs_size.value, rs=reserve)
-    return Plan((seq + RNN_STATES[op], batch, hidden), run, keep,
-                {"weight_bytes": w_size.value, "workspace": ws_size.value})
+        api.call(
+            "rnn_fwd",
+            h=p.handle,
+            desc=rnn,
+            fwd_mode=e["rnn_inference"],
+            dev_seq_lens=dev_lens,
+            xS=xS,
+            x=ptrs[0],
+            yS=yS,
+            y=y,
+            hD=hD,
+            hx=ptrs[5],
+            hy=hy,
+            cD=hD,
+            cx=ptrs[6] if op == "lstm" else None,
+            cy=hy + state_bytes if op == "lstm" else None,
+            w_size=w_size.value,
+            w=wspace,
+            ws_size=ws_size.value,
+            ws=ws,
+            rs_size=rs_size.value,
+            rs=reserve,
+        )
+
+    return Plan(
+        (seq + RNN_STATES[op], batch, hidden), run, keep, {"weight_bytes": w_size.value, "workspace": ws_size.value}
+    )
 
 
 PLANNERS = {"lstm": rnn_plan, "gru": rnn_plan}

@@ -1,7 +1,7 @@
 """Reference provider: the extern ABI served on local CPU devices by the ops' own float64 references.
 
 This is how CI runs the import path end to end without a GPU: the compiled module calls the same
-`miopen.<op>` and `hipblaslt.matmul` imports it calls on a GPU, and each call here is the frontend
+`dnn.<op>` and `blas.matmul` imports it calls on a GPU, and each call here is the frontend
 op's `@reference` (rocmc/frontend/ops), computed in float64 and rounded once to the storage type.
 What this module holds is only the translation from the ABI's form (rocmc.externs: i64 scalars
 such as stride_h / pad_h, symmetric padding, (outer, axis, inner) softmax views, (N, C, spatial)
@@ -10,6 +10,7 @@ the op's attributes and operands, so the library path and `evaluate` share one d
 op. The GEMM call's own semantics (alpha, bias over columns, an epilogue) are composed from the
 matmul reference and the epilogue's activation reference.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,9 +37,13 @@ def _present(t):
 def _conv_attrs(a: dict, nsp: int, transpose: bool) -> dict:
     """stride_h, pad_h, ... (or stride, pad, ... in 1-D) -> the op's per-dim lists; ABI padding is symmetric."""
     axes = ("_h", "_w") if nsp == 2 else ("",)
-    per_dim = lambda key: [a[key + s] for s in axes]   # noqa: E731
-    out = {"stride": per_dim("stride"), "padding": [[p, p] for p in per_dim("pad")],
-           "dilation": per_dim("dilation"), "groups": a["groups"]}
+    per_dim = lambda key: [a[key + s] for s in axes]  # noqa: E731
+    out = {
+        "stride": per_dim("stride"),
+        "padding": [[p, p] for p in per_dim("pad")],
+        "dilation": per_dim("dilation"),
+        "groups": a["groups"],
+    }
     if transpose:
         out["output_padding"] = per_dim("output_padding")
     return out
@@ -48,6 +53,7 @@ def _conv(op: str, nsp: int, transpose: bool = False):
     def run(t, a):
         x, w, b = t
         return _call(op, [x, w, _present(b)], _conv_attrs(a, nsp, transpose))[0]
+
     return run
 
 
@@ -59,12 +65,19 @@ def _fused_conv2d(t, a):
 
 def _pool(op: str):
     """kernel_h, stride_h, pad_h, ... -> the op's lists; the ABI's pooling has no dilation or ceil mode."""
+
     def run(t, a):
-        attrs = {"kernel_size": [a["kernel_h"], a["kernel_w"]], "stride": [a["stride_h"], a["stride_w"]],
-                 "padding": [[a["pad_h"]] * 2, [a["pad_w"]] * 2], "dilation": [1, 1], "ceil_mode": False}
+        attrs = {
+            "kernel_size": [a["kernel_h"], a["kernel_w"]],
+            "stride": [a["stride_h"], a["stride_w"]],
+            "padding": [[a["pad_h"]] * 2, [a["pad_w"]] * 2],
+            "dilation": [1, 1],
+            "ceil_mode": False,
+        }
         if op == "avg_pool2d":
             attrs["count_include_pad"] = bool(a["count_include_pad"])
         return _call(op, t, attrs)[0]
+
     return run
 
 
@@ -85,9 +98,11 @@ def _batch_norm(t, a):
 
 def _rnn(op: str):
     """The ABI's packed result: y's rows, then h_n (and c_n) along the time dim."""
+
     def run(t, a):
         x, w_ih, w_hh, *optional = t
         return np.concatenate(_call(op, [x, w_ih, w_hh, *map(_present, optional)], {}))
+
     return run
 
 
@@ -99,8 +114,10 @@ def _sdpa(t, a):
 def _gemm(t, a):
     """The GEMM ABI: alpha * op(a) @ op(b) over a (possibly broadcast) batch, + bias over columns, epilogue."""
     x, y, bias = t
-    d = a["alpha"] * _call("matmul", [x, y], {"transpose_a": bool(a["transpose_a"]),
-                                             "transpose_b": bool(a["transpose_b"])})[0]
+    d = (
+        a["alpha"]
+        * _call("matmul", [x, y], {"transpose_a": bool(a["transpose_a"]), "transpose_b": bool(a["transpose_b"])})[0]
+    )
     if bias.size:
         d = d + bias
     epilogue = EPILOGUES[a["epilogue"]]
@@ -136,6 +153,7 @@ class ReferenceProvider(Provider):
 
     def run(self, op, tensors, attrs):
         from iree import runtime as rt
+
         x = tensors[0]
         y = OPS[op]([rt.DeviceArray(self.device, t).to_host().astype(np.float64) for t in tensors], attrs)
         dtype = dtype_of(x.element_type)

@@ -1,0 +1,162 @@
+"""The element types rocmc knows, with every fact the layers need about them: numpy storage, MLIR
+spelling, accumulation type, IREE's HAL element type, width. The frontend, the lowering and the runtime
+all read them here; the module is on the ground floor (it imports no layer of rocmc), so reading it loads
+no op registry.
+
+MLIR's integers are signless: i8 holds both int8 and uint8. The signedness lives here, on the DType
+(`unsigned`), and lowerings read it to pick the unsigned form of an op (divui, cmpi ult, uitofp, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .errors import GraphError
+
+
+NumpyDType = np.dtype  # the annotation of DType.np (whose field name hides the module there)
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # rocmc spelling, used in printed IR: f32, f64, u8, i64, bool, ...
+    np: NumpyDType  # numpy storage type
+    mlir: str  # MLIR element type inside the module (signless for integers)
+    kind: str  # "float", "int" or "bool"
+    bits: int
+    hal: str  # IREE's HalElementType member of the module's element (integers signless, bool as i8)
+    unsigned: bool = False  # an integer read as 0..2**bits-1
+    raw: NumpyDType | None = None  # what the runtime passes when numpy's path into IREE lacks the type:
+    # its bits, tagged with `hal` (bf16 as uint16)
+
+    @property
+    def signed(self) -> bool:
+        """A signed integer (bool and floats are neither)."""
+        return self.kind == "int" and not self.unsigned
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "int"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element as stored (bool: 1)."""
+        return self.np.itemsize
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """The smallest and largest value of an integer type."""
+        if self.kind != "int":
+            raise GraphError(f"dtype {self.name} is not an integer type")
+        if self.unsigned:
+            return 0, (1 << self.bits) - 1
+        return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+
+    @property
+    def acc_mlir(self) -> str:
+        """The MLIR type arithmetic and accumulation run in: f16 and bf16 widen to f32 and round once
+        at the end (as torch does for half types); every other type computes in itself."""
+        return "f32" if self.kind == "float" and self.bits < 32 else self.mlir
+
+    @property
+    def abi_mlir(self) -> str:
+        """Element type at the module boundary (i1 travels as i8 through IREE's ABI)."""
+        return "i8" if self.kind == "bool" else self.mlir
+
+    @property
+    def abi_np(self) -> NumpyDType:
+        """numpy type of the module's arrays at its boundary (bool travels as int8, as abi_mlir says)."""
+        return np.dtype(np.int8) if self.kind == "bool" else self.np
+
+    def hal_element_type(self):
+        """IREE's HalElementType value of `hal` (the runtime is imported on use, not with this module)."""
+        from iree import runtime as rt
+
+        return getattr(rt.HalElementType, self.hal)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"rocmc.{self.name}"
+
+
+f32 = DType("f32", np.dtype(np.float32), "f32", "float", 32, "FLOAT_32")
+f16 = DType("f16", np.dtype(np.float16), "f16", "float", 16, "FLOAT_16")
+bf16 = DType("bf16", np.dtype(ml_dtypes.bfloat16), "bf16", "float", 16, "BFLOAT_16", raw=np.dtype(np.uint16))
+f64 = DType("f64", np.dtype(np.float64), "f64", "float", 64, "FLOAT_64")
+i8 = DType("i8", np.dtype(np.int8), "i8", "int", 8, "INT_8")
+i16 = DType("i16", np.dtype(np.int16), "i16", "int", 16, "INT_16")
+i32 = DType("i32", np.dtype(np.int32), "i32", "int", 32, "INT_32")
+i64 = DType("i64", np.dtype(np.int64), "i64", "int", 64, "INT_64")
+u8 = DType("u8", np.dtype(np.uint8), "i8", "int", 8, "INT_8", unsigned=True)
+u16 = DType("u16", np.dtype(np.uint16), "i16", "int", 16, "INT_16", unsigned=True)
+u32 = DType("u32", np.dtype(np.uint32), "i32", "int", 32, "INT_32", unsigned=True)
+u64 = DType("u64", np.dtype(np.uint64), "i64", "int", 64, "INT_64", unsigned=True)
+bool_ = DType("bool", np.dtype(np.bool_), "i1", "bool", 1, "INT_8")
+
+ALL = {d.name: d for d in (f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool_)}
+# The type an MLIR element type stands for in the lowering, which sees signless names: 'i8' is i8, whose
+# facts other than the sign are u8's too.
+_BY_MLIR = {d.mlir: d for d in ALL.values() if not d.unsigned}
+# numpy's names of every type, and rocmc's older spellings
+_ALIASES = {**{d.np.name: d for d in ALL.values()}, "bool_": bool_}
+
+
+def dtype(spec) -> DType:
+    """Parse a dtype from a rocmc name, a numpy dtype or a DType."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, str):
+        if spec in ALL:
+            return ALL[spec]
+        if spec in _ALIASES:
+            return _ALIASES[spec]
+    else:
+        try:
+            npd = np.dtype(spec)
+        except TypeError:
+            npd = None
+        if npd is not None:
+            for d in ALL.values():
+                if d.np == npd:
+                    return d
+    raise GraphError(f"unsupported dtype {spec!r}: expected one of {', '.join(ALL)}")
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Result type of a binary op; rocmc does not promote silently between distinct types."""
+    if a == b:
+        return a
+    raise GraphError(f"dtype mismatch: {a} vs {b} (insert an explicit cast)")
+
+
+def of_mlir(elt: str) -> DType:
+    """The DType of an MLIR element type as the lowering spells it (signless: 'i8' gives i8)."""
+    if elt not in _BY_MLIR:
+        raise GraphError(f"MLIR element type {elt!r} is none of rocmc's; expected one of {', '.join(_BY_MLIR)}")
+    return _BY_MLIR[elt]
+
+
+def acc_mlir(elt: str) -> str:
+    """The MLIR type arithmetic on `elt` values runs in (DType.acc_mlir)."""
+    return of_mlir(elt).acc_mlir
+
+
+def np_kind(dt) -> str:
+    """numpy's kind letter of a numpy dtype ('f', 'i', 'u', 'b', ...), with bfloat16 a float ('f'):
+    ml_dtypes' types are kind 'V' to numpy."""
+    dt = np.dtype(dt)
+    return "f" if dt.name == bf16.np.name else dt.kind
+
+
+def is_float_mlir(elt: str) -> bool:
+    """Whether the MLIR element type `elt` is a float type."""
+    return of_mlir(elt).is_float

@@ -1,0 +1,130 @@
+"""Emitting a hand-written kernel: the executable that embeds its code object, and the dispatch to it.
+
+Every kernel source becomes one `hal.executable.source` per module (all of the source's kernels as
+exports, the code object inline, so the .vmfb runs without the kernel files) and each use a
+`flow.dispatch` whose operands follow the kernel's ABI: i32 push constants, then the bindings, each in
+the order of its KernelFamily (kernels.py), the lowerings naming them.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Mapping, Sequence
+
+from ...frontend.graph import Node, TensorType
+from .. import kernels
+from ..emitter import Emitter, T
+from ..module import LowerContext
+
+# The generic executable target each object is keyed by (one key per module: IREE builds one variant
+# per key, whatever the compile target).
+_OBJECT_TARGET = {
+    "rocm": '#hal.executable.target<"rocm", "rocm-hsaco-fb">',
+    "cuda": '#hal.executable.target<"cuda", "cuda-nvptx-fb">',
+}
+_PLACEHOLDER = "tensor<4xi32>"
+
+# Elements of each kernel element type (kernels.DTYPES) in one 16-byte vector access.
+WIDE = {"f32": 4, "f16": 8, "bf16": 8}
+
+
+def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObject]:
+    """Declare (once per module) the executable holding every kernel of `source`; returns its name."""
+    obj = kernels.build(source, ctx.target.code_arch)
+    name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
+    if name in ctx.decl_keys:
+        return name, obj
+    blob = f'dense<"0x{obj.data.hex().upper()}"> : vector<{len(obj.data)}xi8>'
+    X = Emitter()  # module-level text: no node's location
+    with X.region(
+        f"hal.executable.source private @{name} <objects = #hal.executable.objects<{{"
+        f'{_OBJECT_TARGET[obj.kind]} = [#hal.executable.object<{{path = "{source}", data = {blob}}}>]}}>>'
+    ):
+        for ordinal, spec in enumerate(s for s in kernels.KERNELS.values() if s.source == source):
+            bindings = ["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * spec.inputs + [
+                "#hal.pipeline.binding<storage_buffer>"
+            ] * spec.outputs
+            wg = ", ".join(f"{n} : index" for n in spec.workgroup)
+            with X.region(
+                f"hal.executable.export public @{spec.symbol} ordinal({ordinal}) layout(#hal.pipeline.layout<"
+                f"constants = {spec.constants}, bindings = [{', '.join(bindings)}]>) "
+                f"count(%device: !hal.device, %groups: index) -> (index, index, index)",
+                f"<workgroup_size = [{wg}]>",
+            ):
+                one = X.index(1)
+                X.emit(f"hal.return %groups, {one}, {one} : index, index, index")
+    ctx.declare(name, "\n".join(X.lines))
+    return name, obj
+
+
+def dispatch(
+    E: Emitter,
+    ctx: LowerContext,
+    node: Node,
+    symbol: str,
+    constants: Mapping,
+    inputs: Mapping,
+    result: TensorType,
+    result_dims: Sequence,
+    groups,
+) -> T:
+    """`flow.dispatch` of kernel `symbol`.
+
+    constants: push-constant name -> i32 SSA name or Python int; inputs: read-only binding name -> T or
+    None (a placeholder buffer: the kernel is told by a flag not to read it), every one of the family's
+    named; result_dims: the result's sizes (ints or index SSA); groups: the grid.
+    """
+    spec = kernels.KERNELS[symbol]
+    fam = spec.family
+    exe, obj = executable(ctx, spec.source)
+    reads = [b.name for b in fam.bindings if not b.writes]
+    assert set(constants) == set(fam.constant_names) and set(inputs) == set(reads), (symbol, constants, inputs)
+    cs = [i32(E, constants[n]) for n in fam.constant_names]
+    args, types = list(cs), ["i32"] * len(cs)
+    for t in (inputs[n] for n in reads):
+        if t is None:
+            args.append(E.op(f"arith.constant dense<[0, 1, 2, 3]> : {_PLACEHOLDER}", "cst"))
+            types.append(_PLACEHOLDER)
+        else:
+            args.append(t.name)
+            types.append(t.mlir + dyn_dims(E, t))
+    out = T("", result)
+    res_ty = out.mlir + _dims_suffix([d for s, d in zip(result.shape, result_dims) if not isinstance(s, int)])
+    name = E.op(
+        f"flow.dispatch @{exe}::@{symbol}[{E.as_index(groups)}]({', '.join(args)}) : ({', '.join(types)}) -> {res_ty}",
+        "k",
+    )
+    ctx.kernels.append(
+        {
+            "node": f"%{node.outputs[0].id}",
+            "op": node.op,
+            "symbol": symbol,
+            "arch": obj.arch,
+            "source": spec.source,
+            "sha256": obj.sha256[:16],
+            "bytes": len(obj.data),
+        }
+    )
+    return T(name, result)
+
+
+# ---- scalar helpers ----------------------------------------------------------------------------------------
+
+
+def dyn_dims(E: Emitter, t: T) -> str:
+    return _dims_suffix([E.dim(t, i) for i, d in enumerate(t.shape) if not isinstance(d, int)])
+
+
+def _dims_suffix(dims) -> str:
+    return "{" + ", ".join(dims) + "}" if dims else ""
+
+
+def i32(E: Emitter, v) -> str:
+    """An i32 push constant from a Python int or an index SSA value."""
+    if isinstance(v, int):
+        return E.const(v - (1 << 32) if v >= 1 << 31 else v, "i32")
+    return E.op(f"arith.index_cast {v} : index to i32")
+
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]

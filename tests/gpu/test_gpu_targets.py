@@ -1,0 +1,64 @@
+"""Modules beyond the default cuda:sm_80 ones: a cuda:sm_90 module (IREE 3.13 has no sm_90 tables, so rocmc
+generates sm_80 code for it and records that) and an artifact of format 2, made before the library roles were
+renamed (imports `hipblaslt.*`, implementation `hip`), which must still load and run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rocmc
+from rocmc import ops
+
+from gpu_harness import Case, Compiler, rel_l2
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _block():
+    rng = np.random.default_rng(11)
+    g = rocmc.Graph("sm90")
+    x = g.input("x", (3, "seq", 64), "f16")
+    w = g.constant("w", (1 + 0.1 * rng.standard_normal(64)).astype(np.float16))
+    wm = g.constant("wm", (0.1 * rng.standard_normal((64, 48))).astype(np.float16))
+    h = ops.rms_norm(x, w, eps=1e-5)
+    g.output(h, ops.silu(ops.matmul(h, wm)))
+    return g
+
+
+def _inputs(rng, n):
+    return [rng.uniform(-2, 2, size=(3, n, 64)).astype(np.float16)]
+
+
+SM90 = Case("sm90_block", _block, _inputs, 2e-3, rel_l2, sizes=(1, 17, 130), calls="kernels", target="cuda:sm_90")
+
+
+@pytest.mark.gpu
+def test_sm90_module(gpu, gpu_step):
+    if isinstance(gpu_step, Compiler):
+        art = rocmc.compile(_block(), "cuda:sm_90")
+        assert "sm_80 code generated for sm_90" in art.summary()
+    gpu(SM90)
+
+
+@pytest.mark.gpu
+def test_format2_artifact_runs(gpu_step, rng):
+    """tests/data/format2_cuda.vmfb (see tests/data/README.md): rms_norm by the hand-written kernel, then a
+    blas matmul, against float64."""
+    art = rocmc.artifact.Artifact.load(DATA / "format2_cuda.vmfb")
+    assert art.metadata["format"] == 2
+    if isinstance(gpu_step, Compiler):
+        pytest.skip("nothing to compile: the artifact was made by an earlier version")
+    r = np.random.default_rng(7)
+    w = (1 + 0.1 * r.standard_normal(64)).astype(np.float16).astype(np.float64)
+    wm = (0.1 * r.standard_normal((64, 48))).astype(np.float16).astype(np.float64)
+    mod = rocmc.load(art, device="cuda")
+    for n in (5, 33):
+        x = rng.uniform(-2, 2, size=(3, n, 64)).astype(np.float16)
+        x64 = x.astype(np.float64)
+        h = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5) * w
+        got_h, got_y = mod(x)
+        assert rel_l2(got_h.astype(np.float64), h) < 2e-3
+        assert rel_l2(got_y.astype(np.float64), h @ wm) < 2e-3

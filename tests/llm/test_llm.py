@@ -1,0 +1,217 @@
+"""rocmc.llm against transformers: tiny random-init checkpoints of every family (tests/llm_models.py) compiled
+for the CPU with their weights as parameters read from the checkpoint's own safetensors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import rocmc
+from llm_models import N_NEW, PROMPT_IDS, hf_greedy, hf_logits, llm_checkpoint  # noqa: F401
+
+FAMILIES = ["llama", "llama3", "mistral", "qwen2", "gemma"]
+
+
+@pytest.fixture(scope="module")
+def models(llm_checkpoint):  # noqa: F811
+    """family -> LanguageModel (f32, CPU), compiled once per module."""
+    built = {}
+
+    def get(family):
+        if family not in built:
+            built[family] = rocmc.llm.load_hf(llm_checkpoint(family), "cpu", max_seq_len=64, max_batch=2)
+        return built[family]
+
+    return get
+
+
+def _rel(a, b):
+    return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_logits_and_greedy_match_transformers(models, llm_checkpoint, family):  # noqa: F811
+    lm, d = models(family), llm_checkpoint(family)
+    assert _rel(lm.logits(list(PROMPT_IDS))[0], hf_logits(d, PROMPT_IDS)) < 1e-4
+    assert lm.generate(list(PROMPT_IDS), N_NEW, stop_tokens=()) == hf_greedy(d, PROMPT_IDS, N_NEW)
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_decode_equals_full_recompute_at_every_step(models, family):
+    """The KV cache path: each decode step's logits equal the logits of the whole sequence so far."""
+    lm = models(family)
+    seq = list(PROMPT_IDS)
+    b = lm._batch([seq], 24)[1]
+    nxt, logits, _ = lm.module.prefill(**b.prefill_inputs())
+    for _ in range(24):
+        seq.append(int(nxt[0]))
+        nxt, logits = lm.module.decode(**b.decode_inputs(nxt))
+        full = lm.logits(seq)[0, -1]
+        assert _rel(logits[0], full) < 1e-5
+        assert int(nxt[0]) == int(np.argmax(full))
+
+
+def test_batch_of_prompts_of_different_lengths(models, rng):
+    """Left padding is invisible: each row of a batch continues as it does alone."""
+    lm = models("mistral")
+    prompts = [list(PROMPT_IDS), [int(t) for t in rng.integers(4, 250, size=3)]]
+    both = lm.generate(prompts, 20, stop_tokens=())
+    assert both == [lm.generate(p, 20, stop_tokens=()) for p in prompts]
+
+
+def test_stream_and_stop_tokens(models, llm_checkpoint):  # noqa: F811
+    lm = models("llama")
+    want = hf_greedy(llm_checkpoint("llama"), PROMPT_IDS, 12)
+    assert list(lm.stream(list(PROMPT_IDS), 12, stop_tokens=())) == want
+    stop = want[5]
+    got = lm.generate(list(PROMPT_IDS), 12, stop_tokens=[stop])
+    assert got == want[: want.index(stop) + 1]
+
+
+def test_text_in_text_out(models):
+    lm = models("llama")  # the llama checkpoint carries a tokenizer.json (306 of the model's 384 ids)
+    ids = lm.tokenizer.encode("the cat sat")
+    new = lm.generate(ids, 3, stop_tokens=())
+    assert max(new) < lm.tokenizer.vocab_size  # this prompt's greedy path stays in the tokenizer's ids
+    text = lm.generate("the cat sat", 3, stop_tokens=())
+    assert isinstance(text, str) and text == lm.tokenizer.decode(new)
+    assert "".join(lm.text_stream("the cat sat", 3, stop_tokens=())) == text
+
+
+def test_saved_artifact_with_checkpoint_needs_no_compile(llm_checkpoint, tmp_path):  # noqa: F811
+    d = llm_checkpoint("qwen2", sharded=True)
+    art = rocmc.llm.compile_hf(d / "config.json", "cpu", max_seq_len=48)
+    assert not any(p["from"] == "constant" and p["name"].startswith("model.") for p in art.parameters)
+    assert art.size < 2 << 20  # weights stay in the checkpoint
+    art.save(tmp_path / "m.vmfb")
+    lm = rocmc.llm.load(tmp_path / "m.vmfb", d)
+    assert lm.generate(list(PROMPT_IDS), 10, stop_tokens=()) == hf_greedy(d, PROMPT_IDS, 10)
+    assert "used as stored" in lm.summary()  # an f32 checkpoint for the f32 CPU model
+    f16 = rocmc.llm.load(rocmc.llm.compile_hf(d, "cpu", max_seq_len=48, dtype="f16"), d)
+    assert "converted at load" in f16.summary() and "f32 -> f16" in f16.summary()
+    text = art.summary()
+    assert "model.layers.0.self_attn.q_proj.weight" in text and "kv_cache" in text
+
+
+def test_bad_inputs(models, llm_checkpoint, tmp_path):  # noqa: F811
+    lm = models("llama")
+    with pytest.raises(rocmc.InputError, match="empty"):
+        lm.generate([], 4)
+    with pytest.raises(rocmc.InputError, match="outside the vocabulary"):
+        lm.generate([1, 999999], 4)
+    with pytest.raises(rocmc.InputError, match="exceeds the cache"):
+        lm.generate(list(PROMPT_IDS), 100)
+    with pytest.raises(rocmc.InputError, match="max_batch"):  # stream() runs one batch; generate() chunks
+        next(lm.stream([[1], [2], [3]], 2))
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bad_checkpoints(llm_checkpoint, tmp_path):  # noqa: F811
+    src = llm_checkpoint("llama")
+    art = rocmc.llm.compile_hf(src, "cpu", max_seq_len=32)
+    # a missing tensor, named
+    d = _copy(src, tmp_path / "missing")
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(rocmc.InputError, match="model.layers.1.mlp.up_proj.weight"):
+        rocmc.llm.load(art, d)
+    # a tensor of the wrong shape, named
+    d = _copy(src, tmp_path / "shape")
+    tensors = load_file(d / "model.safetensors")
+    tensors["model.norm.weight"] = np.ones(7, np.float32)
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(rocmc.InputError, match="model.norm.weight"):
+        rocmc.llm.load(art, d)
+    # a truncated file
+    d = _copy(src, tmp_path / "truncated")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(rocmc.ArtifactError, match="model.safetensors"):
+        rocmc.llm.load(art, d)
+    # an unsupported architecture, named
+    d = _copy(src, tmp_path / "arch")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = "falcon", ["FalconForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(rocmc.ModelImportError, match="FalconForCausalLM"):
+        rocmc.llm.compile_hf(d, "cpu")
+    with pytest.raises(rocmc.InputError, match="not a directory"):
+        rocmc.llm.load(art, tmp_path / "nowhere")
+
+
+def test_cache_is_updated_in_place(llm_checkpoint):  # noqa: F811
+    """A decode step writes its position into the cache: no copy of the whole cache in the stream phase."""
+    art = rocmc.llm.compile_hf(llm_checkpoint("llama3"), "cpu", max_seq_len=128, functions=("decode",))
+    cache = next(s for s in art.metadata["states"] if s["name"] == "kv_cache")
+    nbytes = cache["shape"][0] * cache["shape"][1] * 4
+    stream = art.ir("stream")
+    import re
+
+    copies = [int(n) for n in re.findall(r"stream\.cmd\.copy [^\n]*?, %c(\d+) :", stream)]
+    assert nbytes not in copies and all(c < nbytes // 8 for c in copies)
+    assert "!stream.resource<variable>{%c" + str(nbytes) + "}" in stream
+
+
+def test_sampling_runs_in_the_module_and_follows_its_seed(models):
+    lm = models("llama3")
+    a = lm.generate(list(PROMPT_IDS), 12, temperature=1.0, top_k=20, top_p=0.9, seed=7, stop_tokens=())
+    assert a == lm.generate(list(PROMPT_IDS), 12, temperature=1.0, top_k=20, top_p=0.9, seed=7, stop_tokens=())
+    assert a != lm.generate(list(PROMPT_IDS), 12, temperature=1.0, top_k=20, top_p=0.9, seed=8, stop_tokens=())
+    # top_k=1 is greedy whatever the temperature
+    assert lm.generate(list(PROMPT_IDS), 8, temperature=2.0, top_k=1, seed=3, stop_tokens=()) == lm.generate(
+        list(PROMPT_IDS), 8, stop_tokens=()
+    )
+    for bad in (
+        dict(temperature=-1.0),
+        dict(temperature=1.0, top_k=-1),
+        dict(do_sample=True, temperature=0.0),
+        dict(temperature=1.0, top_p=0.0),
+        dict(temperature=1.0, seed=-1),
+    ):
+        with pytest.raises(rocmc.InputError):
+            lm.generate(list(PROMPT_IDS), 2, **bad)
+
+
+def test_sample_function_against_its_reference(models, rng):
+    """The module's draw equals the float64 reference's for the same key (the same noise bits)."""
+    from rocmc.llm.model import Shape, build
+
+    lm = models("qwen2")
+    g = build(lm.config, Shape(max_seq_len=64, max_batch=2, dtype="f32", sample_k=16), ("sample",))["sample"]
+    m = rocmc.load(rocmc.compile(g, "cpu"))
+    for _ in range(5):
+        feeds = dict(
+            logits=rng.standard_normal((2, lm.config.vocab_size)).astype(np.float32) * 3,
+            temperature=np.array([0.7, 0.0], np.float32),
+            top_k=np.array([16, 5], np.int64),
+            top_p=np.array([0.8, 1.0], np.float32),
+            key=rng.integers(0, 1 << 62, size=2),
+        )
+        got = m(**feeds)
+        assert list(got) == list(rocmc.evaluate(g, **feeds))
+        assert got[1] == np.argmax(feeds["logits"][1])
+
+
+def test_generate_command_streams_tokens(llm_checkpoint, capsys):  # noqa: F811
+    from rocmc.cli import main
+
+    d = llm_checkpoint("llama")
+    prompt = ", ".join(map(str, PROMPT_IDS))
+    assert main(["generate", str(d), "--ids", "-p", prompt, "-n", "6", "--max-seq-len", "32"]) == 0
+    out = [int(t) for t in capsys.readouterr().out.split()]
+    want = hf_greedy(d, PROMPT_IDS, 6)
+    assert out == want[: len(out)] and len(out) >= 1
+    assert main(["generate", str(d), "-p", "the cat", "-n", "3", "--max-seq-len", "32"]) == 0
+    assert capsys.readouterr().out.strip() != ""
+    assert main(["generate", str(d), "--ids", "-p", "1, x", "-n", "2"]) == 2
+    assert "not a list of token ids" in capsys.readouterr().err

@@ -1,0 +1,142 @@
+"""sdpa against the float64 reference: GQA/MQA, causal (bottom-right aligned), bool and additive masks,
+symbolic sequence lengths, dtypes, explicit scale, errors."""
+
+import numpy as np
+import pytest
+
+import rocmc
+from rocmc import ops
+
+from helpers import check, compile_gpu, rand
+
+
+def _inputs(rng, q_shape, kv_shape, dv, dtype):
+    v_shape = kv_shape[:3] + (dv,)
+    return rand(rng, q_shape, dtype), rand(rng, kv_shape, dtype), rand(rng, v_shape, dtype)
+
+
+def _graph(q_shape, kv_shape, dv, dtype="f32", mask=None, **kw):
+    g = rocmc.Graph("t")
+    q, k = g.input("q", q_shape, dtype), g.input("k", kv_shape, dtype)
+    v = g.input("v", kv_shape[:3] + (dv,), dtype)
+    m = g.input("mask", mask[0], mask[1]) if mask else None
+    g.output(ops.sdpa(q, k, v, m, **kw))
+    return g
+
+
+def _bool_mask(rng, shape):
+    keep = rng.random(shape) < 0.6
+    keep[..., 0] = True  # every query row keeps a key (a fully masked row has no defined result)
+    return keep
+
+
+def _additive_mask(rng, shape, dtype):
+    m = np.where(rng.random(shape) < 0.3, -np.inf, rng.uniform(-2.0, 1.0, shape))
+    m[..., 0] = 0.5
+    return m.astype(rocmc.dtype(dtype).np)
+
+
+def test_sdpa_odd_sizes_and_value_dim(rng):
+    g = _graph((2, 3, 5, 12), (2, 3, 7, 12), 9)
+    check(g, *_inputs(rng, (2, 3, 5, 12), (2, 3, 7, 12), 9, "f32"))
+
+
+@pytest.mark.parametrize("hkv", [1, 2, 6])
+def test_sdpa_grouped_kv_heads(hkv, rng):
+    # hq = 6: MQA (1 kv head), GQA (query head h reads kv head h // 3), plain MHA.
+    g = _graph((2, 6, 4, 16), (2, hkv, 9, 16), 8)
+    check(g, *_inputs(rng, (2, 6, 4, 16), (2, hkv, 9, 16), 8, "f32"))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_sdpa_symbolic_seq_causal_gqa(dtype, rng):
+    g = _graph((1, 8, "s", 64), (1, 2, "s", 64), 64, dtype, is_causal=True)
+    check(g, *_inputs(rng, (1, 8, 11, 64), (1, 2, 11, 64), 64, dtype))
+
+
+def test_sdpa_causal_is_bottom_right_aligned(rng):
+    # s = 3 queries over skv = 8 keys (a decode step with cache): query i sees keys j <= i + 5.
+    q_shape, kv_shape = (2, 4, 3, 16), (2, 2, 8, 16)
+    g = rocmc.Graph("t")
+    q, k, v = g.input("q", q_shape), g.input("k", kv_shape), g.input("v", kv_shape)
+    keep = g.input("keep", (3, 8), "bool")
+    g.output(ops.sdpa(q, k, v, is_causal=True), ops.sdpa(q, k, v, keep))
+    inputs = _inputs(rng, q_shape, kv_shape, 16, "f32")
+    causal, masked = check(g, *inputs, np.tril(np.ones((3, 8), bool), k=5))
+    np.testing.assert_allclose(causal, masked, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mask_shape,causal", [((2, 1, 1, 9), False), ((2, 1, 1, 9), True), ((6, 4, 9), True), ((2, 6, 4, 9), False)]
+)
+def test_sdpa_bool_mask(mask_shape, causal, rng):
+    g = _graph((2, 6, 4, 16), (2, 3, 9, 16), 8, mask=(mask_shape, "bool"), is_causal=causal)
+    check(g, *_inputs(rng, (2, 6, 4, 16), (2, 3, 9, 16), 8, "f32"), _bool_mask(rng, mask_shape))
+
+
+@pytest.mark.parametrize(
+    "mask_shape,causal,dtype", [((4, 9), False, "f32"), ((1, 6, 4, 9), True, "f16"), ((2, 6, 4, 9), True, "bf16")]
+)
+def test_sdpa_additive_mask(mask_shape, causal, dtype, rng):
+    g = _graph((2, 6, 4, 16), (2, 2, 9, 16), 8, dtype, mask=(mask_shape, dtype), is_causal=causal)
+    check(g, *_inputs(rng, (2, 6, 4, 16), (2, 2, 9, 16), 8, dtype), _additive_mask(rng, mask_shape, dtype))
+
+
+def test_sdpa_symbolic_mask_and_explicit_scale(rng):
+    g = _graph((2, 4, "s", 16), (2, 4, "kv", 16), 16, mask=(("s", "kv"), "f32"), scale=0.37)
+    check(g, *_inputs(rng, (2, 4, 6, 16), (2, 4, 10, 16), 16, "f32"), _additive_mask(rng, (6, 10), "f32"))
+
+
+def test_sdpa_scale_defaults_to_inverse_sqrt_head_dim():
+    g = _graph((1, 2, 3, 48), (1, 2, 3, 48), 48)
+    assert g.nodes[-1].attrs == {"is_causal": False, "scale": 1 / np.sqrt(48)}
+
+
+def test_gpu_targets_compile():
+    g = rocmc.Graph("t")
+    q, k, v = (
+        g.input("q", (1, 8, "s", 64), "f16"),
+        g.input("k", (1, 2, "s", 64), "f16"),
+        g.input("v", (1, 2, "s", 64), "f16"),
+    )
+    keep = g.input("keep", (1, 1, "s", "s"), "bool")
+    bias = g.input("bias", (1, 8, "s", "s"), "f16")
+    g.output(ops.sdpa(q, k, v, is_causal=True), ops.sdpa(q, k, v, keep), ops.sdpa(q, k, v, bias, is_causal=True))
+    qf, kf = g.input("qf", (2, 4, 5, 32), "f32"), g.input("kf", (2, 4, 9, 32), "f32")
+    g.output(ops.sdpa(qf, kf, kf, is_causal=True, scale=0.1))
+    compile_gpu(g)
+
+
+@pytest.mark.parametrize(
+    "q_shape,kv_shape,mask,message",
+    [
+        ((1, 6, 4, 16), (1, 4, 4, 16), None, r"q has 6 heads and k/v have 4, expected hq to be a multiple of hkv"),
+        ((1, "h", 4, 16), (1, 2, 4, 16), None, r"q has h heads and k/v have 2"),
+        ((1, 4, 4, 16), (1, 4, 4, 8), None, r"head dims of q and k differ: 16 vs 8"),
+        ((2, 4, 4, 16), (1, 4, 4, 16), None, r"batch sizes of q and k differ: 2 vs 1"),
+        (
+            (1, 4, 4, 16),
+            (1, 4, 4, 16),
+            ((4, 5), "bool"),
+            r"'mask' has shape bool\[4,5\], expected a shape broadcastable "
+            r"to \[1,4,4,4\]",
+        ),
+        ((1, 4, 4, 16), (1, 4, 4, 16), ((4, 4), "i32"), r"'mask' has dtype i32, expected bool \(true = keep\) or f32"),
+        ((1, 4, 16), (1, 4, 16), None, r"'q' is f32\[1,4,16\], expected a rank-4 float tensor"),
+    ],
+)
+def test_bad_inputs_are_graph_errors(q_shape, kv_shape, mask, message):
+    with pytest.raises(rocmc.GraphError, match=r"sdpa\(%0, %1, %2, (%3|_)\): " + message):
+        _graph(q_shape, kv_shape, kv_shape[-1], mask=mask)
+
+
+def test_dtype_mismatch_and_scale_errors():
+    g = rocmc.Graph("t")
+    q, k = g.input("q", (1, 2, 3, 8), "f16"), g.input("k", (1, 2, 3, 8), "f32")
+    with pytest.raises(rocmc.GraphError, match=r"'k' has dtype f32 but 'q' has f16"):
+        ops.sdpa(q, k, k)
+    qs = g.input("qs", (1, 2, 3, "d"), "f32")
+    with pytest.raises(rocmc.GraphError, match=r"scale=None needs a static, non-zero head dim"):
+        ops.sdpa(qs, qs, qs)
+    with pytest.raises(rocmc.GraphError, match=r"is_causal='yes', expected a bool"):
+        ops.sdpa(k, k, k, is_causal="yes")

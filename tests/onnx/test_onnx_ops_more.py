@@ -1,0 +1,249 @@
+"""Float predicates, rounding, trigonometry and Mod: the ops against their float64 references, the ONNX
+mappings against onnxruntime, and import-time folding of elementwise nodes on constants."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import rocmc  # noqa: E402
+from rocmc import ops  # noqa: E402
+from rocmc.frontend import onnx as onnx_import  # noqa: E402
+
+from helpers import check, compile_gpu, rand  # noqa: E402
+
+NEW_UNARY = ("cos", "sin", "sign", "floor", "ceil", "round", "reciprocal")
+SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0, 0.5, -0.5, 1.5, -2.5, 2.5]
+
+
+def _with_specials(x):
+    """x with IEEE special values and rounding ties written over its first elements."""
+    flat = x.reshape(-1)
+    flat[: len(SPECIALS)] = np.asarray(SPECIALS).astype(x.dtype)
+    return x
+
+
+# ---- the ops ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NEW_UNARY)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_unary_with_special_values(name, dtype, rng):
+    g = rocmc.Graph("t")
+    x = g.input("x", ("n", 11), dtype)
+    g.output(getattr(ops, name)(x))
+    check(g, _with_specials(rand(rng, (7, 11), dtype, -6.0, 6.0)))
+
+
+def test_sign_of_integers(rng):
+    g = rocmc.Graph("t")
+    x = g.input("x", ("n",), "i64")
+    g.output(ops.sign(x))
+    v = rand(rng, (29,), "i64", -5, 5)
+    v[:3] = [0, np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    check(g, v)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_isnan_isinf(dtype, rng):
+    g = rocmc.Graph("t")
+    x = g.input("x", (3, "n"), dtype)
+    g.output(
+        ops.isnan(x),
+        ops.isinf(x),
+        ops.isinf(x, detect_negative=0),
+        ops.isinf(x, detect_positive=0),
+        ops.isinf(x, detect_positive=0, detect_negative=0),
+    )
+    v = _with_specials(rand(rng, (3, 9), dtype))
+    got = check(g, v)
+    assert got[0].dtype == np.bool_ and got[0].reshape(-1)[0] and got[1].reshape(-1)[1:3].all()
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_float_mod(fmod, dtype, rng):
+    g = rocmc.Graph("t")
+    a, b = g.input("a", ("n", 5), dtype), g.input("b", (5,), dtype)
+    g.output(ops.mod(a, b, fmod=fmod))
+    x = rand(rng, (13, 5), dtype, -20.0, 20.0)
+    x[0] = np.asarray([-0.0, np.inf, 3.0, -3.0, np.nan]).astype(x.dtype)
+    y = rand(rng, (5,), dtype, -4.0, 4.0)
+    y[2:4] = np.asarray([0.0, np.inf]).astype(y.dtype)
+    check(g, x, y)
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dtype", ["i32", "i64"])
+def test_integer_mod_by_zero_is_zero(fmod, dtype, rng):
+    """Integer division by zero does not trap: the remainder is defined as 0 (and INT_MIN % -1 is 0)."""
+    g = rocmc.Graph("t")
+    a, b = g.input("a", (4, "n"), dtype), g.input("b", (4, "n"), dtype)
+    g.output(ops.mod(a, b, fmod=fmod))
+    x, y = rand(rng, (4, 7), dtype, -30, 30), rand(rng, (4, 7), dtype, -6, 6)
+    y[0, :3] = [0, 0, -1]
+    x[0, :3] = [5, -5, np.iinfo(x.dtype).min]
+    got = check(g, x, y)[0]
+    assert (got[0, :3] == 0).all()
+    safe = np.where(y == 0, 1, y)
+    np.testing.assert_array_equal(got[1:], np.where(y == 0, 0, (np.fmod if fmod else np.mod)(x, safe))[1:])
+
+
+def test_bad_attributes_and_dtypes_are_graph_errors():
+    g = rocmc.Graph("t")
+    x, i = g.input("x", (2,), "f32"), g.input("i", (2,), "i32")
+    with pytest.raises(rocmc.GraphError, match=r"mod\(.*fmod=2, expected 0 or 1"):
+        ops.mod(x, x, fmod=2)
+    with pytest.raises(rocmc.GraphError, match=r"isinf\(.*detect_positive=0.5"):
+        ops.isinf(x, detect_positive=0.5)
+    with pytest.raises(rocmc.GraphError, match="isnan.*i32.*float"):
+        ops.isnan(i)
+    with pytest.raises(rocmc.GraphError, match="cos.*i32.*float"):
+        ops.cos(i)
+
+
+def test_new_ops_compile_for_gpu_targets():
+    """Compile-only (no GPU here): one graph with every new op, for gfx942 and cuda:sm_80."""
+    g = rocmc.Graph("t")
+    x, y = g.input("x", (2, "n", 64), "f16"), g.input("y", (64,), "f16")
+    i, j = g.input("i", (2, "n", 64), "i32"), g.input("j", (64,), "i32")
+    outs = [getattr(ops, name)(x) for name in NEW_UNARY]
+    outs += [
+        ops.isnan(x),
+        ops.isinf(x, detect_negative=0),
+        ops.mod(x, y),
+        ops.mod(x, y, fmod=1),
+        ops.mod(i, j),
+        ops.mod(i, j, fmod=1),
+        ops.sign(i),
+    ]
+    g.output(*outs)
+    compile_gpu(g)
+
+
+# ---- ONNX mappings against onnxruntime -------------------------------------------------------------
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=18):
+    graph = helper.make_graph(nodes, "m", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(model, *inputs):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {i.name: v for i, v in zip(sess.get_inputs(), inputs)})
+
+
+def _compare_all(model, *inputs):
+    """rocmc compiled for the CPU and rocmc's reference both agree with onnxruntime."""
+    graph = rocmc.import_onnx(model)
+    got = rocmc.load(rocmc.compile(graph, "cpu"))(*inputs)
+    ref = rocmc.evaluate(graph, *inputs)
+    got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
+    for g, r, w in zip(got, ref, _ort(model, *inputs)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
+            np.testing.assert_allclose(r, w, rtol=2e-6, atol=2e-6)
+        else:
+            np.testing.assert_array_equal(g, w)
+            np.testing.assert_array_equal(r, w)
+    return graph
+
+
+@pytest.mark.parametrize("op_type", ["Cos", "Sin", "Sign", "Floor", "Ceil", "Round", "Reciprocal", "IsNaN"])
+def test_unary_onnx_ops_match_onnxruntime(op_type, rng):
+    out_type = TensorProto.BOOL if op_type == "IsNaN" else TensorProto.FLOAT
+    m = _model(
+        [helper.make_node(op_type, ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 7])],
+        [helper.make_tensor_value_info("y", out_type, ["n", 7])],
+    )
+    graph = _compare_all(m, _with_specials(rand(rng, (5, 7), "f32", -5.0, 5.0)))
+    assert [n.op for n in graph.nodes if n.op != "constant"] == [onnx_import.elementwise._UNARY[op_type]]
+
+
+@pytest.mark.parametrize("attrs", [{}, {"detect_positive": 0}, {"detect_negative": 0}])
+def test_isinf_attributes_match_onnxruntime(attrs, rng):
+    m = _model(
+        [helper.make_node("IsInf", ["x"], ["y"], **attrs)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, [3, 11])],
+    )
+    _compare_all(m, _with_specials(rand(rng, (3, 11), "f32")))
+
+
+@pytest.mark.parametrize(
+    "elem,fmod", [(TensorProto.FLOAT, 1), (TensorProto.INT32, 0), (TensorProto.INT64, 0), (TensorProto.INT64, 1)]
+)
+def test_mod_matches_onnxruntime(elem, fmod, rng):
+    m = _model(
+        [helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)],
+        [helper.make_tensor_value_info("a", elem, ["n", 6]), helper.make_tensor_value_info("b", elem, [6])],
+        [helper.make_tensor_value_info("y", elem, ["n", 6])],
+    )
+    dtype = {TensorProto.FLOAT: "f32", TensorProto.INT32: "i32", TensorProto.INT64: "i64"}[elem]
+    a, b = rand(rng, (9, 6), dtype, -40, 40), rand(rng, (6,), dtype, -7, 7)
+    b[b == 0] = 3
+    _compare_all(m, a, b)
+
+
+# ---- folding at import --------------------------------------------------------------------------
+
+
+def _rope_table_model(table):
+    nodes = [
+        helper.make_node("Cos", ["table"], ["c"]),
+        helper.make_node("Sin", ["table"], ["s"]),
+        helper.make_node("Mul", ["x", "c"], ["xc"]),
+        helper.make_node("Mul", ["x", "s"], ["xs"]),
+        helper.make_node("Sub", ["xc", "xs"], ["y"]),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", *table.shape])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", *table.shape])],
+        [numpy_helper.from_array(table, "table")],
+    )
+
+
+def test_cos_sin_of_a_constant_table_fold_to_constants(rng):
+    table = rand(rng, (6, 16), "f32", -8.0, 8.0)
+    m = _rope_table_model(table)
+    graph = _compare_all(m, rand(rng, (3, 6, 16), "f32"))
+    assert sorted(n.op for n in graph.nodes if n.op != "constant") == ["mul", "mul", "sub"]
+    folded = [graph.constants[n.attrs["name"]] for n in graph.nodes if n.op == "constant"]
+    np.testing.assert_allclose(folded[0], np.cos(table.astype(np.float64)), rtol=1e-7, atol=1e-7)
+
+
+def test_folding_chains_and_rounds_to_the_node_dtype(rng):
+    """Elementwise nodes on folded values fold too, each result rounded to its dtype (here f16)."""
+    table = rand(rng, (4, 5), "f16", -3.0, 3.0)
+    nodes = [
+        helper.make_node("Sin", ["t"], ["s"]),
+        helper.make_node("Reciprocal", ["s"], ["r"]),
+        helper.make_node("IsNaN", ["r"], ["n"]),
+        helper.make_node("Where", ["n", "t", "r"], ["w"]),
+        helper.make_node("Add", ["x", "w"], ["y"]),
+    ]
+    m = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 5])],
+        [numpy_helper.from_array(table, "t")],
+    )
+    graph = rocmc.import_onnx(m)
+    assert [n.op for n in graph.nodes if n.op != "constant"] == ["add"]
+    (w,) = [graph.constants[n.attrs["name"]] for n in graph.nodes if n.op == "constant" and n.attrs["name"] != "t"]
+    s = np.sin(table.astype(np.float64)).astype(np.float16)
+    np.testing.assert_array_equal(w, (1.0 / s.astype(np.float64)).astype(np.float16))
+
+
+def test_folding_respects_the_size_limit(monkeypatch, rng):
+    """A result larger than MAX_FOLDED_BYTES stays a node of the graph and is computed at run time."""
+    monkeypatch.setattr(onnx_import.values, "MAX_FOLDED_BYTES", 64)
+    table = rand(rng, (6, 16), "f32", -8.0, 8.0)
+    graph = _compare_all(_rope_table_model(table), rand(rng, (2, 6, 16), "f32"))
+    assert {"cos", "sin"} <= {n.op for n in graph.nodes}
