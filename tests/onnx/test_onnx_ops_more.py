@@ -247,3 +247,27 @@ def test_folding_respects_the_size_limit(monkeypatch, rng):
     table = rand(rng, (6, 16), "f32", -8.0, 8.0)
     graph = _compare_all(_rope_table_model(table), rand(rng, (2, 6, 16), "f32"))
     assert {"cos", "sin"} <= {n.op for n in graph.nodes}
+
+
+@pytest.mark.parametrize(
+    "op_type, attrs, rank, message",
+    [
+        ("Softmax", {"axis": 5}, 2, r"Softmax: axis=5 is out of range for rank 2; expected -2\.\.1"),
+        ("Flatten", {"axis": -3}, 2, r"axis=-3 is out of range for rank 2"),
+        ("ReduceSum", {"axes": [3], "keepdims": 1}, 3, r"axes=3 is out of range for rank 3"),
+    ],
+)
+def test_an_out_of_range_axis_is_an_import_error_naming_the_node(op_type, attrs, rank, message):
+    """An exporter's axis outside -rank..rank-1 is refused, never wrapped around."""
+    shape = [2, 3, 4][:rank]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    node_inputs = ["x"]
+    inits = []
+    if op_type == "ReduceSum":  # opset 18: axes is an input
+        inits = [numpy_helper.from_array(np.array(attrs.pop("axes"), np.int64), "axes")]
+        node_inputs.append("axes")
+    node = helper.make_node(op_type, node_inputs, ["y"], name="the_node", **attrs)
+    with pytest.raises(rocmc.ModelImportError, match=message) as e:
+        rocmc.import_onnx(_model([node], ins, outs, inits))
+    assert "the_node" in str(e.value)
