@@ -36,6 +36,28 @@ def check_installed():
     print(f"ok: rocmc {rocmc.__version__} from {Path(rocmc.__file__).parent}, kernels from {kernels.KERNEL_DIR}")
 
 
+# Optional dependencies (extras) a module may need; the wheel is installed without them.
+OPTIONAL = {"torch", "onnx", "tokenizers", "jinja2", "safetensors", "transformers"}
+
+
+def check_every_module_imports():
+    """Every module of the installed package imports (a subpackage missing from the wheel fails here),
+    except those that need an extra that is not installed."""
+    import importlib
+    import pkgutil
+
+    count, skipped = 0, []
+    for info in pkgutil.walk_packages(rocmc.__path__, "rocmc."):
+        try:
+            importlib.import_module(info.name)
+            count += 1
+        except ImportError as e:
+            if (e.name or "").split(".")[0] not in OPTIONAL:
+                raise
+            skipped.append(f"{info.name} ({e.name})")
+    print(f"ok: {count} modules import" + (f"; needing an extra: {', '.join(skipped)}" if skipped else ""))
+
+
 def check_cpu_run(rng):
     g = rocmc.Graph("smoke")
     x = g.input("x", (2, "n", 16), "f32")
@@ -73,6 +95,7 @@ def main():
     seed = int(os.environ.get("ROCMC_TEST_SEED") or secrets.randbits(32))
     print(f"wheel smoke test: python {sys.version.split()[0]}, seed {seed} (replay with ROCMC_TEST_SEED={seed})")
     check_installed()
+    check_every_module_imports()
     check_cpu_run(np.random.default_rng(seed))
     check_gfx942_kernel()
     check_collective_bootstrap()
