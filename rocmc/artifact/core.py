@@ -17,6 +17,7 @@ from ..parameters import save_parameters
 from .dispatches import dispatch_list
 from .integrity import check_header, check_seal
 from .schema import functions, read_metadata
+from .structure import CallStructure, call_structure
 from .summary import summary_text
 
 STAGES = (
@@ -180,6 +181,12 @@ class Artifact:
                 return p.read_text()
         raise ArtifactError(f"stage {stage!r} was not produced")
 
+    @property
+    def can_produce_stages(self) -> bool:
+        """Whether the lowering stages can be produced (an artifact made by rocmc.compile in this process;
+        a loaded one has none)."""
+        return self._stage_dir is not None
+
     def stage_dir(self) -> Path:
         if self._stage_dir is None:
             raise ArtifactError(
@@ -209,6 +216,12 @@ class Artifact:
     def dispatches(self) -> list[dict]:
         """Each dispatch of the compiled module: name, the graph nodes fused into it, implementation."""
         return dispatch_list(self.metadata, self.ir("flow"))
+
+    def call_structure(self) -> dict[str, CallStructure]:
+        """{function: what one call issues}: kernel launches, fills, copies, queue submissions, host waits
+        and queue allocations/frees, counted in IREE's HAL program (rocmc.artifact.structure); needs the
+        stages, like `ir("hal")`."""
+        return call_structure(self.ir("hal"))
 
     @property
     def parameters(self) -> list[dict]:

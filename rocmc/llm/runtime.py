@@ -178,9 +178,18 @@ class LanguageModel:
                 *[f"  {n}" for n in notes[:8]],
                 *(["  ..."] if len(notes) > 8 else []),
                 *plan,
+                *self._step_lines(),
                 self.artifact.summary(),
             ]
         )
+
+    def _step_lines(self) -> list[str]:
+        """What one prefill and one decode call issue (from the HAL program), for an artifact compiled here
+        (a loaded one has no stages to read)."""
+        if not self.artifact.can_produce_stages:
+            return []
+        calls = self.artifact.call_structure()
+        return [f"per {name} call: {calls[name].describe()}" for name in ("prefill", "decode") if name in calls]
 
     def logits(self, ids) -> np.ndarray:
         """The prompt's logits, (1, len, vocab) f32 (one prompt) or (rows, max_len, vocab) for a list of

@@ -4,6 +4,7 @@ for the CPU with their weights as parameters read from the checkpoint's own safe
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -90,8 +91,10 @@ def test_saved_artifact_with_checkpoint_needs_no_compile(llm_checkpoint, tmp_pat
     lm = rocmc.llm.load(tmp_path / "m.vmfb", d)
     assert lm.generate(list(PROMPT_IDS), 10, stop_tokens=()) == hf_greedy(d, PROMPT_IDS, 10)
     assert "used as stored" in lm.summary()  # an f32 checkpoint for the f32 CPU model
+    assert "per decode call:" not in lm.summary()  # a loaded artifact has no stages to count from
     f16 = rocmc.llm.load(rocmc.llm.compile_hf(d, "cpu", max_seq_len=48, dtype="f16"), d)
     assert "converted at load" in f16.summary() and "f32 -> f16" in f16.summary()
+    assert re.search(r"per decode call: \d+ dispatches, .* host waits", f16.summary())
     text = art.summary()
     assert "model.layers.0.self_attn.q_proj.weight" in text and "kv_cache" in text
 
