@@ -88,29 +88,21 @@ class _Display:
         from tqdm import tqdm
 
         with self.lock:
-            position = len(self.active)
-            if total is None:
-                bar = tqdm(
-                    total=None,
-                    desc=description,
-                    file=stream,
-                    position=position,
-                    leave=False,
-                    bar_format="{desc} {elapsed}",
-                    mininterval=_TICK,
-                )
-            else:
-                bar = tqdm(
-                    total=total,
-                    desc=description,
-                    file=stream,
-                    position=position,
-                    leave=False,
-                    unit="B",
-                    unit_scale=True,
-                    unit_divisor=1024,
-                    mininterval=_TICK,
-                )
+            # A step shows its elapsed time; a byte count its progress in B/KiB/MiB.
+            shown = (
+                {"bar_format": "{desc} {elapsed}"}
+                if total is None
+                else {"unit": "B", "unit_scale": True, "unit_divisor": 1024}
+            )
+            bar = tqdm(
+                total=total,
+                desc=description,
+                file=stream,
+                position=len(self.active),
+                leave=False,
+                mininterval=_TICK,
+                **shown,
+            )
             self.active.append((bar, description, total is None))
             if self.ticker is None:
                 self.ticker = threading.Thread(target=self._tick, name="rocmc-progress", daemon=True)

@@ -89,8 +89,13 @@ def as_value(op: str, arg: str, x, graph: Graph, like: Value | None = None) -> V
     raise GraphError(f"{op}: argument {arg!r} must be a Value, numpy array or scalar, got {type(x).__name__}")
 
 
+def is_int(v) -> bool:
+    """Whether `v` is an integer (Python's or numpy's), not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _axis_int(op: str, axis, arg: str) -> None:
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+    if not is_int(axis):
         raise GraphError(f"{op}: {arg}={axis!r} must be an int")
 
 

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..frontend.opdef import is_int
 
 # rocmc's default number of new tokens when neither the caller nor the checkpoint gives a length
 # (transformers' default is max_length=20, i.e. 20 new tokens in transformers 5).
@@ -390,7 +391,7 @@ class GenerationResult:
 
 
 def _is_int(v, minimum: int) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= minimum
+    return is_int(v) and v >= minimum
 
 
 def _is_number(v) -> bool:

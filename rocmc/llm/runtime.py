@@ -152,7 +152,7 @@ class LanguageModel:
         _check_artifact(artifact, self.config, self.plan)
         self.group, self.rank = None, 0
         if self.plan.degree > 1:
-            self.group, device, params = _rank_setup(artifact, source, self.plan, device, parameters)
+            self.group, params = _rank_setup(artifact, source, self.plan, parameters)
             self.rank = self.group.rank
         else:
             params = checkpoint if parameters is None else parameters
@@ -613,22 +613,20 @@ def _plan_of(art: Artifact, cfg: LlmConfig, tensor_parallel: int) -> "sharding.P
     return plan
 
 
-def _rank_setup(art: Artifact, checkpoint: _Checkpoint, plan, device, given):
-    """This rank's group (every rank checked to run the same artifact on the same checkpoint), the device
-    it runs on and its slices of the checkpoint. The process is set up as a rank where every
-    tensor-parallel module is (distributed.prepare), and the module it loads finds it so."""
+def _rank_setup(art: Artifact, checkpoint: _Checkpoint, plan, given):
+    """This rank's group (every rank checked to run the same artifact on the same checkpoint) and its
+    slices of the checkpoint. The rest of the rank's setup (the collective channel, its own GPU) is the
+    module's, when it loads (distributed.prepare)."""
     from ..parameters import Parameters
     from ..runtime import distributed
-    from ..runtime.module import device_for
 
-    target = art.metadata["target"]
-    group, device = distributed.prepare(plan.degree, target.split(":")[0], device_for(target, device))
+    group = distributed.init(plan.degree)
     group.agree("artifacts", art.metadata.get("graph_hash", "") + art.metadata.get("target", ""))
     if given is not None:
-        return group, device, given
+        return group, given
     source = Parameters.open(checkpoint.directory)
     group.agree("checkpoints", source.fingerprint(checkpoint.config_bytes))
-    return group, device, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
+    return group, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
 
 
 def _sizes_of(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:

@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import GraphError
 from ...symbolic import call_dim
 from ..graph import TensorType
-from ..opdef import as_value, builder, defop, graph_of, reference
+from ..opdef import as_value, builder, defop, graph_of, is_int, reference
 
 __all__ = [
     "conv1d",
@@ -50,14 +50,10 @@ def spatial_rank(op: str) -> int:
 # ---- attribute normalization (builders) ----------------------------------------------------------
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _ints(op: str, arg: str, v, n: int, least: int) -> list:
     """An int or a sequence of n ints, each >= least, as a list of n Python ints."""
-    vals = [v] * n if _is_int(v) else list(v) if isinstance(v, (list, tuple)) else None
-    if vals is None or len(vals) != n or not all(_is_int(x) and x >= least for x in vals):
+    vals = [v] * n if is_int(v) else list(v) if isinstance(v, (list, tuple)) else None
+    if vals is None or len(vals) != n or not all(is_int(x) and x >= least for x in vals):
         raise GraphError(f"{op}: {arg}={v!r}, expected an int >= {least} or {n} such ints")
     return [int(x) for x in vals]
 
@@ -92,7 +88,7 @@ def _padding(op: str, padding, n: int, kernel=None, dilation=None, stride=None) 
 
 def _check_int_list(node, attrs, key, n, least):
     v = attrs.get(key)
-    if not (isinstance(v, list) and len(v) == n and all(_is_int(x) and x >= least for x in v)):
+    if not (isinstance(v, list) and len(v) == n and all(is_int(x) and x >= least for x in v)):
         raise GraphError(f"{node.describe()}: attribute {key}={v!r}, expected {n} ints >= {least}")
 
 
@@ -101,7 +97,7 @@ def _check_pairs(node, attrs, n):
     if not (
         isinstance(v, list)
         and len(v) == n
-        and all(isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in v)
+        and all(isinstance(p, list) and len(p) == 2 and all(is_int(x) and x >= 0 for x in p) for p in v)
     ):
         raise GraphError(f"{node.describe()}: attribute padding={v!r}, expected {n} [lo, hi] pairs of ints >= 0")
 
@@ -150,7 +146,7 @@ def _conv_common(node, types, attrs, nsp, transposed):
         _check_int_list(node, attrs, key, nsp, 1)
     _check_pairs(node, attrs, nsp)
     g = attrs.get("groups")
-    if not (_is_int(g) and g >= 1):
+    if not (is_int(g) and g >= 1):
         raise GraphError(f"{node.describe()}: attribute groups={g!r}, expected an int >= 1")
     x, w = types[0], types[1]
     if w.rank != nsp + 2 or not w.is_static:
@@ -281,7 +277,7 @@ def _lrn_infer(node, types, attrs):
         raise GraphError(f"{node.describe()}: 'x' is {x}, expected a float tensor of rank >= 3 (N, C, ...)")
     if not isinstance(x.shape[1], int):
         raise GraphError(f"{node.describe()}: 'x' has a symbolic channel dim ({x}); expected a static one")
-    if not (_is_int(attrs.get("size")) and attrs["size"] >= 1):
+    if not (is_int(attrs.get("size")) and attrs["size"] >= 1):
         raise GraphError(f"{node.describe()}: attribute size={attrs.get('size')!r}, expected an int >= 1")
     for key in ("alpha", "beta", "k"):
         if not isinstance(attrs.get(key), float):
@@ -441,7 +437,7 @@ def conv_attrs(op, nsp, w, stride, padding, dilation, groups) -> dict:
     if padding == "same" and kernel is None:
         raise GraphError(f"{op}: 'weight' has rank {w.rank}, expected rank {nsp + 2}")
     pads = _padding(op, padding, nsp, kernel or [1] * nsp, dilation, stride)
-    if not (_is_int(groups) and groups >= 1):
+    if not (is_int(groups) and groups >= 1):
         raise GraphError(f"{op}: groups={groups!r}, expected an int >= 1")
     return {"stride": stride, "padding": pads, "dilation": dilation, "groups": int(groups)}
 
@@ -465,7 +461,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 def _conv_transpose(op, nsp, x, weight, bias, stride, padding, output_padding, groups, dilation):
     g, operands = _operands(op, x, weight, bias)
-    if not (_is_int(groups) and groups >= 1):
+    if not (is_int(groups) and groups >= 1):
         raise GraphError(f"{op}: groups={groups!r}, expected an int >= 1")
     attrs = {
         "stride": _ints(op, "stride", stride, nsp, 1),
@@ -574,7 +570,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, eps=1e-5):
 def local_response_norm(x, size, alpha=1e-4, beta=0.75, k=1.0):
     """Cross-channel LRN with torch's semantics (alpha is divided by size)."""
     g = graph_of("lrn", x)
-    if not (_is_int(size) and size >= 1):
+    if not (is_int(size) and size >= 1):
         raise GraphError(f"lrn: size={size!r}, expected an int >= 1")
     attrs = {
         "size": int(size),

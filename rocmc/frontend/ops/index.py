@@ -17,7 +17,7 @@ from ... import symbolic
 from ...errors import GraphError, InputError
 from ... import dtypes as dt
 from ..graph import Graph, TensorType, Value
-from ..opdef import as_value, builder, check_axis, defop, graph_of, normalize_axis, reference
+from ..opdef import as_value, builder, check_axis, defop, graph_of, is_int, normalize_axis, reference
 from ..reference import symbol_sizes
 from .reduce import reduced_shape
 
@@ -26,10 +26,6 @@ __all__ = ["update_slice", "narrow", "argmax", "argmin", "topk", "arange", "cums
 # argmax and topk carry positions in 31 bits (lowering/codegen/index.py: topk packs (value,
 # position) into one i64 key; argmax reduces positions as i32).
 MAX_POSITIONS = 2**31 - 1
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def _desc(op: str, *values) -> str:
@@ -43,7 +39,7 @@ def _desc(op: str, *values) -> str:
 def _start_operand(desc: str, graph: Graph, start):
     """(operands, attributes) of a start: no operand and {"start": the int or size expression}, or
     [the Value] and {}."""
-    if _is_int(start):
+    if is_int(start):
         return [], {"start": int(start)}
     if isinstance(start, str):
         _size_expression(desc, graph, start)
@@ -70,7 +66,7 @@ def _size_expression(desc: str, graph: Graph, text: str):
 
 def _check_start(desc: str, start_type: TensorType | None, start_attr) -> None:
     if start_type is None:
-        if not (_is_int(start_attr) or isinstance(start_attr, str)):
+        if not (is_int(start_attr) or isinstance(start_attr, str)):
             raise GraphError(f"{desc}: start={start_attr!r}, expected an int")
         return
     if start_attr is not None:
@@ -168,7 +164,7 @@ def _narrow(node, types, attrs):
                 f"{desc}: length={length!r} is not a size over the dims of the graph's inputs "
                 f"(symbols: {', '.join(symbols) or 'none'})"
             )
-    elif not _is_int(length) or length < 0:
+    elif not is_int(length) or length < 0:
         raise GraphError(f"{desc}: length={length!r}, expected an int >= 0 or a size expression")
     n = x.shape[axis]
     if isinstance(n, int) and isinstance(length, int) and length > n:
@@ -203,9 +199,9 @@ def narrow(x, axis, start, length):
     desc = _desc("narrow", xv, start)
     operands, attr = _start_operand(desc, g, start)
     axis = normalize_axis(desc, axis, xv.rank)
-    if not (_is_int(length) or isinstance(length, str)):
+    if not (is_int(length) or isinstance(length, str)):
         raise GraphError(f"{desc}: length={length!r}, expected an int or a size expression")
-    length = int(length) if _is_int(length) else length
+    length = int(length) if is_int(length) else length
     return g.apply("narrow", [xv, *operands], {"axis": axis, **attr, "length": length})[0]
 
 
@@ -310,7 +306,7 @@ def _topk(node, types, attrs):
     for name in ("largest", "sorted"):
         _check_bool(desc, name, attrs[name])
     n = x.shape[axis]
-    if not _is_int(k) or k < 0:
+    if not is_int(k) or k < 0:
         raise GraphError(f"{desc}: k={k!r}, expected an int >= 0")
     if isinstance(n, int) and k > n:
         raise GraphError(f"{desc}: k={k} is larger than dim {axis} of 'x' ({x}), which is {n}")
@@ -355,7 +351,7 @@ def topk(x, k, axis=-1, largest=True, sorted=True):
     result is always sorted; sorted=False (order unspecified) is accepted for ONNX.
     64-bit inputs (i64, u64, f64) rank the whole axis (quadratic in its size) instead of a k-best selection."""
     g, xv, desc = _operand("topk", x, largest=largest, sorted=sorted)
-    if not _is_int(k):
+    if not is_int(k):
         raise GraphError(f"{desc}: k={k!r}, expected a static int")
     attrs = {"k": int(k), "axis": normalize_axis(desc, axis, xv.rank), "largest": bool(largest), "sorted": bool(sorted)}
     values, indices = g.apply("topk", [xv], attrs)
@@ -388,11 +384,11 @@ def _arange(node, types, attrs):
     for name, v in (("start", start), ("delta", delta)) + ((("limit", limit),) if not isinstance(limit, str) else ()):
         if not _is_number(v) or not math.isfinite(v):
             raise GraphError(f"{desc}: {name}={v!r}, expected a finite number")
-        if out.kind == "int" and not _is_int(v):
+        if out.kind == "int" and not is_int(v):
             raise GraphError(f"{desc}: {name}={v!r} is not an integer but dtype is {out}")
     if delta == 0:
         raise GraphError(f"{desc}: delta=0; expected a non-zero step")
-    if isinstance(limit, str) and (not _is_int(start) or delta != 1):
+    if isinstance(limit, str) and (not is_int(start) or delta != 1):
         raise GraphError(
             f"{desc}: a symbolic limit ({limit!r}) needs an int start and delta=1, got start={start!r}, delta={delta!r}"
         )
@@ -490,7 +486,7 @@ def _triangle(node, types, attrs):
     x, desc, k = types[0], node.describe(), attrs["k"]
     if x.rank < 2:
         raise GraphError(f"{desc}: 'x' has rank {x.rank} ({x}); expected rank >= 2 (a matrix, or a batch of them)")
-    if not _is_int(k):
+    if not is_int(k):
         raise GraphError(f"{desc}: k={k!r}, expected an int (the diagonal: 0 main, > 0 above, < 0 below)")
     return x
 
@@ -508,7 +504,7 @@ def _triangle_ref(node, ins, attrs):
 def _triangle_builder(op: str, x, k):
     g = graph_of(op, x)
     xv = as_value(op, "x", x, g)
-    if not _is_int(k):
+    if not is_int(k):
         raise GraphError(f"{_desc(op, xv)}: k={k!r}, expected an int")
     return g.apply(op, [xv], {"k": int(k)})[0]
 

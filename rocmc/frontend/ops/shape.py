@@ -25,6 +25,7 @@ from ..opdef import (
     defop,
     dim_expr,
     graph_of,
+    is_int,
     normalize_axis,
     reference,
     same_dtype,
@@ -126,13 +127,9 @@ def _desc(op: str, *values) -> str:
     return f"{op}({', '.join(f'%{v.id}' for v in values)})"
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _int_list(desc: str, arg: str, v) -> list:
-    v = [v] if _is_int(v) else v
-    if not isinstance(v, (list, tuple)) or not all(_is_int(a) for a in v):
+    v = [v] if is_int(v) else v
+    if not isinstance(v, (list, tuple)) or not all(is_int(a) for a in v):
         raise GraphError(f"{desc}: {arg}={v!r}, expected an int or a list of ints")
     return [int(a) for a in v]
 
@@ -150,7 +147,7 @@ def _sizes(node, types, attrs):
     desc, dims = node.describe(), attrs["dims"]
     if attrs["dtype"] not in ("i32", "i64"):
         raise GraphError(f"{desc}: dtype={attrs['dtype']!r}, expected i32 or i64")
-    if not isinstance(dims, list) or not all(_is_int(d) or isinstance(d, str) for d in dims):
+    if not isinstance(dims, list) or not all(is_int(d) or isinstance(d, str) for d in dims):
         raise GraphError(f"{desc}: dims={dims!r}, expected a list of ints and size expressions")
     from ...dtypes import dtype
 
@@ -174,7 +171,7 @@ def sizes(graph, dims, dtype="i64"):
     dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
     out = []
     for d in dims:
-        if _is_int(d):
+        if is_int(d):
             out.append(int(d))
         elif isinstance(d, str) and _over(d, graph.symbols()):
             out.append(symbolic.canonical(d))
@@ -205,13 +202,13 @@ def resolve_reshape(desc: str, in_shape: tuple, shape) -> tuple[list, tuple]:
     atoms = set(product(in_shape).atoms)
     attr, out, infer_at = [], [], None
     for d in shape:
-        if _is_int(d) and d == -1:
+        if is_int(d) and d == -1:
             if infer_at is not None:
                 raise GraphError(f"{desc}: shape {list(shape)} has more than one -1")
             infer_at = len(out)
             attr.append(-1)
             out.append(None)
-        elif _is_int(d) and d >= 0:
+        elif is_int(d) and d >= 0:
             attr.append(int(d))
             out.append(int(d))
         elif isinstance(d, str) and d:
@@ -344,7 +341,7 @@ def squeeze(x, axes=None):
 @defop("transpose", attrs=("perm",))
 def _transpose(node, types, attrs):
     x, perm = types[0], attrs["perm"]
-    if not isinstance(perm, list) or sorted(perm) != list(range(x.rank)) or not all(_is_int(p) for p in perm):
+    if not isinstance(perm, list) or sorted(perm) != list(range(x.rank)) or not all(is_int(p) for p in perm):
         raise GraphError(f"{node.describe()}: perm={perm!r} is not a permutation of 0..{x.rank - 1} for {x}")
     return x.with_shape([x.shape[p] for p in perm])
 
@@ -569,7 +566,7 @@ def _broadcast_to(node, types, attrs):
     symbols = set(node.inputs[0].graph.symbols())
     known = symbols | {d for d in x.shape if isinstance(d, str)}
     for d in shape:
-        if not ((_is_int(d) and d >= 0) or (isinstance(d, str) and (d in known or _over(d, symbols)))):
+        if not ((is_int(d) and d >= 0) or (isinstance(d, str) and (d in known or _over(d, symbols)))):
             raise GraphError(
                 f"{desc}: target dim {d!r} is neither an int >= 0 nor a size over the graph's "
                 f"symbols ({', '.join(sorted(known)) or 'none'})"
@@ -610,7 +607,7 @@ def broadcast_to(x, shape):
     shape = [shape] if isinstance(shape, (int, str)) else shape
     if not isinstance(shape, (list, tuple)):
         raise GraphError(f"{_desc('broadcast_to', x)}: shape={shape!r}, expected a list of ints or symbols")
-    shape = [int(d) if _is_int(d) else d for d in shape]
+    shape = [int(d) if is_int(d) else d for d in shape]
     return x.graph.apply("broadcast_to", [x], {"shape": shape})[0]
 
 
@@ -621,14 +618,14 @@ PAD_MODES = ("constant", "reflect", "edge")
 
 def _pad_pairs(desc: str, rank: int, pad_width) -> list:
     """numpy's pad_width forms: int, (lo, hi), or one (lo, hi) per dim."""
-    if _is_int(pad_width):
+    if is_int(pad_width):
         pairs = [(pad_width, pad_width)] * rank
-    elif isinstance(pad_width, (list, tuple)) and len(pad_width) == 2 and all(_is_int(p) for p in pad_width):
+    elif isinstance(pad_width, (list, tuple)) and len(pad_width) == 2 and all(is_int(p) for p in pad_width):
         pairs = [tuple(pad_width)] * rank
     elif (
         isinstance(pad_width, (list, tuple))
         and len(pad_width) == rank
-        and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_int(q) for q in p) for p in pad_width)
+        and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(is_int(q) for q in p) for p in pad_width)
     ):
         pairs = [tuple(p) for p in pad_width]
     else:
