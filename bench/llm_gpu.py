@@ -349,10 +349,27 @@ def margin(logits) -> float:
     return float(top[1] - top[0])
 
 
-def prefill(lm, feeds) -> tuple:
-    """The prefill's token and last logits on the host (every position's logits stay on the device)."""
-    nxt, last, _ = lm.module.prefill(**feeds, output="device")
-    return nxt.to_host(), last.to_host()
+class OnePrompt:
+    """One prompt in cache slot 0, driven as the runtime drives a row: its prefill (in chunks), then decode
+    steps (tokens and last logits on the host; every position's logits stay on the device)."""
+
+    def __init__(self, lm, prompt: list):
+        from rocmc.llm.runtime import _Slots
+
+        self.lm, self.prompt, self.slots_of = lm, prompt, _Slots
+
+    def prefill(self) -> tuple:
+        self.slots = self.slots_of(self.lm.sizes.max_batch, self.lm.config)
+        for feeds in self.slots.prefill(0, self.prompt):
+            out = self.lm.module.prefill(**feeds, output="device")
+        return out[0].to_host(), out[1].to_host()
+
+    def decode(self, nxt) -> tuple:
+        feeds = self.slots.decode(np.resize(np.asarray(nxt), self.lm.sizes.max_batch))
+        return self.lm.module.decode(**feeds)
+
+    def decode_feeds(self, nxt) -> dict:
+        return self.slots.decode(np.resize(np.asarray(nxt), self.lm.sizes.max_batch))
 
 
 def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
@@ -361,7 +378,6 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     before = device_memory(torch, a.torch_device)
     t = time.perf_counter()
     import rocmc
-    from rocmc.llm.runtime import _Batch
 
     lm = rocmc.llm.load(Path(a.dir) / vmfb_name(a.target), ckpt, device=a.device)
     load_s = time.perf_counter() - t
@@ -380,13 +396,13 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     )
 
     # Pass 1 (also the warm-up): every step's token and logits.
-    b = _Batch([prompt], lm.sizes.max_batch, lm.config)
+    run = OnePrompt(lm, prompt)
     t = time.perf_counter()
-    nxt, logits = prefill(lm, b.prefill_inputs())
+    nxt, logits = run.prefill()
     first_prefill_s = time.perf_counter() - t
     tokens, step_logits = [int(nxt[0])], [logits[0].copy()]
     for _ in range(NEW - 1):
-        nxt, logits = lm.module.decode(**b.decode_inputs(nxt))
+        nxt, logits = run.decode(nxt)
         tokens.append(int(nxt[0]))
         step_logits.append(logits[0].copy())
     after_gen = device_memory(torch, a.torch_device)
@@ -401,11 +417,10 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     )
 
     # Prefill: the module call alone (inputs prepared), median of 5.
-    feeds = _Batch([prompt], lm.sizes.max_batch, lm.config).prefill_inputs()
     pre = []
     for _ in range(5):
         t = time.perf_counter()
-        nxt, _ = prefill(lm, feeds)
+        nxt, _ = run.prefill()
         pre.append(time.perf_counter() - t)
     # Decode: the stream generator as a user drives it, each yield timed; two passes, the second reported.
     passes = []
@@ -417,11 +432,10 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         passes.append((np.diff(stamps), toks))
     steps, stream_tokens = passes[-1]
     # The module's decode call alone, inputs prepared before the clock starts.
-    b = _Batch([prompt], lm.sizes.max_batch, lm.config)
-    nxt, _ = prefill(lm, b.prefill_inputs())
+    nxt, _ = run.prefill()
     calls = []
     for _ in range(NEW - 1):
-        f = b.decode_inputs(nxt)
+        f = run.decode_feeds(nxt)
         t = time.perf_counter()
         nxt, _ = lm.module.decode(**f)
         calls.append(time.perf_counter() - t)
@@ -442,7 +456,7 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     }
     log.put("rocmc_timing", timing)
     if a.profile:
-        log.put("rocmc_profile", profile_rocmc(torch, lm, _Batch, prompt))
+        log.put("rocmc_profile", profile_rocmc(torch, lm, prompt))
 
     # The decode logits against the whole sequence recomputed by the `logits` function (writes the cache).
     checks = []
@@ -464,20 +478,19 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     return {"tokens": tokens, "step_logits": step_logits, "full_logits": full}
 
 
-def profile_rocmc(torch, lm, batch_cls, prompt: list) -> dict:
+def profile_rocmc(torch, lm, prompt: list) -> dict:
     """Kernel time against wall time of decode steps and of a prefill: CUPTI (through torch.profiler)
     records every kernel of the process, IREE's included."""
-    b = batch_cls([prompt], lm.sizes.max_batch, lm.config)
-    state = {"nxt": prefill(lm, b.prefill_inputs())[0]}
+    run = OnePrompt(lm, prompt)
+    state = {"nxt": run.prefill()[0]}
 
     def decode():
-        state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"]))[0]
+        state["nxt"] = run.decode(state["nxt"])[0]
 
-    prefill_feeds = batch_cls([prompt], lm.sizes.max_batch, lm.config).prefill_inputs()
     try:
         return {
             "decode": kernel_profile(torch, decode, 8),
-            "prefill": kernel_profile(torch, lambda: prefill(lm, prefill_feeds), 2),
+            "prefill": kernel_profile(torch, run.prefill, 2),
         }
     except Exception:
         return {"error": traceback.format_exc()}

@@ -131,9 +131,8 @@ def run(a) -> int:
     import rocmc
     from rocmc.llm import sharding
     from rocmc.llm.config import load_config
-    from rocmc.llm.runtime import _Batch
     from bench.common import timings
-    from bench.llm_gpu import kernel_profile
+    from bench.llm_gpu import OnePrompt, kernel_profile
 
     d = Path(a.dir)
     rank = int(os.environ.get("RANK", "0"))
@@ -153,23 +152,19 @@ def run(a) -> int:
     prompt = [int(x) for x in rng.integers(3, cfg.vocab_size, a.prompt_len)]
     tokens = lm.generate(prompt, a.new_tokens, stop_tokens=())
 
-    def prefill():
-        return lm.module.prefill(**_Batch([prompt], 1, cfg).prefill_inputs(), output="device")[0].to_host()
-
-    pre = timings(prefill, a.reps, 2)
-    b = _Batch([prompt], 1, cfg)
-    state = {"nxt": prefill()}
+    run1 = OnePrompt(lm, prompt)
+    pre = timings(lambda: run1.prefill()[0], a.reps, 2)
+    state = {"nxt": run1.prefill()[0]}
     steps = []
     for _ in range(a.new_tokens):
         t = time.perf_counter()
-        state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"]), output="device")[0].to_host()
+        state["nxt"] = lm.module.decode(**run1.decode_feeds(state["nxt"]), output="device")[0].to_host()
         steps.append(time.perf_counter() - t)
     step_ms = 1e3 * statistics.median(steps[4:])
-    b = _Batch([prompt], 1, cfg)
-    state = {"nxt": prefill()}
+    state = {"nxt": run1.prefill()[0]}
 
     def decode():
-        state["nxt"] = lm.module.decode(**b.decode_inputs(state["nxt"]), output="device")[0].to_host()
+        state["nxt"] = lm.module.decode(**run1.decode_feeds(state["nxt"]), output="device")[0].to_host()
 
     if lm.group is not None:
         lm.group.barrier()  # the ranks start profiling together: NCCL kernels wait for the slower rank

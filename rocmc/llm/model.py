@@ -5,17 +5,16 @@ stays on the device (one state holding every layer's keys and values).
 Every parameter has the checkpoint's own tensor name and layout: projections stay (out, in) and are
 applied with `matmul(x, w, transpose_b=True)`, the layout IREE's decode GEMVs are fast with.
 
-The cache is one state of shape (2 * layers * max_seq_len, max_batch * kv_heads * head_dim): the keys of
-layer i are rows [2i * max_seq_len, (2i + 1) * max_seq_len), its values the next max_seq_len rows, a row
-holding one position of every batch row and kv head. A call writes its new positions with
-`update_slice` (rows, so one contiguous copy per layer and kind) and attends to the first `kv`
-positions through `narrow`, so a decode step reads what attention needs and writes one position: IREE
-updates the state in place. One state, not one per layer: IREE 3.13 stores same-typed states updated
-in place in one buffer (see docs/architecture.md, "State").
+The cache is one state, in slots (_Slots): each (layer, keys or values, slot, kv head) owns max_seq_len x
+head_dim contiguous rows, so every row of a batch has its own length and position and attention reads the
+cache as stored (no transpose). One state, not one per layer: IREE 3.13 stores same-typed states updated in
+place in one buffer (see docs/architecture.md, "State").
 
-Batches are left-padded by the caller (rocmc.llm.runtime): rows share cache slots, a row's positions
-start at its first real token, and the masks (inputs, bool, true = attend) hide the padding and, for
-sliding-window layers, the positions outside the window.
+decode is static: one token per slot at each slot's own position (an input), written with one scatter per
+layer and kind (unique tuples: in place, in parallel); attention reads the whole slot with the positions past
+the row's own masked on the device, so a step is one queue submission with no host wait, copy, fill or
+allocation inside it (tests/llm/test_call_structure.py). prefill takes one row: a prompt, or a chunk of one,
+into its slot at its positions, attending to the slot's first `kv` positions (earlier chunks and its own).
 """
 
 from __future__ import annotations
@@ -44,11 +43,12 @@ class Shape:
 CACHE = "kv_cache"
 
 
-def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, int]:
-    """The KV cache of one rank (of `degree`, which holds 1/degree of the kv heads)."""
+def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, int, int]:
+    """The KV cache of one rank (of `degree`, which holds 1/degree of the kv heads): see _Slots."""
     return (
-        2 * cfg.num_hidden_layers * shape.max_seq_len,
-        shape.max_batch * cfg.num_key_value_heads // degree * cfg.head_dim,
+        2 * cfg.num_hidden_layers * shape.max_batch * (cfg.num_key_value_heads // degree),
+        shape.max_seq_len,
+        cfg.head_dim,
     )
 
 
@@ -60,19 +60,24 @@ def build(cfg: LlmConfig, shape: Shape, functions=None, plan: Plan | None = None
 
 
 def _prefill(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
-    """Prompt of `s` tokens per row -> the next token (greedy), the last position's logits, and the logits of
-    every position (f32, as transformers returns them; a caller that wants only the token leaves them on
-    the device: the lm_head over every position is a few percent of a prefill)."""
-    g, w, h = _forward(cfg, shape, "prefill", "s", "s", plan)
-    every = _lm_head(cfg, w, h)  # (b, s, vocab)
-    logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), (shape.max_batch, cfg.vocab_size))
+    """A prompt, or a chunk of one, of `s` tokens of one row -> the next token (greedy), the last position's
+    logits, and the logits of every position (f32, as transformers returns them; a caller that wants only the
+    token leaves them on the device: the lm_head over every position is a few percent of a prefill).
+
+    The row's keys and values go to its cache slot (input `slot`) at `positions`; the chunk attends to the
+    slot's first `kv` positions (earlier chunks and its own), as `mask` (1, 1, s, kv) says."""
+    g, w, h = _forward(cfg, shape, "prefill", plan)
+    every = _lm_head(cfg, w, h)  # (1, s, vocab)
+    logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), (1, cfg.vocab_size))
     g.output(ops.argmax(logits, axis=-1), logits, every)
     return g
 
 
 def _decode(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
-    """One token per row at cache slot kv-1 -> the next token (greedy) and its logits."""
-    g, w, h = _forward(cfg, shape, "decode", 1, "kv", plan)
+    """One token per row, each row at its own position (its slot's length so far) -> the next token (greedy)
+    and its logits. Every shape is static: the step attends to the whole slot, positions past a row's own
+    masked off on the device (the host sends only tokens and positions)."""
+    g, w, h = _forward(cfg, shape, "decode", plan)
     logits = ops.reshape(_lm_head(cfg, w, h), (shape.max_batch, cfg.vocab_size))
     g.output(ops.argmax(logits, axis=-1), logits)
     return g
@@ -132,51 +137,95 @@ class _Weights:
         return self.values[name]
 
 
-def _forward(cfg: LlmConfig, shape: Shape, name: str, t, kv, plan: Plan | None = None):
-    """The decoder stack over `t` new tokens per row whose keys go to cache slots [kv - t, kv): returns
-    the graph, its weights and the final hidden states (b, t, hidden)."""
-    b, dt = shape.max_batch, shape.dtype
+def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
+    """The decoder stack over the call's new tokens (decode: one per row of max_batch; prefill: `s` of one
+    row): returns the graph, its weights and the final hidden states (b, t, hidden)."""
+    dt = shape.dtype
     g = Graph(name)
+    b, t = (shape.max_batch, 1) if name == "decode" else (1, "s")
     tokens = g.input("tokens", (b, t), "i64")
     positions = g.input("positions", (b, t), "i64")
-    masks = {"full_attention": g.input("mask", (b, 1, t, kv), "bool")}
-    if "sliding_attention" in cfg.layer_types:
-        masks["sliding_attention"] = g.input("window_mask", (b, 1, t, kv), "bool")
     w = _Weights(g, cfg, dt, plan, positions=shape.max_seq_len if t == "s" else t)
-    cos, sin = (np.asarray(a, dtype=np.float32) for a in rope_tables(cfg, shape.max_seq_len))
-    cos, sin = g.constant("rope_cos", cos), g.constant("rope_sin", sin)
-    # The first cache slot this call writes: 0 for a prompt, kv - 1 for one decoded token (a size expression:
-    # the host knows it from the mask's shape, so nothing is read back from the device to place the write).
-    start = 0 if t == "s" else f"{kv}-1"
-
-    cache = [g.state(CACHE, cache_shape(cfg, shape, w.n), dt)]  # the latest value, updated layer by layer
+    slots = _Slots(g, cfg, shape, w.n, positions)
+    # The tables in the activations' dtype, as transformers casts them before rotating.
+    cos, sin = (
+        g.constant(n, np.asarray(a, dtype=np.float32).astype(_dtype(dt).np))
+        for n, a in zip(("rope_cos", "rope_sin"), rope_tables(cfg, shape.max_seq_len))
+    )
     h = _gather_last(ops.embedding(tokens, w(EMBED)), w)
     if cfg.embed_scale != 1.0:
         h = h * np.asarray(cfg.embed_scale, dtype=_dtype(dt).np)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         x = _norm(cfg, h, w(p + "input_layernorm.weight"))
-        a = _attention(
-            cfg,
-            w,
-            p + "self_attn.",
-            x,
-            i,
-            cos,
-            sin,
-            positions,
-            masks[cfg.layer_types[i]],
-            cache,
-            start,
-            kv,
-            t,
-            shape.max_seq_len,
-        )
-        h = h + a
+        h = h + _attention(cfg, w, p + "self_attn.", x, i, cos, sin, positions, slots)
         x = _norm(cfg, h, w(p + "post_attention_layernorm.weight"))
         h = h + _mlp(cfg, w, p + "mlp.", x)
-    g.assign(CACHE, cache[0])
+    g.assign(CACHE, slots.cache)
     return g, w, _norm(cfg, h, w("model.norm.weight"))
+
+
+class _Slots:
+    """The KV cache of a call, in slots: row ((2 * layer + kind) * max_batch + slot) * kv_heads + head of the
+    state holds the keys (kind 0) or values (kind 1) of one kv head of one slot, position by position
+    (max_seq_len x head_dim), so a row of the batch lives apart from the others, each at its own length.
+
+    decode: slot r of the cache is batch row r; each row writes its one new position (`positions`) and
+    attends to the slot's positions up to it (masked on the device: the whole slot is read, every shape
+    static). prefill: one row, its slot an input (`slot`, shape (1,)), writing `positions` and attending to
+    the slot's first `kv` positions as `mask` (1, 1, s, kv) says."""
+
+    def __init__(self, g: Graph, cfg: LlmConfig, shape: Shape, n: int, positions: Value):
+        self.g, self.cfg, self.shape = g, cfg, shape
+        self.heads = cfg.num_key_value_heads // n
+        self.cache = g.state(CACHE, cache_shape(cfg, shape, n), shape.dtype)
+        b, s, hkv, kinds = shape.max_batch, shape.max_seq_len, self.heads, 2 * cfg.num_hidden_layers
+        self.decode = g.name == "decode"
+        if self.decode:
+            # Where each (row, head) of each kind writes: (kinds, b * hkv, 2) tuples (cache row, position), one
+            # elementwise select (a concat would copy its constant half into place on every call).
+            rows = np.arange(kinds * b * hkv, dtype=np.int64).reshape(kinds, b * hkv, 1)
+            pos = ops.reshape(ops.broadcast_to(positions, (b, hkv)), (1, b * hkv, 1))
+            self.tuples = ops.where(np.array([[[True, False]]]), rows, pos)
+            j = ops.reshape(ops.arange(g, 0, s), (1, s))
+            keep = ops.less_equal(j, positions)  # (b, s): the slot's positions up to the new one
+            self.masks = {"full_attention": ops.reshape(keep, (b, 1, 1, s))}
+            if "sliding_attention" in cfg.layer_types:
+                near = ops.less(positions - j, np.int64(cfg.sliding_window))
+                self.masks["sliding_attention"] = ops.reshape(ops.logical_and(keep, near), (b, 1, 1, s))
+        else:
+            slot = g.input("slot", (1,), "i64")
+            self.masks = {"full_attention": g.input("mask", (1, 1, "s", "kv"), "bool")}
+            if "sliding_attention" in cfg.layer_types:
+                self.masks["sliding_attention"] = g.input("window_mask", (1, 1, "s", "kv"), "bool")
+            # The slot's cache rows of each kind: (kinds, hkv); the tuples (row, position) its s new
+            # positions of each head go to: (kinds, hkv, s, 2).
+            kind_base = np.arange(kinds, dtype=np.int64)[:, None] * (b * hkv)  # (kinds, 1): each kind's first row
+            self.first = slot * np.int64(hkv)  # the slot's first row in each kind's rows
+            self.rows = ops.reshape(self.first, (1, 1)) + (kind_base + np.arange(hkv, dtype=np.int64)[None])
+            rows = ops.broadcast_to(ops.reshape(self.rows, (kinds, hkv, 1, 1)), (kinds, hkv, "s", 1))
+            pos = ops.broadcast_to(ops.reshape(positions, (1, 1, "s", 1)), (kinds, hkv, "s", 1))
+            self.tuples = ops.concat([rows, pos], axis=3)
+
+    def write(self, kind: int, new: Value) -> None:
+        """Store `new` (b, t, hkv, d), the keys or values of the call's tokens, at their positions."""
+        b, t, hkv, d = new.shape
+        at = ops.narrow(self.tuples, 0, kind, 1)
+        if self.decode:
+            tuples, upd = ops.reshape(at, (b * hkv, 2)), ops.reshape(new, (b * hkv, d))
+        else:
+            tuples = ops.reshape(at, (-1, 2))
+            upd = ops.reshape(ops.permute(new, (0, 2, 1, 3)), (-1, d))  # (hkv * s, d), head-major as tuples
+        self.cache = ops.scatter_nd(self.cache, tuples, upd, unique_indices=True)
+
+    def read(self, kind: int) -> Value:
+        """The keys or values (b, hkv, positions, d) the call attends to."""
+        b, s, hkv, d = self.shape.max_batch, self.shape.max_seq_len, self.heads, self.cfg.head_dim
+        if self.decode:
+            return ops.reshape(ops.narrow(self.cache, 0, kind * b * hkv, b * hkv), (b, hkv, s, d))
+        kind_rows = ops.narrow(self.cache, 0, kind * b * hkv, b * hkv)
+        past = ops.narrow(ops.narrow(kind_rows, 0, self.first, hkv), 1, 0, "kv")  # (hkv, kv, d)
+        return ops.reshape(past, (1, hkv, "kv", d))
 
 
 def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
@@ -204,8 +253,8 @@ def _gather_last(x: Value, w: "_Weights") -> Value:
     return ops.reshape(ops.permute(parts, (1, 2, 0, 3)), (b, t, n * k))
 
 
-def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv, t, max_seq_len):
-    b = x.shape[0]
+def _attention(cfg, w, p, x, layer, cos, sin, positions, slots: _Slots):
+    b, t = x.shape[:2]
     hq, hkv, d = cfg.num_attention_heads // w.n, cfg.num_key_value_heads // w.n, cfg.head_dim
     q = ops.reshape(_linear(w, p + "q_proj", x, cfg.attention_bias), (b, t, hq, d))
     k = ops.reshape(_linear(w, p + "k_proj", x, cfg.attention_bias), (b, t, hkv, d))
@@ -214,21 +263,12 @@ def _attention(cfg, w, p, x, layer, cos, sin, positions, mask, cache, start, kv,
     k = ops.rope(k, cos, sin, layout="bshd", position_ids=positions)
     # Both writes, then both reads: a read of the cache that a later write could overtake makes IREE copy
     # the whole cache to keep it (the reads here feed attention, which the next layer's writes wait for).
-    rows_of = []
-    for j, new in ((2 * layer, k), (2 * layer + 1, v)):
-        rows = ops.reshape(ops.permute(new, (1, 0, 2, 3)), (t, b * hkv * d))  # (t, b*hkv*d)
-        base = j * max_seq_len
-        at = base if isinstance(start, int) else f"{start}+{base}"
-        cache[0] = ops.update_slice(cache[0], rows, at, axis=0)
-        rows_of.append(base)
-    read = []
-    if t != "s":  # a prompt attends to its own keys: no need to read the cache back
-        for base in rows_of:
-            past = ops.reshape(ops.narrow(cache[0], 0, base, kv), (kv, b, hkv, d))
-            read.append(ops.permute(past, (1, 2, 0, 3)))  # (b, hkv, kv, d)
-    q = ops.permute(q, (0, 2, 1, 3))
-    keys, values = read or (ops.permute(k, (0, 2, 1, 3)), ops.permute(v, (0, 2, 1, 3)))
-    a = ops.sdpa(q, keys, values, mask=mask, scale=cfg.attention_scale)
+    slots.write(2 * layer, k)
+    slots.write(2 * layer + 1, v)
+    keys, values = slots.read(2 * layer), slots.read(2 * layer + 1)
+    a = ops.sdpa(
+        ops.permute(q, (0, 2, 1, 3)), keys, values, mask=slots.masks[cfg.layer_types[layer]], scale=cfg.attention_scale
+    )
     a = ops.reshape(ops.permute(a, (0, 2, 1, 3)), (b, t, hq * d))
     return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True)
 

@@ -1,8 +1,9 @@
 """Running a compiled causal LM: prompts in, tokens (or text) out.
 
-The host keeps only token ids and the masks of a batch; the weights and the KV cache stay on the device.
-A batch of prompts is left-padded to one length, so every row writes the same cache slot at each step;
-a row's positions count from its first real token, and the masks hide the padding.
+The host keeps only token ids and each row's length; the weights and the KV cache stay on the device.
+Every row of a batch lives in its own cache slot (rocmc.llm.model._Slots): its prompt is prefilled alone
+(in chunks of at most PREFILL_CHUNK tokens), then each decode step runs every row at its own position, so
+rows of different lengths need no padding and one row never waits on or disturbs another.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from ..artifact import Artifact
 from ..arrays import as_numpy
 from ..errors import InputError, ModelImportError
-from ..dtypes import f32
+from ..dtypes import f32, i64
 from ..lowering import compile as _compile
 from ..runtime.module import host_copy, load as _load
 from . import chat, generation, sharding
@@ -193,11 +194,18 @@ class LanguageModel:
 
     def logits(self, ids) -> np.ndarray:
         """The prompt's logits, (1, len, vocab) f32 (one prompt) or (rows, max_len, vocab) for a list of
-        prompts, left-padded (padded positions hold no meaningful values)."""
+        prompts, each row's own logits first (the positions past a shorter prompt hold zeros)."""
         prompts, _ = _prompts(ids)
-        rows, batch = self._batch(prompts, 0)
-        out = self.module.prefill(**batch.prefill_inputs(), output="device")
-        return host_copy(out[2], f32)[: len(rows)]
+        rows = self._rows(prompts, 0)
+        out = np.zeros((len(rows), max(len(r) for r in rows), self.config.vocab_size), np.float32)
+        for i, r in enumerate(rows):
+            slots = _Slots(self.sizes.max_batch, self.config)
+            at = 0
+            for feeds in slots.prefill(0, r):
+                every = host_copy(self.module.prefill(**feeds, output="device")[2], f32)[0]
+                out[i, at : at + len(every)] = every
+                at += len(every)
+        return out
 
     def generation_config(self, **settings) -> GenerationConfig:
         """The settings of a generation (rocmc.llm.generation.GenerationConfig): those given (None: not
@@ -406,10 +414,11 @@ class LanguageModel:
         index of rows[0] in the call, which seeds its draws (chunks draw as one batch would)."""
         if n_new == 0:
             return
-        _, batch = self._batch(rows, n_new)
+        self._rows(rows, n_new)
+        slots = _Slots(self.sizes.max_batch, self.config)
         choose = self._sampler(cfg, len(rows), seed, first_row)
         histories = [list(r) for r in rows]
-        nxt, lps = choose(self.module.prefill, batch.prefill_inputs(), 0, histories)
+        nxt, lps = choose(self._prefill_rows(slots, rows), 0, histories)
         for step in range(n_new):
             toks = tracker.push(nxt[: len(rows)])
             for h, t in zip(histories, toks):
@@ -424,23 +433,34 @@ class LanguageModel:
             )
             if tracker.all_done or step == n_new - 1:
                 return
-            nxt, lps = choose(self.module.decode, batch.decode_inputs(nxt), step + 1, histories)
+            nxt, lps = choose(self.module.decode(**slots.decode(nxt), output="device"), step + 1, histories)
+
+    def _prefill_rows(self, slots: "_Slots", rows: list) -> tuple:
+        """Prefill each row into its slot: (greedy next tokens (max_batch,), last logits (max_batch, vocab)),
+        on the host (rows past the prompts: zeros)."""
+        b = self.sizes.max_batch
+        tokens, logits = np.zeros(b, np.int64), np.zeros((b, self.config.vocab_size), np.float32)
+        for r, ids in enumerate(rows):
+            for feeds in slots.prefill(r, ids):
+                out = self.module.prefill(**feeds, output="device")
+            tokens[r] = host_copy(out[0], i64)[0]
+            logits[r] = host_copy(out[1], f32)[0]
+        return tokens, logits
 
     def _sampler(self, cfg: GenerationConfig, n_rows: int, seed, first_row: int = 0):
-        """step(function, inputs, step number, histories) -> (the next token of each of the module's
-        max_batch rows, numpy; their log-probabilities or None): greedy from the function's own argmax,
-        drawn on the device by `sample` from logits that stay there, or chosen on the host from the
-        logits (GenerationConfig.path says which)."""
+        """step(outputs, step number, histories) -> (the next token of each of the module's max_batch rows,
+        numpy; their log-probabilities or None), from a call's (argmax tokens, logits), on the device or
+        the host: greedy from the call's own argmax, drawn on the device by `sample` from logits that stay
+        there, or chosen on the host from the logits (GenerationConfig.path says which)."""
         b, k = self.sizes.max_batch, self.sizes.sample_k
         path = cfg.path(k, self.config.vocab_size)
         if path == "argmax":  # the function's own argmax; only the tokens cross to the host
-            return lambda fn, feeds, n, hist: (np.array(fn(**feeds, output="device")[0].to_host()), None)
+            return lambda out, n, hist: (host_copy(out[0], i64), None)
         if path == "host":
             sampler = HostSampler(cfg, range(first_row, first_row + n_rows), seed)
 
-            def host_step(fn, feeds, n, hist):
-                logits = host_copy(fn(**feeds, output="device")[1], f32)
-                toks, lps = sampler.choose(logits[:n_rows], hist)
+            def host_step(out, n, hist):
+                toks, lps = sampler.choose(host_copy(out[1], f32)[:n_rows], hist)
                 full = np.zeros(b, np.int64)
                 full[:n_rows] = toks
                 return full, lps
@@ -458,11 +478,10 @@ class LanguageModel:
             "top_p": np.full(b, cfg.top_p, np.float32),
         }
 
-        def device_step(fn, feeds, n, hist):
-            logits = fn(**feeds, output="device")[1]
+        def device_step(out, n, hist):
             # One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate.
             key = np.array([(((seed << 20) | n) << 16 | (first_row + r)) % (1 << 63) for r in range(b)], np.int64)
-            return np.array(self.module.sample(logits, key=key, **fixed)), None
+            return np.array(self.module.sample(out[1], key=key, **fixed)), None
 
         return device_step
 
@@ -473,7 +492,8 @@ class LanguageModel:
             )
         return self.tokenizer
 
-    def _batch(self, prompts, max_new_tokens: int):
+    def _rows(self, prompts, max_new_tokens: int) -> list:
+        """The prompts' token ids, checked to fit the module's batch and cache."""
         rows = [self._ids(p, i) for i, p in enumerate(prompts)]
         if len(rows) > self.sizes.max_batch:
             raise InputError(f"{len(rows)} prompts but the model was compiled for max_batch={self.sizes.max_batch}")
@@ -485,7 +505,7 @@ class LanguageModel:
                 f"(--max-seq-len on the command line; `rocmc generate --truncate` keeps the end of "
                 f"the prompt)"
             )
-        return rows, _Batch(rows, self.sizes.max_batch, self.config)
+        return rows
 
     def _ids(self, prompt, i: int) -> list:
         if isinstance(prompt, str):
@@ -555,47 +575,51 @@ def check_checkpoint(directory, *, tokenizer: bool = False, chat_template: bool 
     return cfg
 
 
-class _Batch:
-    """Left-padded prompts and what every call of a generation needs: positions and masks."""
+# The most prompt tokens one prefill call takes: a longer prompt is prefilled in chunks, each attending to the
+# slot's earlier positions (what a server interleaves with decode steps; bounds the (s, kv) scores of a call).
+PREFILL_CHUNK = 2048
 
-    def __init__(self, rows: list, max_batch: int, cfg: LlmConfig):
-        pad = cfg.pad_token_id or 0
+
+class _Slots:
+    """The host's side of the KV cache's slots (rocmc.llm.model._Slots): each slot's length, and the inputs of
+    the calls that fill them. Row r of a decode step is slot r."""
+
+    def __init__(self, max_batch: int, cfg: LlmConfig, chunk: int = PREFILL_CHUNK):
+        self.lengths = np.zeros(max_batch, np.int64)
+        self.active = np.zeros(max_batch, bool)
         # The window of sliding-window layers, which take a mask of their own (None: no such layer).
         self.window = cfg.sliding_window if "sliding_attention" in cfg.layer_types else None
-        self.s = max(len(r) for r in rows)
-        # Rows past the prompts (the module's batch is fixed) hold one padding token attending to itself.
-        rows = rows + [[pad]] * (max_batch - len(rows))
-        self.pad_len = np.array([self.s - len(r) for r in rows])
-        self.tokens = np.array([[pad] * (self.s - len(r)) + list(r) for r in rows], dtype=np.int64)
-        j = np.arange(self.s)
-        self.valid = j[None, :] >= self.pad_len[:, None]  # (b, s): a real token
-        self.positions = np.maximum(j[None, :] - self.pad_len[:, None], 0).astype(np.int64)
-        self.next_pos = self.positions[:, -1] + 1
-        self.kv = self.s  # filled cache slots
+        self.pad = cfg.pad_token_id or 0
+        self.chunk = chunk
 
-    def prefill_inputs(self) -> dict:
-        i, j = np.arange(self.s)[:, None], np.arange(self.s)[None, :]
-        keep = ((j <= i)[None] & self.valid[:, None, :]) | (i == j)[None]  # a padded query sees itself
-        feeds = {"tokens": self.tokens, "positions": self.positions, "mask": keep[:, None]}
-        if self.window:
-            feeds["window_mask"] = (keep & (i - j < self.window)[None])[:, None]
-        return feeds
+    def prefill(self, slot: int, ids: list) -> Iterator[dict]:
+        """The inputs of each prefill call that appends `ids` to `slot` (a chunk of at most `chunk` tokens at
+        a time: call them in order)."""
+        self.active[slot] = True
+        for c in range(0, len(ids), self.chunk):
+            part = ids[c : c + self.chunk]
+            begin = int(self.lengths[slot])
+            kv = begin + len(part)
+            i, j = np.arange(begin, kv)[:, None], np.arange(kv)[None, :]
+            keep = j <= i
+            feeds = {
+                "tokens": np.array([part], np.int64),
+                "positions": np.arange(begin, kv, dtype=np.int64)[None],
+                "slot": np.array([slot], np.int64),
+                "mask": keep[None, None],
+            }
+            if self.window:
+                feeds["window_mask"] = (keep & (i - j < self.window))[None, None]
+            self.lengths[slot] = kv
+            yield feeds
 
-    def decode_inputs(self, nxt) -> dict:
-        """Inputs of the decode step that writes slot `kv` (the step's token is `nxt`)."""
-        slot = self.kv
-        self.kv += 1
-        j = np.arange(self.kv)[None, :]
-        keep = np.concatenate([self.valid, np.ones((len(self.valid), self.kv - self.s), bool)], axis=1)
-        feeds = {
-            "tokens": np.asarray(nxt, dtype=np.int64).reshape(-1, 1),
-            "positions": self.next_pos.reshape(-1, 1).astype(np.int64),
-            "mask": keep[:, None, None, :],
-        }
-        if self.window:
-            feeds["window_mask"] = (keep & (slot - j < self.window))[:, None, None, :]
-        self.next_pos = self.next_pos + 1
-        return feeds
+    def decode(self, tokens) -> dict:
+        """The inputs of a decode step appending `tokens` (one per slot) to the active slots (an inactive
+        slot's row computes at its position 0 and is not kept)."""
+        positions = np.where(self.active, self.lengths, 0).astype(np.int64)
+        toks = np.where(self.active, np.asarray(tokens, np.int64), self.pad)
+        self.lengths += self.active
+        return {"tokens": toks.reshape(-1, 1), "positions": positions.reshape(-1, 1)}
 
 
 def _plan_of(art: Artifact, cfg: LlmConfig, tensor_parallel: int) -> "sharding.Plan":

@@ -30,11 +30,12 @@ from rocmc.runtime import distributed
 SHAPE = Shape(max_seq_len=16, max_batch=2, dtype="f32")
 
 
-def _feeds(cfg, rows):
-    """Left-padded prompts of different lengths, as the runtime batches them."""
-    from rocmc.llm.runtime import _Batch
+def _feeds(cfg, ids, slot=1):
+    """A prompt's prefill into a slot of the cache, as the runtime makes it."""
+    from rocmc.llm.runtime import _Slots
 
-    return _Batch(rows, SHAPE.max_batch, cfg).prefill_inputs()
+    (feeds,) = _Slots(SHAPE.max_batch, cfg).prefill(slot, ids)
+    return feeds
 
 
 def _run_sharded(cfg, params, degree, feeds, ranks_from=None):
@@ -61,7 +62,7 @@ def _run_sharded(cfg, params, degree, feeds, ranks_from=None):
 def test_every_rank_through_evaluate_equals_the_unsharded_graph(llm_checkpoint, family, degree):  # noqa: F811
     d = llm_checkpoint(family)
     cfg, params = load_config(d), Parameters.open(d)
-    feeds = _feeds(cfg, [list(PROMPT_IDS), list(PROMPT_IDS[:5])])
+    feeds = _feeds(cfg, list(PROMPT_IDS))
     full = build(cfg, SHAPE, ["prefill"])["prefill"]
     want, want_state = rocmc.evaluate(
         full,
@@ -78,10 +79,11 @@ def test_every_rank_through_evaluate_equals_the_unsharded_graph(llm_checkpoint, 
         assert np.abs(got[1] - want[1]).max() <= 1e-12 * scale
         assert np.abs(got[2] - want[2]).max() <= 1e-12 * scale  # every position's logits
         # the rank's cache holds its kv heads of every position: the unsharded cache's columns of them
-        hkv, hd, b = cfg.num_key_value_heads // degree, cfg.head_dim, SHAPE.max_batch
-        full_cache = want_state[CACHE].reshape(-1, b, cfg.num_key_value_heads, hd)
+        hkv, hd, b, s = cfg.num_key_value_heads // degree, cfg.head_dim, SHAPE.max_batch, SHAPE.max_seq_len
+        full_cache = want_state[CACHE].reshape(-1, b, cfg.num_key_value_heads, s, hd)
+        assert np.abs(full_cache[:, 1, :, : len(PROMPT_IDS)]).min() > 0  # the prompt's slot is written
         np.testing.assert_allclose(
-            state[CACHE].reshape(-1, b, hkv, hd),
+            state[CACHE].reshape(-1, b, hkv, s, hd),
             full_cache[:, :, r * hkv : (r + 1) * hkv],
             rtol=1e-12,
             atol=1e-12 * np.abs(full_cache).max(),

@@ -206,7 +206,7 @@ def scatter_elements(data, indices, updates, axis=0, reduction="none"):
     return g.apply("scatter_elements", [dv, iv, uv], {"axis": axis, "reduction": reduction})[0]
 
 
-@defop("scatter_nd", attrs=("reduction",))
+@defop("scatter_nd", attrs=("reduction", "unique_indices"))
 def _scatter_nd(node, types, attrs):
     data, idx, upd = types
     desc = node.describe()
@@ -225,6 +225,8 @@ def _scatter_nd(node, types, attrs):
         )
     if any(d == 0 for d in data.shape[:k]) and 0 not in idx.shape[:-1]:
         raise GraphError(f"{desc}: scatters into {data}, which is empty along an indexed dim")
+    if not isinstance(attrs.get("unique_indices", False), bool):
+        raise GraphError(f"{desc}: unique_indices={attrs['unique_indices']!r}, expected a bool")
     return data
 
 
@@ -238,19 +240,28 @@ def _scatter_nd_ref(node, ins, attrs):
     out = data.copy()
     if len(tuples):
         at = np.ravel_multi_index([gather_indices(tuples[:, j], data.shape[j]) for j in range(k)], data.shape[:k])
+        if attrs.get("unique_indices") and len(np.unique(at)) < len(at):
+            raise InputError(f"{node.describe()}: unique_indices=True but two index tuples select the same slice")
         flat = out.reshape((-1,) + data.shape[k:])
         _scatter_into(flat, at, upd.reshape((-1,) + data.shape[k:]), attrs["reduction"])
     return [out]
 
 
 @builder
-def scatter_nd(data, indices, updates, reduction="none"):
+def scatter_nd(data, indices, updates, reduction="none", unique_indices=False):
     """ONNX ScatterND: each tuple indices[..., :] (length k) selects the slice data[i0, ..., ik-1, ...],
     which is combined with updates[...] (updates is indices.shape[:-1] + data.shape[k:]). reduction:
     "none" (overwrite), "add", "mul", "max" or "min"; updates meeting at one slice apply in row-major
-    order (with "none" the last wins). Indices wrap and clamp as `gather`'s."""
+    order (with "none" the last wins). Indices wrap and clamp as `gather`'s.
+
+    unique_indices=True (XLA's and JAX's flag of the same name): the caller promises that no two tuples
+    select the same slice, so the updates are written in parallel (without it IREE writes them one after
+    the other, as their order matters); `evaluate` checks the promise, a compiled module does not."""
     g = graph_of("scatter_nd", data, indices, updates)
     dv = as_value("scatter_nd", "data", data, g)
     iv = as_value("scatter_nd", "indices", indices, g)
     uv = as_value("scatter_nd", "updates", updates, g, like=dv)
-    return g.apply("scatter_nd", [dv, iv, uv], {"reduction": reduction})[0]
+    attrs = {"reduction": reduction} | ({"unique_indices": True} if unique_indices is True else {})
+    if not isinstance(unique_indices, (bool, np.bool_)):
+        raise GraphError(f"scatter_nd: unique_indices={unique_indices!r}, expected a bool")
+    return g.apply("scatter_nd", [dv, iv, uv], attrs)[0]

@@ -9,7 +9,9 @@ _tuples) into full, wrapped and clamped index tuples (i64), since the op leaves 
 undefined. The scatter is marked
 unique_indices(false): IREE then applies the updates of one index tuple in order instead of
 distributing them over threads, which makes duplicates deterministic (the last "none" update wins),
-at the price of running the index tuples serially (each tuple's slice is still parallel).
+at the price of running the index tuples serially (each tuple's slice is still parallel). A scatter_nd
+whose caller promises unique tuples (unique_indices=True) is marked so and runs them in parallel
+(H100, a decode step's KV write of 32 tuples x 128 elements: 54 us serial).
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def _scatter(E: Emitter, node, data: T, tuples: T, upd: T) -> T:
     unsigned = node.inputs[0].dtype.unsigned
     r = E.fresh("sc")
     with E.region(
-        f"{r} = iree_linalg_ext.scatter dimension_map = {list(range(k))} unique_indices(false) "
+        f"{r} = iree_linalg_ext.scatter dimension_map = {list(range(k))} "
+        f"unique_indices({'true' if node.attrs.get('unique_indices') else 'false'}) "
         f"ins({upd.name}, {tuples.name} : {upd.mlir}, {tuples.mlir}) outs({data.name} : {data.mlir})",
         f"-> {data.mlir}",
         [elt, elt],
