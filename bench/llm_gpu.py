@@ -86,8 +86,8 @@ def config_json(shape: str) -> dict:
     }
 
 
-def vmfb_name(target: str) -> str:
-    return f"llama_{target.replace(':', '_')}.vmfb"
+def vmfb_name(target: str, max_batch: int = 1) -> str:
+    return f"llama_{target.replace(':', '_')}" + (f"_b{max_batch}" if max_batch > 1 else "") + ".vmfb"
 
 
 # ---- compile (CPU machine) -------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
+def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1) -> dict:
     """One compile in a fresh process, its tree's RSS sampled every 10 ms from outside."""
     cmd = [
         sys.executable,
@@ -123,6 +123,8 @@ def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
         target,
         "--max-seq-len",
         str(max_seq_len),
+        "--max-batch",
+        str(max_batch),
     ]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -142,11 +144,11 @@ def measure_compile(d: Path, target: str, max_seq_len: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"compile for {target} failed:\n{err}")
     row = json.loads(out.strip().splitlines()[-1])
-    row.update(target=target, process_wall_s=wall, tree_peak_rss_mb=peak[0])
+    row.update(target=target, max_batch=max_batch, process_wall_s=wall, tree_peak_rss_mb=peak[0])
     return row
 
 
-def compile_one(d: Path, target: str, max_seq_len: int) -> None:
+def compile_one(d: Path, target: str, max_seq_len: int, max_batch: int = 1) -> None:
     import resource
 
     t = time.perf_counter()
@@ -154,9 +156,9 @@ def compile_one(d: Path, target: str, max_seq_len: int) -> None:
 
     imported = time.perf_counter() - t
     t = time.perf_counter()
-    art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=max_seq_len, max_batch=1, cache=False)
+    art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=max_seq_len, max_batch=max_batch, cache=False)
     compiled = time.perf_counter() - t
-    path = art.save(d / vmfb_name(target))
+    path = art.save(d / vmfb_name(target, max_batch))
     from bench.compile_time import vm_hwm_mb
 
     hwm = vm_hwm_mb()
@@ -182,9 +184,9 @@ def compile_all(a) -> None:
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(config_json(a.shape), indent=1))
     rows = []
-    for target in a.targets.split(","):
+    for target, batch in [(t, int(b)) for t in a.targets.split(",") for b in a.batches.split(",")]:
         for run in range(a.repeat):
-            row = measure_compile(d, target, a.max_seq_len) | {
+            row = measure_compile(d, target, a.max_seq_len, batch) | {
                 "run": run,
                 "max_seq_len": a.max_seq_len,
                 "load_avg": os.getloadavg()[0],
@@ -359,7 +361,7 @@ class OnePrompt:
         self.lm, self.prompt, self.slots_of = lm, prompt, _Slots
 
     def prefill(self) -> tuple:
-        self.slots = self.slots_of(self.lm.sizes.max_batch, self.lm.config)
+        self.slots = self.slots_of(self.lm.sizes, self.lm.config)
         for feeds in self.slots.prefill(0, self.prompt):
             out = self.lm.module.prefill(**feeds, output="device")
         return out[0].to_host(), out[1].to_host()
@@ -478,6 +480,62 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     return {"tokens": tokens, "step_logits": step_logits, "full_logits": full}
 
 
+BATCH_STEPS = 40  # decode steps timed per batch size
+
+
+def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: int, bw: dict | None) -> None:
+    """n rows at different positions (prompts of PROMPT, PROMPT - 13, ... tokens, each prefilled into its
+    slot), then BATCH_STEPS decode steps of all n: tokens/s against the byte bound of a step (the weights
+    once plus every row's keys and values up to its position), and a profiled step's timeline."""
+    import rocmc
+    from rocmc.llm.runtime import _Slots
+
+    lm = rocmc.llm.load(Path(a.dir) / vmfb_name(a.target, n), ckpt, device=a.device)
+    rng = np.random.default_rng(2)
+    lens = [PROMPT - 13 * i for i in range(n)]
+    prompts = [[int(x) for x in rng.integers(3, cfg["vocab_size"], m)] for m in lens]
+    slots = _Slots(lm.sizes, lm.config)
+    nxt = np.zeros(n, np.int64)
+    t = time.perf_counter()
+    for r, p in enumerate(prompts):
+        for feeds in slots.prefill(r, p):
+            out = lm.module.prefill(**feeds, output="device")
+        nxt[r] = out[0].to_host()[0]
+    prefill_s = time.perf_counter() - t
+    steps = []
+    for _ in range(BATCH_STEPS):
+        f = slots.decode(nxt)
+        t = time.perf_counter()
+        nxt = np.array(lm.module.decode(**f, output="device")[0].to_host())
+        steps.append(time.perf_counter() - t)
+    med = statistics.median(steps[4:])
+    h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    per_position = 2 * L * cfg["num_key_value_heads"] * h // cfg["num_attention_heads"] * 2  # K and V, f16
+    kv_needed = per_position * sum(m + BATCH_STEPS // 2 for m in lens)  # mid-run positions of every row
+    kv_slots = per_position * n * lm.sizes.max_seq_len  # what today's decode reads (every slot whole)
+    res = {
+        "rows": n,
+        "prompt_lens": [lens[0], lens[-1]],
+        "prefill_all_rows_s": prefill_s,
+        "step_ms_median": 1e3 * med,
+        "tok_s": n / med,
+        "kv_bytes_needed_mid_run": kv_needed,
+        "kv_bytes_read_whole_slots": kv_slots,
+    }
+    if bw:
+        bound = (weight_bytes + kv_needed) / (bw["GBps"] * 1e9)
+        res |= {"byte_bound_ms": 1e3 * bound, "of_byte_bound": bound / med}
+    if a.profile:
+
+        def step():
+            nonlocal nxt
+            nxt = np.array(lm.module.decode(**slots.decode(nxt), output="device")[0].to_host())
+
+        res["profile"] = kernel_profile(torch, step, 4)
+    log.put(f"batch_{n}", res)
+    lm.module.close()
+
+
 def profile_rocmc(torch, lm, prompt: list) -> dict:
     """Kernel time against wall time of decode steps and of a prefill: CUPTI (through torch.profiler)
     records every kernel of the process, IREE's included."""
@@ -497,25 +555,21 @@ def profile_rocmc(torch, lm, prompt: list) -> dict:
 
 
 def kernel_profile(torch, fn, calls: int) -> dict:
-    """Per call: wall time, the sum of kernel (and copy) times, the time the GPU was busy, and the
-    kernels that took most of it."""
+    """Per call: wall time, the sum of kernel (and copy) times, the time the GPU was busy, the kernels that
+    took most of it, and each call's timeline (`timeline`)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     fn()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(calls):
-            fn()
+            with record_function("rocmc_call"):
+                fn()
         wall = time.perf_counter() - t
-    spans = sorted(
-        (e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type == DeviceType.CUDA
-    )
-    busy, end = 0.0, -1.0
-    for s0, s1, _ in spans:  # the union of the intervals: overlapping kernels count once
-        if s1 > end:
-            busy += s1 - max(s0, end)
-            end = s1
+    events = list(prof.events())
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == DeviceType.CUDA)
+    busy = _union(spans)
     by_name: dict = {}
     for s0, s1, name in spans:
         n, t_us = by_name.get(name, (0, 0.0))
@@ -528,7 +582,61 @@ def kernel_profile(torch, fn, calls: int) -> dict:
         "kernel_ms_per_call": sum(s1 - s0 for s0, s1, _ in spans) / 1e3 / calls,
         "gpu_busy_ms_per_call": busy / 1e3 / calls,
         "top": [{"name": k[:120], "per_call": n / calls, "ms_per_call": t_us / 1e3 / calls} for k, (n, t_us) in top],
+        "timeline": timeline(events, spans, DeviceType),
     }
+
+
+def _union(spans) -> float:
+    """The length of the union of (start, end, ...) intervals sorted by start: overlapping ones count once."""
+    busy, end = 0.0, -1.0
+    for s0, s1, *_ in spans:
+        if s1 > end:
+            busy += s1 - max(s0, end)
+            end = s1
+    return busy
+
+
+def timeline(events, spans, device_type) -> dict:
+    """What bounds a call, from its profile (medians over the calls, ms): `call` (the call's wall time on the
+    host), `host_issue` (from the call's start to the end of its last kernel launch: recording and issuing),
+    `launches` (driver launch calls seen: IREE's cuLaunchKernel), `gpu_busy`, `gpu_span` (first kernel start
+    to last kernel end), `gpu_idle_in_span` (gaps inside it: the GPU waiting for work), `gpu_before` (call
+    start to first kernel) and `after_issue` (last launch to last kernel end: GPU work left once the host has
+    issued everything). host_issue close to call with idle gaps: issue-bound; a long after_issue: GPU-bound."""
+    calls = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name == "rocmc_call" and e.device_type != device_type.CUDA
+    )
+    launches = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type != device_type.CUDA and "LaunchKernel" in e.name
+    )
+    rows = []
+    for c0, c1 in calls:
+        ks = [k for k in spans if c0 <= k[0] <= c1]
+        ls = [x for x in launches if c0 <= x[0] <= c1]
+        if not ks:
+            continue
+        g0, g1 = ks[0][0], max(k[1] for k in ks)
+        last_launch = max((x[1] for x in ls), default=c0)
+        busy = _union(ks)
+        rows.append(
+            {
+                "call": c1 - c0,
+                "host_issue": last_launch - c0,
+                "launches": len(ls),
+                "gpu_busy": busy,
+                "gpu_span": g1 - g0,
+                "gpu_idle_in_span": g1 - g0 - busy,
+                "gpu_before": g0 - c0,
+                "after_issue": max(0.0, g1 - last_launch),
+            }
+        )
+    if not rows:
+        return {}
+    return {k: (statistics.median(r[k] for r in rows) / (1 if k == "launches" else 1e3)) for k in rows[0]}
 
 
 def run_transformers(log: Log, torch, a, ckpt: Path, prompt: list, ours: dict | None) -> None:
@@ -716,6 +824,12 @@ def run(a) -> int:
         log.put("rocmc_error", traceback.format_exc())
     gc.collect()
     log.put("mem_after_rocmc_closed", device_memory(torch, a.torch_device))
+    for n in [int(b) for b in a.batches.split(",") if b]:
+        try:
+            run_batch(log, torch, a, ckpt, cfg, n, w["weight_bytes"], bw)
+        except Exception:
+            log.put(f"batch_{n}_error", traceback.format_exc())
+        gc.collect()
     try:
         if not a.skip_transformers:
             run_transformers(log, torch, a, ckpt, prompt, ours)
@@ -738,6 +852,17 @@ def summary(log: Log) -> None:
         log(f"transformers decode {hf['decode_tok_s']:.1f} tok/s, prefill {hf['prefill_ms_median']:.1f} ms")
     if vs:
         log(f"leading tokens agree: {vs['leading_tokens_agree']}/{NEW}")
+    for key in sorted(k for k in r if k.startswith("batch_") and not k.endswith("_error")):
+        bt = r[key]
+        share = f" ({100 * bt['of_byte_bound']:.0f}% of its byte bound)" if "of_byte_bound" in bt else ""
+        log(f"rocmc decode, {bt['rows']} rows: {bt['tok_s']:.1f} tok/s, {bt['step_ms_median']:.2f} ms a step{share}")
+    tl = r.get("rocmc_profile", {}).get("decode", {}).get("timeline")
+    if tl:
+        log(
+            "decode step timeline (ms): call {call:.2f}, host issue {host_issue:.2f} ({launches:.0f} launches), "
+            "GPU busy {gpu_busy:.2f} of a {gpu_span:.2f} span (idle {gpu_idle_in_span:.2f}), "
+            "GPU work after the last launch {after_issue:.2f}".format(**tl)
+        )
 
 
 def main() -> int:
@@ -749,10 +874,12 @@ def main() -> int:
     c.add_argument("--shape", default="7b", choices=SHAPES)
     c.add_argument("--repeat", type=int, default=1)
     c.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="positions of the KV cache")
+    c.add_argument("--batches", default="1", help="max_batch of each module, e.g. 1,8,32")
     o = sub.add_parser("compile-one")
     o.add_argument("--dir", required=True)
     o.add_argument("--target", required=True)
     o.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN)
+    o.add_argument("--max-batch", type=int, default=1)
     r = sub.add_parser("run")
     r.add_argument("--dir", default="out/llm_gpu")
     r.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
@@ -763,11 +890,12 @@ def main() -> int:
     r.add_argument("--profile", action="store_true", help="also profile rocmc's kernels (torch.profiler)")
     r.add_argument("--iree-flags", default="", help="IREE runtime flags set before the device is made")
     r.add_argument("--skip-transformers", action="store_true", help="rocmc only")
+    r.add_argument("--batches", default="", help="also decode batches of these sizes (modules compiled with --batches)")
     a = ap.parse_args()
     if a.cmd == "compile":
         compile_all(a)
     elif a.cmd == "compile-one":
-        compile_one(Path(a.dir), a.target, a.max_seq_len)
+        compile_one(Path(a.dir), a.target, a.max_seq_len, a.max_batch)
     else:
         return run(a)
     return 0

@@ -6,8 +6,8 @@ Every parameter has the checkpoint's own tensor name and layout: projections sta
 applied with `matmul(x, w, transpose_b=True)`, the layout IREE's decode GEMVs are fast with.
 
 The cache is one state, in slots (_Slots): each (layer, keys or values, slot, kv head) owns max_seq_len x
-head_dim contiguous rows, so every row of a batch has its own length and position and attention reads the
-cache as stored (no transpose). One state, not one per layer: IREE 3.13 stores same-typed states updated in
+head_dim contiguous elements, so every row of a batch has its own length and position and attention reads
+the cache as stored (no transpose, no copy). One state, not one per layer: IREE 3.13 stores same-typed states updated in
 place in one buffer (see docs/architecture.md, "State").
 
 decode is static: one token per slot at each slot's own position (an input), written with one scatter per
@@ -43,10 +43,11 @@ class Shape:
 CACHE = "kv_cache"
 
 
-def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, int, int]:
+def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, int, int, int]:
     """The KV cache of one rank (of `degree`, which holds 1/degree of the kv heads): see _Slots."""
     return (
-        2 * cfg.num_hidden_layers * shape.max_batch * (cfg.num_key_value_heads // degree),
+        2 * cfg.num_hidden_layers * shape.max_batch,
+        cfg.num_key_value_heads // degree,
         shape.max_seq_len,
         cfg.head_dim,
     )
@@ -166,9 +167,11 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
 
 
 class _Slots:
-    """The KV cache of a call, in slots: row ((2 * layer + kind) * max_batch + slot) * kv_heads + head of the
-    state holds the keys (kind 0) or values (kind 1) of one kv head of one slot, position by position
-    (max_seq_len x head_dim), so a row of the batch lives apart from the others, each at its own length.
+    """The KV cache of a call, in slots: the state is (2 * layers * max_batch, kv_heads, max_seq_len, head_dim),
+    entry (2 * layer + kind) * max_batch + slot holding the keys (kind 0) or values (kind 1) of one slot, head by
+    head, position by position, so a row of the batch lives apart from the others, each at its own length, and
+    a layer's keys of every slot are one (max_batch, kv_heads, max_seq_len, head_dim) block: what attention
+    reads, as stored (a reshape of a slice of the state made IREE copy the block out before attention).
 
     decode: slot r of the cache is batch row r; each row writes its one new position (`positions`) and
     attends to the slot's positions up to it (masked on the device: the whole slot is read, every shape
@@ -181,12 +184,15 @@ class _Slots:
         self.cache = g.state(CACHE, cache_shape(cfg, shape, n), shape.dtype)
         b, s, hkv, kinds = shape.max_batch, shape.max_seq_len, self.heads, 2 * cfg.num_hidden_layers
         self.decode = g.name == "decode"
+        # Index tuples (entry, head, position) of the state: the constant part of each kind's, and the unit
+        # vectors a run-time slot or position is added along (one elementwise op, no copy).
+        entry, head, at = (np.eye(3, dtype=np.int64)[i] for i in range(3))
         if self.decode:
-            # Where each (row, head) of each kind writes: (kinds, b * hkv, 2) tuples (cache row, position), one
-            # elementwise select (a concat would copy its constant half into place on every call).
-            rows = np.arange(kinds * b * hkv, dtype=np.int64).reshape(kinds, b * hkv, 1)
+            # (kinds, b * hkv, 3): the tuple each (row, head) of each kind writes its new position to.
+            k_, r_, h_ = np.meshgrid(np.arange(kinds), np.arange(b), np.arange(hkv), indexing="ij")
+            fixed = ((k_ * b + r_)[..., None] * entry + h_[..., None] * head).reshape(kinds, b * hkv, 3)
             pos = ops.reshape(ops.broadcast_to(positions, (b, hkv)), (1, b * hkv, 1))
-            self.tuples = ops.where(np.array([[[True, False]]]), rows, pos)
+            self.tuples = pos * at + fixed
             j = ops.reshape(ops.arange(g, 0, s), (1, s))
             keep = ops.less_equal(j, positions)  # (b, s): the slot's positions up to the new one
             self.masks = {"full_attention": ops.reshape(keep, (b, 1, 1, s))}
@@ -194,38 +200,34 @@ class _Slots:
                 near = ops.less(positions - j, np.int64(cfg.sliding_window))
                 self.masks["sliding_attention"] = ops.reshape(ops.logical_and(keep, near), (b, 1, 1, s))
         else:
-            slot = g.input("slot", (1,), "i64")
+            self.slot = g.input("slot", (1,), "i64")
             self.masks = {"full_attention": g.input("mask", (1, 1, "s", "kv"), "bool")}
             if "sliding_attention" in cfg.layer_types:
                 self.masks["sliding_attention"] = g.input("window_mask", (1, 1, "s", "kv"), "bool")
-            # The slot's cache rows of each kind: (kinds, hkv); the tuples (row, position) its s new
-            # positions of each head go to: (kinds, hkv, s, 2).
-            kind_base = np.arange(kinds, dtype=np.int64)[:, None] * (b * hkv)  # (kinds, 1): each kind's first row
-            self.first = slot * np.int64(hkv)  # the slot's first row in each kind's rows
-            self.rows = ops.reshape(self.first, (1, 1)) + (kind_base + np.arange(hkv, dtype=np.int64)[None])
-            rows = ops.broadcast_to(ops.reshape(self.rows, (kinds, hkv, 1, 1)), (kinds, hkv, "s", 1))
-            pos = ops.broadcast_to(ops.reshape(positions, (1, 1, "s", 1)), (kinds, hkv, "s", 1))
-            self.tuples = ops.concat([rows, pos], axis=3)
+            # (kinds, hkv, s, 3): the tuples the row's s new positions of each head go to.
+            k_, h_ = np.meshgrid(np.arange(kinds), np.arange(hkv), indexing="ij")
+            fixed = ((k_ * b)[..., None] * entry + h_[..., None] * head)[:, :, None, :]
+            slot = ops.reshape(self.slot, (1, 1, 1, 1)) * entry
+            self.tuples = ops.reshape(positions, (1, 1, "s", 1)) * at + (slot + fixed)
 
     def write(self, kind: int, new: Value) -> None:
         """Store `new` (b, t, hkv, d), the keys or values of the call's tokens, at their positions."""
         b, t, hkv, d = new.shape
         at = ops.narrow(self.tuples, 0, kind, 1)
         if self.decode:
-            tuples, upd = ops.reshape(at, (b * hkv, 2)), ops.reshape(new, (b * hkv, d))
+            tuples, upd = ops.reshape(at, (b * hkv, 3)), ops.reshape(new, (b * hkv, d))
         else:
-            tuples = ops.reshape(at, (-1, 2))
+            tuples = ops.reshape(at, (-1, 3))
             upd = ops.reshape(ops.permute(new, (0, 2, 1, 3)), (-1, d))  # (hkv * s, d), head-major as tuples
         self.cache = ops.scatter_nd(self.cache, tuples, upd, unique_indices=True)
 
     def read(self, kind: int) -> Value:
         """The keys or values (b, hkv, positions, d) the call attends to."""
-        b, s, hkv, d = self.shape.max_batch, self.shape.max_seq_len, self.heads, self.cfg.head_dim
+        b = self.shape.max_batch
+        block = ops.narrow(self.cache, 0, kind * b, b)  # (b, hkv, max_seq_len, d): every slot of the kind
         if self.decode:
-            return ops.reshape(ops.narrow(self.cache, 0, kind * b * hkv, b * hkv), (b, hkv, s, d))
-        kind_rows = ops.narrow(self.cache, 0, kind * b * hkv, b * hkv)
-        past = ops.narrow(ops.narrow(kind_rows, 0, self.first, hkv), 1, 0, "kv")  # (hkv, kv, d)
-        return ops.reshape(past, (1, hkv, "kv", d))
+            return block
+        return ops.narrow(ops.narrow(block, 0, self.slot, 1), 2, 0, "kv")  # (1, hkv, kv, d)
 
 
 def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:

@@ -199,7 +199,7 @@ class LanguageModel:
         rows = self._rows(prompts, 0)
         out = np.zeros((len(rows), max(len(r) for r in rows), self.config.vocab_size), np.float32)
         for i, r in enumerate(rows):
-            slots = _Slots(self.sizes.max_batch, self.config)
+            slots = _Slots(self.sizes, self.config)
             at = 0
             for feeds in slots.prefill(0, r):
                 every = host_copy(self.module.prefill(**feeds, output="device")[2], f32)[0]
@@ -415,7 +415,7 @@ class LanguageModel:
         if n_new == 0:
             return
         self._rows(rows, n_new)
-        slots = _Slots(self.sizes.max_batch, self.config)
+        slots = _Slots(self.sizes, self.config)
         choose = self._sampler(cfg, len(rows), seed, first_row)
         histories = [list(r) for r in rows]
         nxt, lps = choose(self._prefill_rows(slots, rows), 0, histories)
@@ -584,7 +584,8 @@ class _Slots:
     """The host's side of the KV cache's slots (rocmc.llm.model._Slots): each slot's length, and the inputs of
     the calls that fill them. Row r of a decode step is slot r."""
 
-    def __init__(self, max_batch: int, cfg: LlmConfig, chunk: int = PREFILL_CHUNK):
+    def __init__(self, sizes: Shape, cfg: LlmConfig, chunk: int = PREFILL_CHUNK):
+        max_batch, self.max_seq_len = sizes.max_batch, sizes.max_seq_len
         self.lengths = np.zeros(max_batch, np.int64)
         self.active = np.zeros(max_batch, bool)
         # The window of sliding-window layers, which take a mask of their own (None: no such layer).
@@ -595,6 +596,9 @@ class _Slots:
     def prefill(self, slot: int, ids: list) -> Iterator[dict]:
         """The inputs of each prefill call that appends `ids` to `slot` (a chunk of at most `chunk` tokens at
         a time: call them in order)."""
+        if not 0 <= slot < len(self.lengths):
+            raise InputError(f"slot {slot} is outside the module's {len(self.lengths)} slots (max_batch)")
+        self._fits(slot, len(ids))
         self.active[slot] = True
         for c in range(0, len(ids), self.chunk):
             part = ids[c : c + self.chunk]
@@ -616,10 +620,19 @@ class _Slots:
     def decode(self, tokens) -> dict:
         """The inputs of a decode step appending `tokens` (one per slot) to the active slots (an inactive
         slot's row computes at its position 0 and is not kept)."""
+        for slot in np.flatnonzero(self.active):
+            self._fits(int(slot), 1)
         positions = np.where(self.active, self.lengths, 0).astype(np.int64)
         toks = np.where(self.active, np.asarray(tokens, np.int64), self.pad)
         self.lengths += self.active
         return {"tokens": toks.reshape(-1, 1), "positions": positions.reshape(-1, 1)}
+
+    def _fits(self, slot: int, more: int) -> None:
+        if self.lengths[slot] + more > self.max_seq_len:
+            raise InputError(
+                f"slot {slot} holds {self.lengths[slot]} positions; {more} more exceed the KV cache's "
+                f"{self.max_seq_len} positions (max_seq_len)"
+            )
 
 
 def _plan_of(art: Artifact, cfg: LlmConfig, tensor_parallel: int) -> "sharding.Plan":

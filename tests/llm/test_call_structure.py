@@ -15,40 +15,47 @@ from llm_models import hf_config
 TARGETS = ["gfx942", "cuda:sm_80"]
 
 
-def _compile(tmp_path, target, layers, functions=("decode",)):
+def _compile(tmp_path, target, layers, functions=("decode",), max_batch=1):
     cfg = hf_config("llama3").to_dict()
     cfg["num_hidden_layers"] = layers
     d = tmp_path / f"l{layers}"
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
-    return rocmc.llm.compile_hf(d, target, dtype="f16", max_seq_len=64, functions=functions)
+    return rocmc.llm.compile_hf(d, target, dtype="f16", max_seq_len=64, max_batch=max_batch, functions=functions)
 
 
 @pytest.fixture(scope="module")
 def per_layer(tmp_path_factory):
-    """{target: (decode call with 2 layers, what one more layer adds, what a third more adds)}."""
+    """{(target, max_batch): (decode call with 2 layers, what one more layer adds, what a third more adds)}
+    (batch 3: the third is not compiled, the first two differences being the same at batch 1)."""
     out = {}
     for target in TARGETS:
-        calls = [_compile(tmp_path_factory.mktemp("s"), target, n).call_structure()["decode"] for n in (2, 3, 4)]
-        out[target] = (calls[0], calls[1] - calls[0], calls[2] - calls[1])
+        for b, layers in ((1, (2, 3, 4)), (3, (2, 3))):
+            calls = [
+                _compile(tmp_path_factory.mktemp("s"), target, n, max_batch=b).call_structure()["decode"]
+                for n in layers
+            ]
+            diffs = [y - x for x, y in zip(calls, calls[1:])]
+            out[target, b] = (calls[0], diffs[0], diffs[-1])
     return out
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_layer_issues_the_same(per_layer, target):
     """The counts are per call and grow by the same amount with each layer (a layer's share is well defined)."""
-    call, layer, next_layer = per_layer[target]
+    call, layer, next_layer = per_layer[target, 1]
     assert layer == next_layer
     assert layer.dispatches > 0 and call.dispatches > 2 * layer.dispatches - 1
     assert call.submissions >= 1
 
 
+@pytest.mark.parametrize("max_batch", [1, 3])
 @pytest.mark.parametrize("target", TARGETS)
-def test_decode_step_is_one_submission_without_waits_copies_or_fills(per_layer, target):
+def test_decode_step_is_one_submission_without_waits_copies_or_fills(per_layer, target, max_batch):
     """The decode issue's first goal: a step records every layer into one queue submission, with no host wait,
     allocation, copy or fill inside it (the one host wait is the call's end, where the synchronous ABI hands
     the results back; the allocations are the call's results and transients, stream-ordered)."""
-    call, layer, _ = per_layer[target]
+    call, layer, _ = per_layer[target, max_batch]
     inside = ("host_waits", "allocations", "frees", "fills", "copies", "submissions")
     assert {k: getattr(layer, k) for k in inside} == dict.fromkeys(inside, 0)
     assert (call.submissions, call.host_waits, call.fills, call.copies) == (1, 1, 0, 0)
@@ -58,7 +65,7 @@ def test_decode_step_is_one_submission_without_waits_copies_or_fills(per_layer, 
 @pytest.mark.xfail(strict=True, reason="decode at the bandwidth limit is open: a layer takes more than 9 dispatches")
 def test_decode_layer_takes_at_most_nine_dispatches(per_layer, target):
     """The decode issue's kernel goal: per layer at most 9 dispatches."""
-    _, layer, _ = per_layer[target]
+    _, layer, _ = per_layer[target, 1]
     assert layer.dispatches <= 9
 
 

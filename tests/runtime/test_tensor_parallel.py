@@ -34,7 +34,7 @@ def _feeds(cfg, ids, slot=1):
     """A prompt's prefill into a slot of the cache, as the runtime makes it."""
     from rocmc.llm.runtime import _Slots
 
-    (feeds,) = _Slots(SHAPE.max_batch, cfg).prefill(slot, ids)
+    (feeds,) = _Slots(SHAPE, cfg).prefill(slot, ids)
     return feeds
 
 
