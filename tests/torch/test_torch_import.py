@@ -256,7 +256,8 @@ def test_dims_without_max_have_no_upper_bound(dim, rng):
         xs = rng.standard_normal((2, seq)).astype(np.float32)
         want = fn(torch.from_numpy(xs.astype(np.float64))).numpy()
         np.testing.assert_allclose(module(xs), want, rtol=TOL["f32"][0], atol=TOL["f32"][1])
-        np.testing.assert_allclose(rocmc.evaluate(graph, xs), want, rtol=1e-12)
+        # float64 both: equal to rounding (where the terms cancel, an output near zero keeps an absolute error)
+        np.testing.assert_allclose(rocmc.evaluate(graph, xs), want, rtol=1e-12, atol=1e-14)
     x1 = rng.standard_normal((2, 1)).astype(np.float32)
     if dim == "named":
         np.testing.assert_allclose(module(x1), fn(torch.from_numpy(x1)).numpy(), rtol=1e-5)
