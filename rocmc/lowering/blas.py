@@ -242,14 +242,13 @@ def sdpa_rule(node, target) -> str | None:
 
 
 def lower_sdpa(E: Emitter, node, ins: list, ctx) -> list:
-    if ctx.sdpa_form == "fused":  # @main_long: calls whose scores would not fit
-        return generated_attention.lower_sdpa(E, node, ins, ctx)
+    unbounded = ctx.target.kind != "cpu" and _scores(node) is None
+    limit = generated_attention.DECOMPOSE_UP_TO_SCORES
+    if unbounded and ctx.long_form(generated_attention.score_term(node), limit):
+        return generated_attention.lower_sdpa(E, node, ins, ctx)  # the long form: IREE's fused attention
     q, k, v, mask = ins
     elt, dtype = q.mlir_elt, node.inputs[0].dtype.name
     dims = generated_attention._Dims(E, q, k)
-    if ctx.target.kind != "cpu" and _scores(node) is None:
-        qs, ks = node.inputs[0].shape, node.inputs[1].shape
-        ctx.long_sdpa.append([qs[0], qs[1], qs[2], ks[2]])
     bh = E.product([dims.b, dims.hkv])
     rows = E.product([dims.g, dims.s])
     dv = E.dim(v, 3)

@@ -35,11 +35,13 @@ class LowerContext:
     resources: dict = field(default_factory=dict)  # resource name -> numpy array
     kernels: list = field(default_factory=list)  # hand-written code objects embedded (for metadata)
     externs: list = field(default_factory=list)  # extern call imports (for metadata)
-    # GPU sdpa with a symbolic key length (attention.py): "decomposed" in @main, which records the
-    # score count of each such node in `long_sdpa`; "fused" in @main_long, which the runtime calls
-    # when those scores would not fit.
-    sdpa_form: str = "decomposed"
-    long_sdpa: list = field(default_factory=list)
+    # The function's long form: a second form that the runtime calls instead when, at a call, the product of
+    # some term's sizes exceeds `long_limit` (runtime/module.py). A lowering whose fastest code needs memory
+    # growing with sizes it cannot bound at compile time asks for it (`long_form`) and emits its alternative
+    # while the long form is emitted (one user today: see codegen/attention.py).
+    emitting_long_form: bool = False
+    long_terms: list = field(default_factory=list)
+    long_limit: int | None = None
     # The size of each symbolic dim of the function being emitted (an index SSA value defined at its
     # top), for lowerings whose result size is a symbol bound by another input (e.g. narrow).
     symbols: dict = field(default_factory=dict)
@@ -49,6 +51,18 @@ class LowerContext:
     parameters: dict = field(default_factory=dict)
     states: dict = field(default_factory=dict)
     _resource_of: dict = field(default_factory=dict)  # (id(array), elt) -> resource name
+
+    def long_form(self, term: list, limit: int) -> bool:
+        """Ask for the function's long form, taken at a call where the product of `term`'s sizes (ints or size
+        expressions) exceeds `limit`: False while the function's own form is emitted (the term is recorded),
+        True while the long form is (emit the alternative then). One limit per function."""
+        if self.emitting_long_form:
+            return True
+        if self.long_limit not in (None, limit):
+            raise LoweringError(f"two long-form limits in one function: {self.long_limit} and {limit}")
+        self.long_limit = limit
+        self.long_terms.append(list(term))
+        return False
 
     def symbol_size(self, name: str) -> str:
         """The index SSA value holding symbol `name`'s size in the function being emitted."""
@@ -403,7 +417,7 @@ def lower(
     emitted, infos = [], []
     for name, graph in program.items():
         graph.validate()
-        ctx.graph, ctx.long_sdpa, ctx.sdpa_form = graph, [], "decomposed"
+        ctx.graph, ctx.long_terms, ctx.long_limit, ctx.emitting_long_form = graph, [], None, False
         constraints = dim_constraints(graph)
         f = _emit_function(graph, ctx, impl, libraries, name, constraints)
         emitted.append(f)
@@ -413,16 +427,14 @@ def lower(
             "constraints": [c.to_json() for c in constraints],
             "implementations": f.choices,
         }
-        if ctx.long_sdpa:
-            # The same graph with every such sdpa fused (sharing constants, kernels and imports): what
-            # the runtime calls when a decomposed sdpa's scores would exceed the limit.
-            from .codegen.attention import DECOMPOSE_UP_TO_SCORES
-
-            kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_sdpa)
-            ctx.sdpa_form = "fused"
+        if ctx.long_terms:
+            # The same graph again, each lowering that asked emitting its long alternative (sharing constants,
+            # kernels and imports): what the runtime calls when a term exceeds the limit.
+            kernels, externs, terms = list(ctx.kernels), list(ctx.externs), list(ctx.long_terms)
+            ctx.emitting_long_form = True
             emitted.append(_emit_function(graph, ctx, impl, libraries, f"{name}_long", constraints))
-            ctx.kernels[:], ctx.externs[:] = kernels, externs
-            entry["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": DECOMPOSE_UP_TO_SCORES}
+            ctx.kernels[:], ctx.externs[:], ctx.emitting_long_form = kernels, externs, False
+            entry["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": ctx.long_limit}
         infos.append(entry)
     main = infos[0]
     meta = {

@@ -263,8 +263,9 @@ def lower_sdpa_decomposed(E: Emitter, node, ins, ctx):
 # seq 2048, H200: 12.8 ms fused vs 2.9 ms decomposed, BENCHMARKS.md). The decomposition materialises
 # the (s, skv) scores, so the module gets two functions: @main with the decomposition, and @main_long
 # with the fused op (slow, but no quadratic memory), which the runtime calls when b * hq * s * skv
-# exceeds this many scores (1 GiB of f32). (A run-time scf.if between the two in one function would be
-# simpler, but inside its regions IREE 3.13 gives the decomposition's contractions no MMA either.)
+# exceeds this many scores (1 GiB of f32): the function's long form (LowerContext.long_form). (A run-time
+# scf.if between the two in one function would be simpler, but inside its regions IREE 3.13 gives the
+# decomposition's contractions no MMA either.)
 DECOMPOSE_UP_TO_SCORES = 1 << 28
 
 
@@ -275,11 +276,15 @@ def lower_sdpa(E: Emitter, node, ins, ctx):
         return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
     q, k, v, mask, real = _pad_sequences(E, q, k, v, mask, multiple_for(ctx.target))
     dims = _Dims(E, q, k, real)
-    if isinstance(node.inputs[1].shape[2], int) or ctx.sdpa_form == "fused":
+    if isinstance(node.inputs[1].shape[2], int) or ctx.long_form(score_term(node), DECOMPOSE_UP_TO_SCORES):
         return [_fused(E, node, q, k, v, mask, dims)]
-    qs, ks = node.inputs[0].shape, node.inputs[1].shape
-    ctx.long_sdpa.append([qs[0], qs[1], qs[2], ks[2]])
     return _decomposed(E, node, q, k, v, mask, dims, p_elt=q.mlir_elt)
+
+
+def score_term(node) -> list:
+    """The sizes whose product is an sdpa's score count: b * hq * s * skv."""
+    qs, ks = node.inputs[0].shape, node.inputs[1].shape
+    return [qs[0], qs[1], qs[2], ks[2]]
 
 
 def _fused(E: Emitter, node, q: T, k: T, v: T, mask: T | None, dims: _Dims) -> T:
