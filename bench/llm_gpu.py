@@ -356,9 +356,9 @@ class OnePrompt:
     steps (tokens and last logits on the host; every position's logits stay on the device)."""
 
     def __init__(self, lm, prompt: list):
-        from rocmc.llm.runtime import _Slots
+        from rocmc.llm.runtime import _SlotTable
 
-        self.lm, self.prompt, self.slots_of = lm, prompt, _Slots
+        self.lm, self.prompt, self.slots_of = lm, prompt, _SlotTable
 
     def prefill(self) -> tuple:
         self.slots = self.slots_of(self.lm.sizes, self.lm.config)
@@ -488,13 +488,13 @@ def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: i
     slot), then BATCH_STEPS decode steps of all n: tokens/s against the byte bound of a step (the weights
     once plus every row's keys and values up to its position), and a profiled step's timeline."""
     import rocmc
-    from rocmc.llm.runtime import _Slots
+    from rocmc.llm.runtime import _SlotTable
 
     lm = rocmc.llm.load(Path(a.dir) / vmfb_name(a.target, n), ckpt, device=a.device)
     rng = np.random.default_rng(2)
     lens = [PROMPT - 13 * i for i in range(n)]
     prompts = [[int(x) for x in rng.integers(3, cfg["vocab_size"], m)] for m in lens]
-    slots = _Slots(lm.sizes, lm.config)
+    slots = _SlotTable(lm.sizes, lm.config)
     nxt = np.zeros(n, np.int64)
     t = time.perf_counter()
     for r, p in enumerate(prompts):

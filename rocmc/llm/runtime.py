@@ -199,7 +199,7 @@ class LanguageModel:
         rows = self._rows(prompts, 0)
         out = np.zeros((len(rows), max(len(r) for r in rows), self.config.vocab_size), np.float32)
         for i, r in enumerate(rows):
-            slots = _Slots(self.sizes, self.config)
+            slots = _SlotTable(self.sizes, self.config)
             at = 0
             for feeds in slots.prefill(0, r):
                 every = host_copy(self.module.prefill(**feeds, output="device")[2], f32)[0]
@@ -415,7 +415,7 @@ class LanguageModel:
         if n_new == 0:
             return
         self._rows(rows, n_new)
-        slots = _Slots(self.sizes, self.config)
+        slots = _SlotTable(self.sizes, self.config)
         choose = self._sampler(cfg, len(rows), seed, first_row)
         histories = [list(r) for r in rows]
         nxt, lps = choose(self._prefill_rows(slots, rows), 0, histories)
@@ -435,7 +435,7 @@ class LanguageModel:
                 return
             nxt, lps = choose(self.module.decode(**slots.decode(nxt), output="device"), step + 1, histories)
 
-    def _prefill_rows(self, slots: "_Slots", rows: list) -> tuple:
+    def _prefill_rows(self, slots: "_SlotTable", rows: list) -> tuple:
         """Prefill each row into its slot: (greedy next tokens (max_batch,), last logits (max_batch, vocab)),
         on the host (rows past the prompts: zeros)."""
         b = self.sizes.max_batch
@@ -580,7 +580,7 @@ def check_checkpoint(directory, *, tokenizer: bool = False, chat_template: bool 
 PREFILL_CHUNK = 2048
 
 
-class _Slots:
+class _SlotTable:
     """The host's side of the KV cache's slots (rocmc.llm.model._Slots): each slot's length, and the inputs of
     the calls that fill them. Row r of a decode step is slot r."""
 
@@ -626,6 +626,10 @@ class _Slots:
         toks = np.where(self.active, np.asarray(tokens, np.int64), self.pad)
         self.lengths += self.active
         return {"tokens": toks.reshape(-1, 1), "positions": positions.reshape(-1, 1)}
+
+    def release(self, slot: int) -> None:
+        """Empty `slot` (its row has ended): it computes at position 0 unkept until a prefill fills it again."""
+        self.lengths[slot], self.active[slot] = 0, False
 
     def _fits(self, slot: int, more: int) -> None:
         if self.lengths[slot] + more > self.max_seq_len:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rocmc
-from rocmc.llm.runtime import _Slots
+from rocmc.llm.runtime import _SlotTable
 
 from gpu_harness import Compiler, rel_l2
 
@@ -36,7 +36,7 @@ def _prepare(d, family):
 
 
 def _alone(lm, prompt, n):
-    slots = _Slots(lm.sizes, lm.config)
+    slots = _SlotTable(lm.sizes, lm.config)
     for feeds in slots.prefill(0, prompt):
         nxt, last, _ = lm.module.prefill(**feeds)
     toks, logits = [int(nxt[0])], [last[0]]
@@ -62,7 +62,7 @@ def test_rows_at_their_own_positions(gpu_step, family):
     n_new = 16
     alone = [_alone(lm, p, n_new) for p in prompts]
     # Together: rows 0 and 1 from the start (row 1 prefilled in chunks of 8), row 2 joining at step 5.
-    slots = _Slots(lm.sizes, lm.config, chunk=8)
+    slots = _SlotTable(lm.sizes, lm.config, chunk=8)
     got = [([], []) for _ in prompts]
     joins = {0: 0, 1: 0, 2: 5}
     step = np.zeros(B, np.int64)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import rocmc
-from rocmc.llm.runtime import _Slots
+from rocmc.llm.runtime import _SlotTable
 from llm_models import N_NEW, PROMPT_IDS, hf_greedy, hf_logits, llm_checkpoint  # noqa: F401
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "gemma"]
@@ -46,7 +46,7 @@ def test_decode_equals_full_recompute_at_every_step(models, family):
     """The KV cache path: each decode step's logits equal the logits of the whole sequence so far."""
     lm = models(family)
     seq = list(PROMPT_IDS)
-    slots = _Slots(lm.sizes, lm.config)
+    slots = _SlotTable(lm.sizes, lm.config)
     for feeds in slots.prefill(0, seq):
         nxt, logits, _ = lm.module.prefill(**feeds)
     for _ in range(24):
@@ -59,7 +59,7 @@ def test_decode_equals_full_recompute_at_every_step(models, family):
 
 def _alone(lm, prompt: list, n: int) -> tuple[list, list]:
     """Greedy tokens and each step's logits of one prompt run alone in slot 0."""
-    slots = _Slots(lm.sizes, lm.config)
+    slots = _SlotTable(lm.sizes, lm.config)
     for feeds in slots.prefill(0, prompt):
         nxt, last, _ = lm.module.prefill(**feeds)
     toks, logits = [int(nxt[0])], [last[0]]
@@ -79,7 +79,7 @@ def test_rows_live_apart(models, rng, family):
     assert b >= 2
     first, second = list(PROMPT_IDS), [int(t) for t in rng.integers(4, 250, size=23)]
     want = {0: _alone(lm, first, 12), 1: _alone(lm, second, 8)}
-    slots = _Slots(lm.sizes, lm.config, chunk=5)  # the second prompt prefills in 5 chunks
+    slots = _SlotTable(lm.sizes, lm.config, chunk=5)  # the second prompt prefills in 5 chunks
     for feeds in slots.prefill(0, first):
         nxt, _, _ = lm.module.prefill(**feeds)
     got = {0: ([int(nxt[0])], []), 1: ([], [])}
@@ -107,7 +107,7 @@ def test_rows_live_apart(models, rng, family):
 def test_slots_refuse_what_does_not_fit(models):
     """A slot past max_batch, a prompt or a step past the cache: typed errors before any call."""
     lm = models("llama3")
-    slots = _Slots(lm.sizes, lm.config)
+    slots = _SlotTable(lm.sizes, lm.config)
     with pytest.raises(rocmc.InputError, match="slot 2 is outside the module's 2 slots"):
         next(slots.prefill(2, [5, 6]))
     with pytest.raises(rocmc.InputError, match="exceed the KV cache's 64 positions"):
@@ -116,13 +116,16 @@ def test_slots_refuse_what_does_not_fit(models):
         lm.module.prefill(**feeds)
     with pytest.raises(rocmc.InputError, match="slot 1 holds 64 positions; 1 more exceed"):
         slots.decode([7, 7])
+    slots.release(1)  # an ended row's slot is empty again
+    assert slots.decode([7, 7])["positions"].tolist() == [[0], [0]] and not slots.active.any()
+    assert next(slots.prefill(1, [5, 6]))["positions"].tolist() == [[0, 1]]
 
 
 def test_chunked_prefill_equals_one_call(models):
     """A prompt prefilled in chunks (each attending to the slot's earlier positions) gives every position's
     logits of one call."""
     lm = models("mistral")  # sliding-window layers: the chunks' window masks too
-    slots = _Slots(lm.sizes, lm.config, chunk=4)
+    slots = _SlotTable(lm.sizes, lm.config, chunk=4)
     parts = [lm.module.prefill(**f)[2][0] for f in slots.prefill(1, list(PROMPT_IDS))]
     assert len(parts) == -(-len(PROMPT_IDS) // 4)
     whole = lm.logits(list(PROMPT_IDS))[0]

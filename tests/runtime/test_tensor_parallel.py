@@ -32,9 +32,9 @@ SHAPE = Shape(max_seq_len=16, max_batch=2, dtype="f32")
 
 def _feeds(cfg, ids, slot=1):
     """A prompt's prefill into a slot of the cache, as the runtime makes it."""
-    from rocmc.llm.runtime import _Slots
+    from rocmc.llm.runtime import _SlotTable
 
-    (feeds,) = _Slots(SHAPE, cfg).prefill(slot, ids)
+    (feeds,) = _SlotTable(SHAPE, cfg).prefill(slot, ids)
     return feeds
 
 
