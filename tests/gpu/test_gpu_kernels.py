@@ -33,6 +33,11 @@ def _with_first(x, first):
     return x
 
 
+def _loose(case: Case, tol: float | None) -> Case:
+    """The case with a wider tolerance (None: its own)."""
+    return case if tol is None else replace(case, tol=tol)
+
+
 def norm_case(name, op, dtype, shape, sym=None, axis=-1, weight=True, bias=True, shift=0.0, first=None) -> Case:
     """rms_norm / layer_norm over x.shape[axis:]; `sym` makes dim 0 symbolic ("all": every dim); `first`: the
     value of every row's first element (an outlier: the one-pass LayerNorm shifts by that element)."""
@@ -107,7 +112,12 @@ def _cases() -> list[Case]:
                 norm_case(f"{op}_{dt}_noaffine", op, dt, (5, 777), weight=False, bias=False),
             ]
         out += [
-            norm_case(f"layer_norm_{dt}_shifted", "layer_norm", dt, (4, 2048), shift=300.0 if dt == "f32" else 8.0),
+            # f32 rows centred on 300: each element keeps 8 fewer bits of its deviation from the mean than an
+            # unshifted row (300 / 1.15), so the kernel's f32 error is ~1e-5 (1.002e-5 on a 2026-11-27 seed)
+            _loose(
+                norm_case(f"layer_norm_{dt}_shifted", "layer_norm", dt, (4, 2048), shift=300.0 if dt == "f32" else 8.0),
+                3e-5 if dt == "f32" else None,
+            ),
             norm_case(f"layer_norm_{dt}_outlier", "layer_norm", dt, (4, 2048), first=1000.0 if dt == "f32" else 200.0),
             norm_case(f"layer_norm_{dt}_nobias", "layer_norm", dt, (4, 512), bias=False),
         ]
