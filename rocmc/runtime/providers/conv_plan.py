@@ -268,14 +268,12 @@ def _epilogue(p: DnnProvider, prob: ConvProblem, keep):
     return run
 
 
-def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Plan:
-    """The legacy calls: descriptors, the algorithm search, cudnnConvolutionForward & co."""
-    t, api, keep = p.table, p.api, []
-    transpose = prob.direction == "backward_data"
-    # The library's x and y descriptors are the problem's x and y in both directions: backward data
-    # computes dx (the transposed conv's output) from dy (its input).
-    xD, yD = p.tensor(prob.x, prob.dtype, keep), p.tensor(prob.y, prob.dtype, keep)
-    wD = p.tensor(prob.w, prob.dtype, keep, filter=True)
+def conv_descriptor(p: DnnProvider, prob: ConvProblem, keep: list) -> int:
+    """The problem's convolution descriptor (destroyed with `keep`): pads, strides, dilations, cross-correlation,
+    groups; f32 accumulation and, where the library sets a math mode (cuDNN), FMA for f32 and tensor ops else.
+    A library whose descriptor takes no compute type (MIOpen) is not passed one (capi's call takes the named
+    arguments its table lists)."""
+    t, api = p.table, p.api
     conv = p._out(P, "create_conv")
     keep.append(("destroy_conv", conv))
     api.call(
@@ -291,6 +289,18 @@ def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Pla
     api.call("set_conv_groups", desc=conv, groups=prob.groups)
     if api.has("set_conv_math"):
         api.call("set_conv_math", desc=conv, math=t.enums["fma_math" if prob.dtype == "f32" else "tensor_op_math"])
+    return conv
+
+
+def _legacy_conv_plan(p: DnnProvider, prob: ConvProblem, ptrs, out_shape) -> Plan:
+    """The legacy calls: descriptors, the algorithm search, cudnnConvolutionForward & co."""
+    t, api, keep = p.table, p.api, []
+    transpose = prob.direction == "backward_data"
+    # The library's x and y descriptors are the problem's x and y in both directions: backward data
+    # computes dx (the transposed conv's output) from dy (its input).
+    xD, yD = p.tensor(prob.x, prob.dtype, keep), p.tensor(prob.y, prob.dtype, keep)
+    wD = p.tensor(prob.w, prob.dtype, keep, filter=True)
+    conv = conv_descriptor(p, prob, keep)
     kind = "conv_bwd_data" if transpose else "conv_fwd"
     descs = (
         {"dyD": yD, "wD": wD, "dxD": xD, "conv": conv} if transpose else {"xD": xD, "wD": wD, "yD": yD, "conv": conv}

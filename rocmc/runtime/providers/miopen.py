@@ -29,7 +29,7 @@ import ctypes
 
 from ...errors import DeviceError
 from .capi import P, Perf, RuntimeTable, VendorTable, _ints, packed_strides
-from .conv_plan import TensorOp
+from .conv_plan import TensorOp, conv_descriptor
 from .dnn import PLANNERS, DnnProvider
 from .plans import Plan, _release
 from .recurrent import PLANNERS as RNN_PLANNERS
@@ -360,23 +360,6 @@ def mha_plan(p: DnnProvider, op, dtype, shapes, attrs, ptrs) -> Plan:
     return Plan(out, run, keep, {"solutions": count.value, "workspace": ws_size.value, "kv_length": s_kv})
 
 
-def _conv_descriptor(p: DnnProvider, prob, keep) -> int:
-    t, api = p.table, p.api
-    conv = p._out(P, "create_conv")
-    keep.append(("destroy_conv", conv))
-    api.call(
-        "set_conv",
-        desc=conv,
-        n=2,
-        pads=_ints(prob.pad),
-        stride_a=_ints(prob.stride),
-        dil_a=_ints(prob.dilation),
-        mode=t.enums["cross_correlation"],
-    )
-    api.call("set_conv_groups", desc=conv, groups=prob.groups)
-    return conv
-
-
 def find2_conv(p: DnnProvider, prob, bound: dict, keep: list):
     """The convolution as a Find 2.0 problem; the search (`miopenFindSolutions`, fastest first)
     runs on the real inputs and a scratch result handed over as preallocated tensors. None when
@@ -388,7 +371,7 @@ def find2_conv(p: DnnProvider, prob, bound: dict, keep: list):
         "w": p.tensor(prob.w, prob.dtype, keep, filter=True),
         "y": p.tensor(prob.y, prob.dtype, keep),
     }
-    conv = _conv_descriptor(p, prob, keep)
+    conv = conv_descriptor(p, prob, keep)
     problem = p._out(P, "create_conv_problem", desc=conv, direction=t.enums[f"problem_{prob.direction}"])
     keep.append(("destroy_problem", problem))
     options = p._out(P, "create_find_options")
@@ -434,7 +417,7 @@ def fusion_conv(p: DnnProvider, prob, bound: dict, keep: list):
     t, api, local = p.table, p.api, []
     xD, yD = p.tensor(prob.x, prob.dtype, local), p.tensor(prob.y, prob.dtype, local)
     wD = p.tensor(prob.w, prob.dtype, local, filter=True)
-    conv = _conv_descriptor(p, prob, local)
+    conv = conv_descriptor(p, prob, local)
     plan = p._out(P, "create_fusion_plan", fusion_direction=t.enums["vertical_fusion"], xD=xD)
     local.append(("destroy_fusion_plan", plan))
     conv_op = p._out(P, "create_fusion_conv", plan=plan, conv=conv, wD=wD)
