@@ -69,10 +69,15 @@ CHECKED_STEPS = (0, 1, 2, 4, 16, 64, 127)  # decode steps whose logits are recom
 
 
 def config_json(shape: str) -> dict:
+    return llama_config(SHAPES[shape])
+
+
+def llama_config(sizes: dict) -> dict:
+    """A Llama config.json with these sizes (hidden, intermediate, layers, heads, kv heads, vocab, positions)."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        **SHAPES[shape],
+        **sizes,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
@@ -367,8 +372,7 @@ class OnePrompt:
         return out[0].to_host(), out[1].to_host()
 
     def decode(self, nxt) -> tuple:
-        feeds = self.slots.decode(np.resize(np.asarray(nxt), self.lm.sizes.max_batch))
-        return self.lm.module.decode(**feeds)
+        return self.lm.module.decode(**self.decode_feeds(nxt))
 
     def decode_feeds(self, nxt) -> dict:
         return self.slots.decode(np.resize(np.asarray(nxt), self.lm.sizes.max_batch))

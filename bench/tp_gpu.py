@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import llm_gpu
+
 BLOCKS = 8  # degrees 1, 2, 4 and 8 take whole blocks
 SHAPES = {
     "small": {
@@ -35,14 +37,7 @@ SHAPES = {
         "num_key_value_heads": 8,
         "vocab_size": 8000,
     },
-    "7b": {
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 32,
-        "vocab_size": 32000,
-    },
+    "7b": llm_gpu.SHAPES["7b"],
     "70b": {
         "hidden_size": 8192,
         "intermediate_size": 28672,
@@ -57,18 +52,7 @@ MAX_SEQ_LEN = 512
 
 
 def config_json(shape: str) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        **SHAPES[shape],
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "torch_dtype": "float16",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "tie_word_embeddings": False,
-    }
+    return llm_gpu.llama_config({**SHAPES[shape], "max_position_embeddings": 4096})
 
 
 def vmfb(d: Path, shape: str, tp: int) -> Path:
@@ -132,7 +116,6 @@ def run(a) -> int:
     from rocmc.llm import sharding
     from rocmc.llm.config import load_config
     from bench.common import timings
-    from bench.llm_gpu import OnePrompt, kernel_profile
 
     d = Path(a.dir)
     rank = int(os.environ.get("RANK", "0"))
@@ -152,7 +135,7 @@ def run(a) -> int:
     prompt = [int(x) for x in rng.integers(3, cfg.vocab_size, a.prompt_len)]
     tokens = lm.generate(prompt, a.new_tokens, stop_tokens=())
 
-    run1 = OnePrompt(lm, prompt)
+    run1 = llm_gpu.OnePrompt(lm, prompt)
     pre = timings(lambda: run1.prefill()[0], a.reps, 2)
     state = {"nxt": run1.prefill()[0]}
     steps = []
@@ -168,7 +151,7 @@ def run(a) -> int:
 
     if lm.group is not None:
         lm.group.barrier()  # the ranks start profiling together: NCCL kernels wait for the slower rank
-    prof = kernel_profile(torch, decode, 48)
+    prof = llm_gpu.kernel_profile(torch, decode, 48)
     nccl = sum(k["ms_per_call"] for k in prof["top"] if "nccl" in k["name"].lower())
     res = {
         "shape": a.shape,

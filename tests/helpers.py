@@ -105,3 +105,19 @@ def rnn_graph(op, rng, dtype="f32", seq="seq", batch=3, inp=5, hidden=7, biases=
     )
     g.output(*outs)
     return g, feeds
+
+
+def greedy_alone(lm, prompt: list, n: int) -> tuple[list, list]:
+    """One prompt alone in cache slot 0 of a rocmc.llm LanguageModel, driven call by call: its n greedy tokens
+    and the logits each was chosen from (the prefill's last position, then each decode step's)."""
+    from rocmc.llm.runtime import _SlotTable
+
+    slots = _SlotTable(lm.sizes, lm.config)
+    for feeds in slots.prefill(0, prompt):
+        nxt, last, _ = lm.module.prefill(**feeds)
+    toks, logits = [int(nxt[0])], [last[0]]
+    for _ in range(n - 1):
+        nxt, last = lm.module.decode(**slots.decode(np.resize(nxt, lm.sizes.max_batch)))
+        toks.append(int(nxt[0]))
+        logits.append(last[0])
+    return toks, logits

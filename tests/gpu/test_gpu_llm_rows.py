@@ -17,6 +17,7 @@ import rocmc
 from rocmc.llm.runtime import _SlotTable
 
 from gpu_harness import Compiler, rel_l2
+from helpers import greedy_alone
 
 FAMILIES = ("llama3", "mistral")
 B, SEQ = 4, 96
@@ -35,18 +36,6 @@ def _prepare(d, family):
     assert cfg["num_hidden_layers"] >= 2
 
 
-def _alone(lm, prompt, n):
-    slots = _SlotTable(lm.sizes, lm.config)
-    for feeds in slots.prefill(0, prompt):
-        nxt, last, _ = lm.module.prefill(**feeds)
-    toks, logits = [int(nxt[0])], [last[0]]
-    for _ in range(n - 1):
-        nxt, last = lm.module.decode(**slots.decode(np.resize(nxt, B)))
-        toks.append(int(nxt[0]))
-        logits.append(last[0])
-    return toks, logits
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rows_at_their_own_positions(gpu_step, family):
@@ -60,7 +49,7 @@ def test_rows_at_their_own_positions(gpu_step, family):
     vocab = lm.config.vocab_size
     prompts = [[int(t) for t in rng.integers(3, vocab, n)] for n in (5, 41, 17)]
     n_new = 16
-    alone = [_alone(lm, p, n_new) for p in prompts]
+    alone = [greedy_alone(lm, p, n_new) for p in prompts]
     # Together: rows 0 and 1 from the start (row 1 prefilled in chunks of 8), row 2 joining at step 5.
     slots = _SlotTable(lm.sizes, lm.config, chunk=8)
     got = [([], []) for _ in prompts]

@@ -12,6 +12,7 @@ import pytest
 
 import rocmc
 from rocmc.llm.runtime import _SlotTable
+from helpers import greedy_alone
 from llm_models import N_NEW, PROMPT_IDS, hf_greedy, hf_logits, llm_checkpoint  # noqa: F401
 
 FAMILIES = ["llama", "llama3", "mistral", "qwen2", "gemma"]
@@ -45,29 +46,11 @@ def test_prompt_logits_and_greedy_match_transformers(models, llm_checkpoint, fam
 def test_decode_equals_full_recompute_at_every_step(models, family):
     """The KV cache path: each decode step's logits equal the logits of the whole sequence so far."""
     lm = models(family)
-    seq = list(PROMPT_IDS)
-    slots = _SlotTable(lm.sizes, lm.config)
-    for feeds in slots.prefill(0, seq):
-        nxt, logits, _ = lm.module.prefill(**feeds)
-    for _ in range(24):
-        seq.append(int(nxt[0]))
-        nxt, logits = lm.module.decode(**slots.decode(np.resize(nxt, lm.sizes.max_batch)))
-        full = lm.logits(seq)[0, -1]
-        assert _rel(logits[0], full) < 1e-5
-        assert int(nxt[0]) == int(np.argmax(full))
-
-
-def _alone(lm, prompt: list, n: int) -> tuple[list, list]:
-    """Greedy tokens and each step's logits of one prompt run alone in slot 0."""
-    slots = _SlotTable(lm.sizes, lm.config)
-    for feeds in slots.prefill(0, prompt):
-        nxt, last, _ = lm.module.prefill(**feeds)
-    toks, logits = [int(nxt[0])], [last[0]]
-    for _ in range(n - 1):
-        nxt, last = lm.module.decode(**slots.decode(np.resize(nxt, lm.sizes.max_batch)))
-        toks.append(int(nxt[0]))
-        logits.append(last[0])
-    return toks, logits
+    toks, logits = greedy_alone(lm, list(PROMPT_IDS), 25)
+    for k in range(1, 25):
+        full = lm.logits(list(PROMPT_IDS) + toks[:k])[0, -1]
+        assert _rel(logits[k], full) < 1e-5
+        assert toks[k] == int(np.argmax(full))
 
 
 @pytest.mark.parametrize("family", ["llama3", "mistral"])
@@ -78,7 +61,7 @@ def test_rows_live_apart(models, rng, family):
     b = lm.sizes.max_batch
     assert b >= 2
     first, second = list(PROMPT_IDS), [int(t) for t in rng.integers(4, 250, size=23)]
-    want = {0: _alone(lm, first, 12), 1: _alone(lm, second, 8)}
+    want = {0: greedy_alone(lm, first, 12), 1: greedy_alone(lm, second, 8)}
     slots = _SlotTable(lm.sizes, lm.config, chunk=5)  # the second prompt prefills in 5 chunks
     for feeds in slots.prefill(0, first):
         nxt, _, _ = lm.module.prefill(**feeds)
