@@ -85,8 +85,11 @@ def weights(torch, cfg, plan, rank: int, degree: int, dev: str) -> dict:
     from rocmc.llm import sharding
     from rocmc.llm.config import param_names
 
-    index = {n: i for i, n in enumerate(dict(param_names(cfg)))}
-    # The blocks run along the axis the plan splits (whatever the degree, 1 included): one model for all.
+    shapes = dict(param_names(cfg))
+    index = {n: i for i, n in enumerate(shapes)}
+    # The blocks run along the axis the plan splits (whatever the degree, 1 included): one model for all. A joined
+    # projection (q/k/v, gate/up) is each checkpoint tensor's blocks of the rank, concatenated, as the runtime
+    # joins a checkpoint's.
     shards = (plan or sharding.plan(cfg, 1)).shards
     out = {}
     for name, sh in shards.items():
@@ -94,13 +97,14 @@ def weights(torch, cfg, plan, rank: int, degree: int, dev: str) -> dict:
         split = sh.axis is not None and degree > 1
         blocks = range(rank * BLOCKS // degree, (rank + 1) * BLOCKS // degree) if split else range(BLOCKS)
         parts = []
-        for k in blocks:
-            shape = list(sh.shape)
-            shape[axis] //= BLOCKS
-            gen = torch.Generator(device=dev).manual_seed(index[sh.source] * 1000 + k)
-            x = torch.randn(shape, generator=gen, device=dev, dtype=torch.float32)
-            x = x * 0.01 + 1.0 if len(shape) == 1 else x * 0.02
-            parts.append(x.to(torch.float16))
+        for source in sh.sources:
+            for k in blocks:
+                shape = list(shapes[source])
+                shape[axis] //= BLOCKS
+                gen = torch.Generator(device=dev).manual_seed(index[source] * 1000 + k)
+                x = torch.randn(shape, generator=gen, device=dev, dtype=torch.float32)
+                x = x * 0.01 + 1.0 if len(shape) == 1 else x * 0.02
+                parts.append(x.to(torch.float16))
         out[name] = torch.cat(parts, dim=axis).cpu().numpy()
         del parts
     torch.cuda.empty_cache()

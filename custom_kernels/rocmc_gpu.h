@@ -85,6 +85,14 @@ DEVICE bool aligned16(const void* a, const void* b, const void* c = 0, const voi
 }
 
 DEVICE float rsqrt_f32(float x) { return 1.0f / __builtin_sqrtf(x); }
+// 2^x in f32 with the hardware's approximation (v_exp_f32 / ex2.approx.ftz.f32: about 2 ulp; 2^-inf = 0), and
+// e^x through it: what softmax kernels use (no device library here to supply expf).
+#if defined(__AMDGCN__)
+DEVICE float exp2_f32(float x) { return __builtin_amdgcn_exp2f(x); }
+#else
+DEVICE float exp2_f32(float x) { return __nvvm_ex2_approx_ftz_f(x); }
+#endif
+DEVICE float exp_f32(float x) { return exp2_f32(x * 1.4426950408889634f); }
 
 // ---- storage types: f32, f16 and bf16 in memory, f32 in registers ------------------------------------------
 // bf16 is handled as raw bits so the same code builds on every target, whatever clang's __bf16 support.

@@ -194,51 +194,74 @@ class Parameters:
             ) from None
 
     def shard(self, shards: dict, rank: int, parts: int) -> "Parameters":
-        """Rank `rank`'s slices: {name: (source tensor, axis)} -> a Parameters holding under each name the
-        rank-th of `parts` equal slices of the source along `axis` (None: the whole source). A slice along
-        axis 0 is a range of the source's file, served mapped (no copy); along another axis it is
-        gathered once into host memory (one copy per rank)."""
+        """Rank `rank`'s tensors: {name: (sources, axis)} -> a Parameters holding under each name the rank-th
+        of `parts` equal slices along `axis` (None: whole) of its source, a tensor name; or, for a tuple of
+        several names, each source's slice concatenated along axis 0 (a joined projection). A slice along
+        axis 0 of one source is a range of its file, served mapped (no copy); a slice along another axis, or
+        a join, is made once in host memory (parts == 1: the tensors renamed, and joined)."""
         if not (isinstance(parts, int) and isinstance(rank, int) and 0 <= rank < parts):
             raise InputError(f"parameters shard: rank {rank!r} of {parts!r}: expected 0 <= rank < parts")
         out, copies = {}, []
-        for name, (source, axis) in shards.items():
-            e = self._entry(source)
-            if axis is None or parts == 1:
-                out[name] = e
+        for name, (sources, axis) in shards.items():
+            sources = (sources,) if isinstance(sources, str) else tuple(sources)
+            if len(sources) == 1:
+                served = self._slice(sources[0], axis, rank, parts)
+                if isinstance(served, _Entry):
+                    out[name] = served
+                else:
+                    copies.append((name, [(sources[0], served[0])], served[1]))
                 continue
-            if e.shape is None or e.dtype is None or not 0 <= axis < len(e.shape):
+            pieces = [(src, self._slice(src, axis, rank, parts, copy=True)) for src in sources]
+            entries = [e for _, (_, e) in pieces]
+            first = entries[0]
+            if any(e.dtype != first.dtype or e.shape[1:] != first.shape[1:] for e in entries):
                 raise InputError(
-                    f"parameter {source!r}: can't split along axis {axis}: its shape is "
-                    f"{_dims(e.shape) if e.shape is not None else 'not recorded'} in {e.origin}"
+                    f"parameter {name!r} joins {', '.join(map(repr, sources))} along axis 0, but their "
+                    f"{'slices' if parts > 1 else 'shapes'} do not concatenate: "
+                    + ", ".join(_typed(e.shape, e.dtype) for e in entries)
                 )
-            if e.shape[axis] % parts:
-                raise InputError(
-                    f"parameter {source!r}: axis {axis} of {_dims(e.shape)} does not split into {parts} equal parts"
-                )
-            part = e.shape[axis] // parts
-            shape = tuple(part if i == axis else d for i, d in enumerate(e.shape))
-            nbytes = math.prod(shape) * DTYPES[e.dtype].itemsize
-            if axis == 0 and e.path is not None and e.splat is None:
-                out[name] = _Entry(
-                    shape, e.dtype, nbytes, e.origin, e.path, e.format, e.offset + rank * nbytes, part=True
-                )
-                continue
-            index = tuple(
-                slice(rank * part, (rank + 1) * part) if i == axis else slice(None) for i in range(len(e.shape))
-            )
-            copies.append((name, source, index, _Entry(shape, e.dtype, nbytes, e.origin)))
-        # Slices along another axis are read from the checkpoint into host memory, one copy per rank.
+            shape = (sum(e.shape[0] for e in entries),) + first.shape[1:]
+            joined = _Entry(shape, first.dtype, sum(e.nbytes for e in entries), _origins(entries))
+            copies.append((name, [(src, index) for src, (index, _) in pieces], joined))
+        # Slices along another axis and joins are read from the checkpoint into host memory, once.
         if not copies:
             return Parameters(out)
+        what = f"rank {rank}'s slices of" if parts > 1 else "joining"
         with byte_progress(
-            f"reading rank {rank}'s slices of {len(copies)} tensors", sum(c[3].nbytes for c in copies), logger=__name__
+            f"reading {what} {len(copies)} tensors", sum(c[2].nbytes for c in copies), logger=__name__
         ) as progress:
-            for name, source, index, e in copies:
-                out[name] = _Entry(
-                    e.shape, e.dtype, e.nbytes, e.origin, array=np.ascontiguousarray(self.array(source)[index])
-                )
+            for name, pieces, e in copies:
+                arrays = [self.array(src)[index] for src, index in pieces]
+                data = np.concatenate(arrays, axis=0) if len(arrays) > 1 else np.ascontiguousarray(arrays[0])
+                out[name] = _Entry(e.shape, e.dtype, e.nbytes, e.origin, array=data)
                 progress.update(e.nbytes)
         return Parameters(out)
+
+    def _slice(self, source: str, axis, rank: int, parts: int, copy: bool = False):
+        """Rank `rank`'s slice of one tensor: its _Entry, served as stored (whole, or a range of its file along
+        axis 0), or, where it must be copied out (or `copy`), (numpy index, _Entry of the slice)."""
+        e = self._entry(source)
+        whole = axis is None or parts == 1
+        if whole and not copy:
+            return e
+        if e.shape is None or e.dtype is None or not (whole or 0 <= axis < len(e.shape)):
+            raise InputError(
+                f"parameter {source!r}: can't {'join' if whole else f'split along axis {axis}'}: its shape is "
+                f"{_dims(e.shape) if e.shape is not None else 'not recorded'} in {e.origin}"
+            )
+        if whole:
+            return (Ellipsis,), e
+        if e.shape[axis] % parts:
+            raise InputError(
+                f"parameter {source!r}: axis {axis} of {_dims(e.shape)} does not split into {parts} equal parts"
+            )
+        part = e.shape[axis] // parts
+        shape = tuple(part if i == axis else d for i, d in enumerate(e.shape))
+        nbytes = math.prod(shape) * DTYPES[e.dtype].itemsize
+        if axis == 0 and e.path is not None and e.splat is None and not copy:
+            return _Entry(shape, e.dtype, nbytes, e.origin, e.path, e.format, e.offset + rank * nbytes, part=True)
+        index = tuple(slice(rank * part, (rank + 1) * part) if i == axis else slice(None) for i in range(len(e.shape)))
+        return index, _Entry(shape, e.dtype, nbytes, e.origin)
 
     def fingerprint(self, config: bytes = b"") -> str:
         """A digest that ranks compare before each reads its own slices: `config` (the checkpoint's

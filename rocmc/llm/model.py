@@ -10,11 +10,12 @@ head_dim contiguous elements, so every row of a batch has its own length and pos
 the cache as stored (no transpose, no copy). One state, not one per layer: IREE 3.13 stores same-typed states updated in
 place in one buffer (see docs/architecture.md, "State").
 
-decode is static: one token per slot at each slot's own position (an input), written with one scatter per
-layer and kind (unique tuples: in place, in parallel); attention reads the whole slot with the positions past
-the row's own masked on the device, so a step is one queue submission with no host wait, copy, fill or
-allocation inside it (tests/llm/test_call_structure.py). prefill takes one row: a prompt, or a chunk of one,
-into its slot at its positions, attending to the slot's first `kv` positions (earlier chunks and its own).
+decode is static: one token per slot at each slot's own position (an input); each layer's q/k/v projection
+(q, k and v joined at load) is rotated and its keys and values stored in place by one rope_store_kv;
+attention reads the whole slot with the positions past the row's own masked on the device, so a step is one
+queue submission with no host wait, copy, fill or allocation inside it (tests/llm/test_call_structure.py).
+prefill takes one row: a prompt, or a chunk of one, into its slot at its positions, attending to the slot's
+first `kv` positions (earlier chunks and its own).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 from .. import ops
 from ..frontend.graph import Graph, Value
 from ..dtypes import dtype as _dtype
-from .config import LlmConfig, param_names, rope_tables
+from . import sharding
+from .config import LlmConfig, rope_tables
 from .sharding import EMBED, LM_HEAD, Plan
 
 
@@ -56,7 +58,7 @@ def cache_shape(cfg: LlmConfig, shape: "Shape", degree: int = 1) -> tuple[int, i
 def build(cfg: LlmConfig, shape: Shape, functions=None, plan: Plan | None = None) -> dict:
     """{function name: Graph} for `rocmc.compile` (every function of FUNCTIONS, or those named); with a
     tensor-parallel `plan` of degree > 1, the graphs of one rank (rocmc.llm.sharding)."""
-    plan = plan if plan is not None and plan.degree > 1 else None
+    plan = plan if plan is not None else sharding.plan(cfg, 1)
     return {name: _BUILDERS[name](cfg, shape, plan) for name in functions or FUNCTIONS}
 
 
@@ -119,10 +121,10 @@ class _Weights:
     """The checkpoint's tensors as graph parameters, by their own names (a rank's slices of them with a
     tensor-parallel plan: `n` ranks, each holding the plan's local shape)."""
 
-    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str, plan: Plan | None = None, positions: int = 1):
+    def __init__(self, g: Graph, cfg: LlmConfig, dtype: str, plan: Plan, positions: int = 1):
         self.g, self.dtype, self.plan = g, dtype, plan
-        self.n = plan.degree if plan else 1
-        self.shapes = {k: s.local(self.n) for k, s in plan.shards.items()} if plan else dict(param_names(cfg))
+        self.n = plan.degree
+        self.shapes = {k: s.local(self.n) for k, s in plan.shards.items()}
         self.values: dict = {}
         self.positions = positions  # the most tokens per row a call takes
 
@@ -159,7 +161,7 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         x = _norm(cfg, h, w(p + "input_layernorm.weight"))
-        h = h + _attention(cfg, w, p + "self_attn.", x, i, cos, sin, positions, slots)
+        h = h + _attention(cfg, w, p + "self_attn.", x, i, cos, sin, slots)
         x = _norm(cfg, h, w(p + "post_attention_layernorm.weight"))
         h = h + _mlp(cfg, w, p + "mlp.", x)
     g.assign(CACHE, slots.cache)
@@ -173,26 +175,20 @@ class _Slots:
     a layer's keys of every slot are one (max_batch, kv_heads, max_seq_len, head_dim) block: what attention
     reads, as stored (a reshape of a slice of the state made IREE copy the block out before attention).
 
-    decode: slot r of the cache is batch row r; each row writes its one new position (`positions`) and
+    decode: slot r of the cache is batch row r; each row stores its one new position (`positions`) and
     attends to the slot's positions up to it (masked on the device: the whole slot is read, every shape
-    static). prefill: one row, its slot an input (`slot`, shape (1,)), writing `positions` and attending to
+    static). prefill: one row, its slot an input (`slot`, shape (1,)), storing `positions` and attending to
     the slot's first `kv` positions as `mask` (1, 1, s, kv) says."""
 
     def __init__(self, g: Graph, cfg: LlmConfig, shape: Shape, n: int, positions: Value):
         self.g, self.cfg, self.shape = g, cfg, shape
-        self.heads = cfg.num_key_value_heads // n
+        self.heads, self.kv_heads = cfg.num_attention_heads // n, cfg.num_key_value_heads // n
         self.cache = g.state(CACHE, cache_shape(cfg, shape, n), shape.dtype)
-        b, s, hkv, kinds = shape.max_batch, shape.max_seq_len, self.heads, 2 * cfg.num_hidden_layers
+        self.positions = positions
+        b, s = shape.max_batch, shape.max_seq_len
         self.decode = g.name == "decode"
-        # Index tuples (entry, head, position) of the state: the constant part of each kind's, and the unit
-        # vectors a run-time slot or position is added along (one elementwise op, no copy).
-        entry, head, at = (np.eye(3, dtype=np.int64)[i] for i in range(3))
         if self.decode:
-            # (kinds, b * hkv, 3): the tuple each (row, head) of each kind writes its new position to.
-            k_, r_, h_ = np.meshgrid(np.arange(kinds), np.arange(b), np.arange(hkv), indexing="ij")
-            fixed = ((k_ * b + r_)[..., None] * entry + h_[..., None] * head).reshape(kinds, b * hkv, 3)
-            pos = ops.reshape(ops.broadcast_to(positions, (b, hkv)), (1, b * hkv, 1))
-            self.tuples = pos * at + fixed
+            self.slots = None  # row r is slot r
             j = ops.reshape(ops.arange(g, 0, s), (1, s))
             keep = ops.less_equal(j, positions)  # (b, s): the slot's positions up to the new one
             self.masks = {"full_attention": ops.reshape(keep, (b, 1, 1, s))}
@@ -200,34 +196,41 @@ class _Slots:
                 near = ops.less(positions - j, np.int64(cfg.sliding_window))
                 self.masks["sliding_attention"] = ops.reshape(ops.logical_and(keep, near), (b, 1, 1, s))
         else:
-            self.slot = g.input("slot", (1,), "i64")
+            self.slots = self.slot = g.input("slot", (1,), "i64")
             self.masks = {"full_attention": g.input("mask", (1, 1, "s", "kv"), "bool")}
             if "sliding_attention" in cfg.layer_types:
                 self.masks["sliding_attention"] = g.input("window_mask", (1, 1, "s", "kv"), "bool")
-            # (kinds, hkv, s, 3): the tuples the row's s new positions of each head go to.
-            k_, h_ = np.meshgrid(np.arange(kinds), np.arange(hkv), indexing="ij")
-            fixed = ((k_ * b)[..., None] * entry + h_[..., None] * head)[:, :, None, :]
-            slot = ops.reshape(self.slot, (1, 1, 1, 1)) * entry
-            self.tuples = ops.reshape(positions, (1, 1, "s", 1)) * at + (slot + fixed)
 
-    def write(self, kind: int, new: Value) -> None:
-        """Store `new` (b, t, hkv, d), the keys or values of the call's tokens, at their positions."""
-        b, t, hkv, d = new.shape
-        at = ops.narrow(self.tuples, 0, kind, 1)
-        if self.decode:
-            tuples, upd = ops.reshape(at, (b * hkv, 3)), ops.reshape(new, (b * hkv, d))
-        else:
-            tuples = ops.reshape(at, (-1, 3))
-            upd = ops.reshape(ops.permute(new, (0, 2, 1, 3)), (-1, d))  # (hkv * s, d), head-major as tuples
-        self.cache = ops.scatter_nd(self.cache, tuples, upd, unique_indices=True)
-
-    def read(self, kind: int) -> Value:
-        """The keys or values (b, hkv, positions, d) the call attends to."""
+    def store(self, layer: int, qkv: Value, cos: Value, sin: Value) -> Value:
+        """RoPE of the call's queries and keys, `qkv` (b, t, heads + 2 kv_heads, d), and the store of its keys
+        and values at their positions in layer `layer`'s entries: returns the rotated queries (b, t, heads, d)."""
         b = self.shape.max_batch
-        block = ops.narrow(self.cache, 0, kind * b, b)  # (b, hkv, max_seq_len, d): every slot of the kind
+        q, self.cache = ops.rope_store_kv(
+            qkv,
+            self.cache,
+            cos,
+            sin,
+            self.positions,
+            self.slots,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            entries=(2 * layer * b, (2 * layer + 1) * b),
+            rotary_dim=2 * cos.shape[1],
+        )
+        return q
+
+    def attend(self, layer: int, q: Value, mask: Value, scale: float) -> Value:
+        """Attention of the call's queries q (b, heads, t, d) to layer `layer`'s keys and values. decode: every
+        slot's block as stored (sdpa_cached: read in place, the mask keeping each row's positions); prefill:
+        the row's slot, its first `kv` positions."""
+        b = self.shape.max_batch
         if self.decode:
-            return block
-        return ops.narrow(ops.narrow(block, 0, self.slot, 1), 2, 0, "kv")  # (1, hkv, kv, d)
+            return ops.sdpa_cached(q, self.cache, (2 * layer * b, (2 * layer + 1) * b), mask=mask, scale=scale)
+        kv = []
+        for kind in (2 * layer, 2 * layer + 1):
+            block = ops.narrow(self.cache, 0, kind * b, b)  # (b, hkv, max_seq_len, d): every slot of the kind
+            kv.append(ops.narrow(ops.narrow(block, 0, self.slot, 1), 2, 0, "kv"))  # (1, hkv, kv, d)
+        return ops.sdpa(q, *kv, mask=mask, scale=scale)
 
 
 def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
@@ -255,30 +258,24 @@ def _gather_last(x: Value, w: "_Weights") -> Value:
     return ops.reshape(ops.permute(parts, (1, 2, 0, 3)), (b, t, n * k))
 
 
-def _attention(cfg, w, p, x, layer, cos, sin, positions, slots: _Slots):
+def _attention(cfg, w, p, x, layer, cos, sin, slots: _Slots):
     b, t = x.shape[:2]
-    hq, hkv, d = cfg.num_attention_heads // w.n, cfg.num_key_value_heads // w.n, cfg.head_dim
-    q = ops.reshape(_linear(w, p + "q_proj", x, cfg.attention_bias), (b, t, hq, d))
-    k = ops.reshape(_linear(w, p + "k_proj", x, cfg.attention_bias), (b, t, hkv, d))
-    v = ops.reshape(_linear(w, p + "v_proj", x, cfg.attention_bias), (b, t, hkv, d))
-    q = ops.rope(q, cos, sin, layout="bshd", position_ids=positions)
-    k = ops.rope(k, cos, sin, layout="bshd", position_ids=positions)
-    # Both writes, then both reads: a read of the cache that a later write could overtake makes IREE copy
-    # the whole cache to keep it (the reads here feed attention, which the next layer's writes wait for).
-    slots.write(2 * layer, k)
-    slots.write(2 * layer + 1, v)
-    keys, values = slots.read(2 * layer), slots.read(2 * layer + 1)
-    a = ops.sdpa(
-        ops.permute(q, (0, 2, 1, 3)), keys, values, mask=slots.masks[cfg.layer_types[layer]], scale=cfg.attention_scale
-    )
+    hq, hkv, d = slots.heads, slots.kv_heads, cfg.head_dim
+    # q, k and v as one projection (joined at load), rotated and stored by one op.
+    qkv = ops.reshape(_linear(w, p + "qkv_proj", x, cfg.attention_bias), (b, t, hq + 2 * hkv, d))
+    q = slots.store(layer, qkv, cos, sin)
+    a = slots.attend(layer, ops.permute(q, (0, 2, 1, 3)), slots.masks[cfg.layer_types[layer]], cfg.attention_scale)
     a = ops.reshape(ops.permute(a, (0, 2, 1, 3)), (b, t, hq * d))
     return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True)
 
 
 def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value) -> Value:
-    gate = _linear(w, p + "gate_proj", x, cfg.mlp_bias)
+    # gate and up as one projection (joined at load): its first half is the gate, its second the up.
+    both = _linear(w, p + "gate_up_proj", x, cfg.mlp_bias)
+    inter = both.shape[2] // 2
+    gate, up = ops.narrow(both, 2, 0, inter), ops.narrow(both, 2, inter, inter)
     act = ops.silu(gate) if cfg.hidden_act == "silu" else ops.gelu(gate, approximate="tanh")
-    return _linear(w, p + "down_proj", act * _linear(w, p + "up_proj", x, cfg.mlp_bias), cfg.mlp_bias, row=True)
+    return _linear(w, p + "down_proj", act * up, cfg.mlp_bias, row=True)
 
 
 def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:

@@ -156,7 +156,7 @@ class LanguageModel:
             self.group, params = _rank_setup(artifact, source, self.plan, parameters)
             self.rank = self.group.rank
         else:
-            params = checkpoint if parameters is None else parameters
+            params = self.plan.parameters(checkpoint if parameters is None else parameters)
         self.module = _load(artifact, device, parameters=params)
         self.checkpoint = checkpoint
         self.tokenizer = _tokenizer(checkpoint)
@@ -170,6 +170,12 @@ class LanguageModel:
             f"{self.config.family} model, {self.sizes.max_batch} x {self.sizes.max_seq_len} positions of KV "
             f"cache, checkpoint tensors " + (f"converted at load ({len(notes)}):" if notes else "used as stored")
         )
+        joined = sum(len(s.sources) > 1 for s in self.plan.shards.values() if s.name.endswith(".weight"))
+        if joined:
+            head += (
+                f"\n  joined at load: {joined} projections (q/k/v, gate/up: one tensor each on the device, "
+                "made in host memory from the checkpoint's)"
+            )
         plan = self.plan.describe() if self.plan.degree > 1 else []
         if plan:
             plan[0] += f" this is rank {self.rank}"
@@ -664,10 +670,10 @@ def _rank_setup(art: Artifact, checkpoint: _Checkpoint, plan, given):
     group = distributed.init(plan.degree)
     group.agree("artifacts", art.metadata.get("graph_hash", "") + art.metadata.get("target", ""))
     if given is not None:
-        return group, given
+        return group, plan.parameters(given, group.rank)
     source = Parameters.open(checkpoint.directory)
     group.agree("checkpoints", source.fingerprint(checkpoint.config_bytes))
-    return group, source.shard({n: (s.source, s.axis) for n, s in plan.shards.items()}, group.rank, plan.degree)
+    return group, plan.parameters(source, group.rank)
 
 
 def _sizes_of(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:
@@ -694,10 +700,8 @@ def _sizes_of(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:
 def _check_artifact(art: Artifact, cfg: LlmConfig, plan=None) -> None:
     """The artifact must be the model of this config: the same parameter names and shapes (a rank's
     slices of them under a tensor-parallel plan)."""
-    if plan is not None and plan.degree > 1:
-        want = {n: list(s.local(plan.degree)) for n, s in plan.shards.items()}
-    else:
-        want = {name: list(shape) for name, shape in param_names(cfg)}
+    plan = plan or sharding.plan(cfg, 1)
+    want = {n: list(s.local(plan.degree)) for n, s in plan.shards.items()}
     got = {p["name"]: p["shape"] for p in art.parameters}
     if got != {k: v for k, v in want.items() if k in got} or not set(got) <= set(want):
         diff = sorted(set(got) ^ set(want) | {k for k in set(got) & set(want) if got[k] != want[k]})

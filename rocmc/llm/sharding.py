@@ -14,6 +14,13 @@ Every rank runs the same program on its own slices:
   drawn with one shared seed). A tied lm_head reads the embedding's tensor with the vocabulary split.
 - norms: every rank holds them whole.
 
+Projections that read the same input are joined at load into one graph parameter (a GEMV each instead of
+three or two): `self_attn.qkv_proj` is q_proj, k_proj and v_proj concatenated along the output features
+(their biases likewise), `mlp.gate_up_proj` gate_proj and up_proj. A joined tensor of a rank is its slices of
+each part, concatenated, so a rank's q/k/v heads and MLP slice are the same as unjoined. The checkpoint is not
+changed: the join is made in host memory when the model is loaded (Parameters.shard), and only the joined
+tensor reaches the device.
+
 A decode step therefore runs 2 all-reduces per layer and 2 all-gathers. The plan is recorded in the
 artifact (`info.llm.tensor_parallel`) and shown by its summary; at load each rank reads its slices of the
 checkpoint (rocmc.parameters.Parameters.shard): a split along axis 0 is a contiguous range of the file,
@@ -28,18 +35,24 @@ from math import gcd
 from ..errors import InputError, ModelImportError
 from .config import LlmConfig, param_names
 
-COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "qkv_proj", "gate_up_proj")
 ROW = ("o_proj", "down_proj")
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+# A joined projection's graph name (module under the layer) -> the checkpoint modules it concatenates.
+JOINED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 @dataclass(frozen=True)
 class Shard:
-    """One graph parameter of a rank: read from checkpoint tensor `source` (full shape `shape`), split
-    into equal parts along `axis` (None: held whole)."""
+    """One graph parameter of a rank: read from the checkpoint tensors `sources` (several: each split,
+    then the rank's slices concatenated along axis 0), of full shape `shape`, split into equal parts along
+    `axis` (None: held whole)."""
 
     name: str
-    source: str
+    sources: tuple
     shape: tuple
     axis: int | None
     role: str
@@ -56,7 +69,22 @@ class Plan:
     shards: dict  # graph parameter name -> Shard
 
     def to_json(self) -> dict:
-        return {"degree": self.degree, "shards": {n: [s.source, s.axis] for n, s in self.shards.items()}}
+        return {"degree": self.degree, "shards": {n: [list(s.sources), s.axis] for n, s in self.shards.items()}}
+
+    def sources(self) -> dict:
+        """{graph parameter: (checkpoint tensors, axis)}, what Parameters.shard reads a rank's tensors by."""
+        return {n: (s.sources, s.axis) for n, s in self.shards.items()}
+
+    def parameters(self, checkpoint, rank: int = 0):
+        """Rank `rank`'s graph parameters from the checkpoint's tensors (a rocmc.parameters.Parameters, or
+        what Parameters.open takes): its slices, and the joined projections joined. A source that already
+        holds every graph parameter under its own name (a rank's tensors made elsewhere) is served as it is."""
+        from ..parameters import Parameters
+
+        source = Parameters.open(checkpoint)
+        if all(n in source for n in self.shards):
+            return source
+        return source.shard(self.sources(), rank, self.degree)
 
     def describe(self) -> list[str]:
         """Summary lines: how many tensors each role splits, and where the ranks combine."""
@@ -70,7 +98,7 @@ class Plan:
 
 
 ROLES = (
-    "column-split (axis 0): q/k/v/gate/up",
+    "column-split (axis 0): q/k/v, gate/up (joined)",
     "row-split (axis 1) then all_reduce: o/down",
     "bias added after the all_reduce (whole)",
     "embedding hidden-split (axis 1) then all_gather",
@@ -101,29 +129,47 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
             f"tensor_parallel={degree} does not divide the model's {k} ({v}): every rank holds "
             f"whole heads and equal slices; this model splits over {', '.join(map(str, ok))} GPUs"
         )
-    shards = {}
-    for name, shape in param_names(cfg):
-        shards[name] = _shard(name, name, shape)
+    shapes = dict(param_names(cfg))
+    parts = {
+        f"{p}{m}.{kind}": f"{p}{joined}.{kind}"
+        for p in layer_prefixes(cfg)
+        for joined, members in JOINED.items()
+        for m in members
+        for kind in ("weight", "bias")
+    }
+    shards, joins = {}, {}
+    for name, shape in shapes.items():
+        if name in parts:
+            joins.setdefault(parts[name], []).append(name)
+        else:
+            shards[name] = _shard(name, (name,), shape)
+    for name, sources in joins.items():
+        shape = (sum(shapes[s][0] for s in sources),) + shapes[sources[0]][1:]
+        shards[name] = _shard(name, tuple(sources), shape)
     if cfg.tie_word_embeddings:
-        shards[LM_HEAD] = Shard(LM_HEAD, EMBED, (cfg.vocab_size, cfg.hidden_size), 0, ROLES[4])
+        shards[LM_HEAD] = Shard(LM_HEAD, (EMBED,), (cfg.vocab_size, cfg.hidden_size), 0, ROLES[4])
     return Plan(degree, shards)
 
 
-def _shard(name: str, source: str, shape: tuple) -> Shard:
+def layer_prefixes(cfg: LlmConfig) -> list[str]:
+    return [f"model.layers.{i}." for i in range(cfg.num_hidden_layers)]
+
+
+def _shard(name: str, sources: tuple, shape: tuple) -> Shard:
     module = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
     if name == EMBED:
-        return Shard(name, source, shape, 1, ROLES[3])
+        return Shard(name, sources, shape, 1, ROLES[3])
     if name == LM_HEAD:
-        return Shard(name, source, shape, 0, ROLES[4])
+        return Shard(name, sources, shape, 0, ROLES[4])
     if module in COLUMN:
-        return Shard(name, source, shape, 0, ROLES[0])
+        return Shard(name, sources, shape, 0, ROLES[0])
     if module in ROW:
         return (
-            Shard(name, source, shape, 1, ROLES[1])
+            Shard(name, sources, shape, 1, ROLES[1])
             if name.endswith(".weight")
-            else Shard(name, source, shape, None, ROLES[2])
+            else Shard(name, sources, shape, None, ROLES[2])
         )
-    return Shard(name, source, shape, None, ROLES[5])
+    return Shard(name, sources, shape, None, ROLES[5])
 
 
 def from_json(meta, cfg: LlmConfig) -> Plan:
@@ -133,7 +179,7 @@ def from_json(meta, cfg: LlmConfig) -> Plan:
     want = plan(cfg, meta.get("degree"))
     if want.to_json() != {
         "degree": meta.get("degree"),
-        "shards": {k: list(v) for k, v in meta.get("shards", {}).items()},
+        "shards": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in meta.get("shards", {}).items()},
     }:
         raise ModelImportError(
             "the artifact's tensor-parallel plan is not the one of this checkpoint's config.json "

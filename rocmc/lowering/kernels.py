@@ -48,6 +48,9 @@ class Binding:
     writes: bool  # written (the result) or read-only
     doc: str
     ctype: str = "T"  # the C element type: T (the kernel's storage type) or a fixed one
+    # An operand the kernel updates in place (writes): dispatched as an input and returned as a result tied
+    # to it, sharing its buffer (a state such as a KV cache is updated without a copy).
+    tied: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,71 @@ FAMILIES: dict[str, KernelFamily] = {
             ("flags", "FLAG_* bits"),
         ),
         flags=(("bshd", "x is (b, t, h, d)"), ("pos", "position_ids present"), ("pos_i64", "they are i64")),
+    ),
+    "rope_store_kv": KernelFamily(
+        "rope_store_kv.hip",
+        tuple(f"rope_store_kv_{v}_{dt}" for dt in DTYPES for v in ("half", "interleaved")),
+        (
+            Binding("qkv", False, "(n tokens, hq + 2 hkv heads, d): query, then key, then value heads"),
+            Binding("cs", False, "cos: (P, r) rows of r values by position, f32/f16/bf16 (FLAG_TAB_*)", "void"),
+            Binding("sn", False, "sin: as cos", "void"),
+            Binding("pos", False, "positions (b or 1, t), i32 or i64", "u32"),
+            Binding("slots", False, "each row's slot (b or 1,), i32 or i64 (a placeholder when absent)", "u32"),
+            Binding("cache", True, "(E, hkv, S, d), updated in place", tied=True),
+            Binding("q", True, "(n, hq, d): the rotated query heads"),
+        ),
+        (
+            ("n", "tokens: b * t"),
+            ("t", "tokens per row"),
+            ("hq", "query heads"),
+            ("hkv", "key/value heads"),
+            ("d", "head dim"),
+            ("r", "rotary_dim / 2"),
+            ("S", "positions of a cache entry"),
+            ("E", "cache entries"),
+            ("P", "table rows"),
+            ("k0", "the keys' first entry"),
+            ("v0", "the values' first entry"),
+            ("pos_stride", "positions per row (t, or 0 when shared)"),
+            ("slot_stride", "slots per row (1, or 0 when shared)"),
+            ("nblocks", "workgroups in the grid"),
+            ("flags", "FLAG_* bits"),
+        ),
+        flags=(
+            ("pos_i64", "positions are i64"),
+            ("slots", "slots present (absent: row i is slot i)"),
+            ("slots_i64", "slots are i64"),
+            ("tab_f32", "the tables are f32"),
+            ("tab_f16", "the tables are f16 (neither: bf16)"),
+        ),
+    ),
+    "attention_decode": KernelFamily(
+        "attention_decode.hip",
+        tuple(f"attention_decode_{dt}" for dt in DTYPES),
+        (
+            Binding("q", False, "(b, hq, sq, d)"),
+            Binding("k", False, "(kb + b or more, hkv, S, d): batch row i reads entry kb + i"),
+            Binding("v", False, "(vb + b or more, hkv, S, d): batch row i reads entry vb + i"),
+            Binding(
+                "mask", False, "bool, 1 = keep, by the mask_* strides (a placeholder when absent)", "unsigned char"
+            ),
+            Binding("out", True, "(b, hq, sq, d)"),
+        ),
+        (
+            ("hq", "query heads"),
+            ("hkv", "key/value heads"),
+            ("sq", "queries per head"),
+            ("S", "positions of k and v"),
+            ("d", "head dim"),
+            ("kb", "k's entry of batch row 0"),
+            ("vb", "v's entry of batch row 0"),
+            ("mask_b", "mask elements per batch row (0: broadcast)"),
+            ("mask_h", "mask elements per query head (0: broadcast)"),
+            ("mask_q", "mask elements per query (0: broadcast)"),
+            ("scale", "f32 bits: the scores' scale"),
+            ("flags", "FLAG_* bits"),
+        ),
+        flags=(("mask", "mask present"), ("causal", "keep j <= i + S - sq")),
     ),
 }
 

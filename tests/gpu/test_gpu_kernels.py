@@ -1,8 +1,10 @@
-"""The hand-written kernels (rms_norm, layer_norm, rope) on an NVIDIA GPU against float64: odd and tiny
-rows, very long rows, symbolic rows and columns, reductions over trailing axes, no affine terms, shifted
-and outlier rows (the one-pass LayerNorm's cancellation), and rope's half/interleaved forms, layouts,
-partial rotation, batched and broadcast tables and position ids. Each module runs on NaN inputs first,
-so an output element a kernel fails to write keeps the NaN and fails the test."""
+"""The hand-written kernels (rms_norm, layer_norm, rope, rope_store_kv, attention_decode) on an NVIDIA GPU against
+float64: odd and tiny rows, very long rows, symbolic rows and columns, reductions over trailing axes, no affine
+terms, shifted and outlier rows (the one-pass LayerNorm's cancellation), rope's half/interleaved forms, layouts, partial
+rotation, batched and broadcast tables and position ids, and rope_store_kv's GQA ratios (1, 4, 8), head dims
+(64, 128, 256 and odd ones), token counts (1, 17, 513, 4095), tables of another dtype and slots given or implied.
+The norm and rope modules run on NaN inputs first, so an output element a kernel fails to write keeps the NaN and
+fails the test; rope_store_kv's whole cache is compared (the places not stored keep their values)."""
 
 from __future__ import annotations
 
@@ -97,6 +99,106 @@ def rope_case(
     return Case(name, graph, inputs, TOL[dtype], rel_l2, poison=True, calls="kernels")
 
 
+def store_case(
+    name, dtype, b, t, hq, hkv, d, interleaved=False, rot=None, table=None, slots="i64", pos="int64", sym=False
+) -> Case:
+    """rope_store_kv of qkv (b, t, hq + 2 hkv, d) into a cache of 2 * (b + 1) entries (keys of slot s at entry s,
+    values at b + 1 + s) of t + 7 positions; each row at its own distinct slot and positions (random); slots
+    None: row i is slot i. The whole cache is compared: the places not stored must keep their values."""
+    rot, table, n = rot or d, table or dtype, b + 1
+    S = t + 7
+
+    def graph():
+        g = rocmc.Graph("kv")
+        x = g.input("qkv", (b, "t" if sym else t, hq + 2 * hkv, d), dtype)
+        cache = g.input("cache", (2 * n, hkv, S, d), dtype)
+        c, s = g.input("cos", (S, rot // 2), table), g.input("sin", (S, rot // 2), table)
+        p = g.input("pos", (b, "t" if sym else t), pos)
+        sl = g.input("slots", (b,), slots) if slots else None
+        g.output(
+            *ops.rope_store_kv(
+                x, cache, c, s, p, sl, heads=hq, kv_heads=hkv, entries=(0, n), interleaved=interleaved, rotary_dim=rot
+            )
+        )
+        return g
+
+    def inputs(rng, _):
+        angles = rng.uniform(0, 6.3, (S, rot // 2))
+        tab = rocmc.dtype(table).np
+        out = [_rand(rng, (b, t, hq + 2 * hkv, d), dtype), _rand(rng, (2 * n, hkv, S, d), dtype)]
+        out += [np.cos(angles).astype(tab), np.sin(angles).astype(tab)]
+        out.append(np.stack([rng.permutation(S)[:t] for _ in range(b)]).astype(pos))
+        if slots:
+            out.append(rng.permutation(n)[:b].astype(rocmc.dtype(slots).np))
+        return out
+
+    return Case(name, graph, inputs, TOL[dtype], rel_l2, sizes=(t,) if sym else (None,), calls="kernels")
+
+
+def _store_cases() -> list[Case]:
+    return [
+        store_case("store_f16_decode_gqa8", "f16", 4, 1, 32, 4, 128),
+        store_case("store_f16_t17_mha", "f16", 1, 17, 4, 4, 64, table="f32", sym=True),
+        store_case("store_bf16_t513_gqa4_d256", "bf16", 1, 513, 16, 4, 256, table="bf16"),
+        store_case("store_f16_inter_implied", "f16", 3, 1, 8, 1, 64, interleaved=True, slots=None),
+        store_case("store_f32_t4095", "f32", 1, 4095, 8, 2, 64, slots="i32", pos="int32", sym=True),
+        store_case("store_f16_partial", "f16", 2, 5, 4, 2, 96, rot=32),
+        store_case("store_f16_odd", "f16", 2, 3, 6, 3, 20, rot=6),
+        store_case("store_bf16_inter_f16tab", "bf16", 2, 17, 8, 2, 128, interleaved=True, table="f16"),
+        store_case("store_f32_inter_odd", "f32", 2, 3, 2, 1, 10, interleaved=True),
+    ]
+
+
+def attention_case(name, dtype, b, hq, hkv, d, S, keep="prefix", sq=1, cached=True, causal=False) -> Case:
+    """Attention of sq queries per head (decode: 1) by the attention_decode kernel: sdpa_cached of a cache of
+    2 * b + 1 entries (keys from entry 1, values from b + 1: the cache as stored) or plain sdpa. keep: each row's
+    mask (b, 1, sq, S), "prefix" (a random length), "window" (the last 5 of a random length) or "heads" (a
+    random mask per query head, (b, hq, sq, S)); None: no mask."""
+    mshape = (b, hq if keep == "heads" else 1, sq, S)
+
+    def graph():
+        g = rocmc.Graph("att")
+        q = g.input("q", (b, hq, sq, d), dtype)
+        m = g.input("mask", mshape, "bool") if keep else None
+        if cached:
+            cache = g.input("cache", (2 * b + 1, hkv, S, d), dtype)
+            g.output(ops.sdpa_cached(q, cache, (1, b + 1), mask=m, is_causal=causal))
+        else:
+            k, v = g.input("k", (b, hkv, S, d), dtype), g.input("v", (b, hkv, S, d), dtype)
+            g.output(ops.sdpa(q, k, v, mask=m, is_causal=causal))
+        return g
+
+    def inputs(rng, _):
+        out = [_rand(rng, (b, hq, sq, d), dtype)]
+        if keep:
+            j = np.arange(S)
+            if keep == "heads":
+                m = rng.random(mshape) < 0.5
+                m[..., -1] = True
+            else:
+                length = rng.integers(1, S + 1, size=(b, 1, 1, 1))
+                m = np.broadcast_to((j < length) & ((j >= length - 5) if keep == "window" else True), mshape)
+            out.append(np.ascontiguousarray(m))
+        kv = [(2 * b + 1, hkv, S, d)] if cached else [(b, hkv, S, d)] * 2
+        return out + [_rand(rng, shape, dtype) for shape in kv]
+
+    # Asked for by name: by default the kernel takes only batches of many workgroups (kernel/attention.py).
+    impl = {"sdpa_cached" if cached else "sdpa": "kernel"}
+    return Case(name, graph, inputs, TOL[dtype], rel_l2, compile={"impl": impl}, calls="kernels")
+
+
+def _attention_cases() -> list[Case]:
+    return [
+        attention_case("att_f16_gqa8_d128_s513", "f16", 4, 32, 4, 128, 513),
+        attention_case("att_bf16_mha_d256_s17_window", "bf16", 2, 4, 4, 256, 17, keep="window"),
+        attention_case("att_f16_gqa4_d64_s4095", "f16", 2, 8, 2, 64, 4095),
+        attention_case("att_f32_mha_d128_s1_nomask", "f32", 3, 2, 2, 128, 1, keep=None),
+        attention_case("att_f16_sdpa_causal_sq3", "f16", 2, 8, 2, 64, 50, keep=None, sq=3, cached=False, causal=True),
+        attention_case("att_f16_sdpa_mask_per_head", "f16", 2, 4, 2, 128, 37, keep="heads", cached=False),
+        attention_case("att_bf16_gqa4_d128_s1000", "bf16", 8, 16, 4, 128, 1000),
+    ]
+
+
 def _cases() -> list[Case]:
     out = []
     for dt in DTYPES:
@@ -132,6 +234,7 @@ def _cases() -> list[Case]:
                 rope_case(f"{v}_pair", dt, 2, 1, 3, 2, interleaved=inter, table="one"),
                 rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6),
             ]
+    out += _store_cases() + _attention_cases()
     return [replace(c, name=f"kernel.{c.name}") for c in out]
 
 

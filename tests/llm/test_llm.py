@@ -156,7 +156,8 @@ def test_saved_artifact_with_checkpoint_needs_no_compile(llm_checkpoint, tmp_pat
     assert "converted at load" in f16.summary() and "f32 -> f16" in f16.summary()
     assert re.search(r"per decode call: \d+ dispatches, .* host waits", f16.summary())
     text = art.summary()
-    assert "model.layers.0.self_attn.q_proj.weight" in text and "kv_cache" in text
+    assert "model.layers.0.self_attn.qkv_proj.weight" in text and "kv_cache" in text
+    assert "joined at load: 4 projections" in lm.summary()  # q/k/v and gate/up of 2 layers
 
 
 def test_bad_inputs(models, llm_checkpoint, tmp_path):  # noqa: F811

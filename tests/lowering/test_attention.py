@@ -140,3 +140,64 @@ def test_dtype_mismatch_and_scale_errors():
         ops.sdpa(qs, qs, qs)
     with pytest.raises(rocmc.GraphError, match=r"is_causal='yes', expected a bool"):
         ops.sdpa(k, k, k, is_causal="yes")
+
+
+# ---- sdpa_cached: the keys and values of a KV cache's entries, as stored -----------------------------------
+
+
+def _cached_graph(b=2, hq=4, hkv=2, sq=1, d=16, n=6, S=9, entries=(1, 4), dtype="f32", mask=True, **kw):
+    g = rocmc.Graph("c")
+    q = g.input("q", (b, hq, sq, d), dtype)
+    cache = g.input("cache", (n, hkv, S, d), dtype)
+    m = g.input("mask", (b, 1, sq, S), "bool") if mask else None
+    g.output(ops.sdpa_cached(q, cache, entries, mask=m, **kw))
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_cached_matches_sdpa_of_the_blocks(dtype, causal, rng):
+    g = _cached_graph(sq=2, dtype=dtype, is_causal=causal)
+    q, cache = rand(rng, (2, 4, 2, 16), dtype), rand(rng, (6, 2, 9, 16), dtype)
+    mask = _bool_mask(rng, (2, 1, 2, 9))
+    (got,) = check(g, q, cache, mask)
+    want = rocmc.evaluate(
+        _graph((2, 4, 2, 16), (2, 2, 9, 16), 16, "f64", ((2, 1, 2, 9), "bool"), is_causal=causal),
+        *(a.astype(np.float64) for a in (q, cache[1:3], cache[4:6])),
+        mask,
+    )
+    np.testing.assert_allclose(rocmc.evaluate(g, q, cache, mask), want, rtol=1e-12)
+
+
+def test_decode_attention_kernel_is_chosen_and_reads_the_cache_in_place():
+    g = _cached_graph(b=16, hq=32, hkv=8, d=64, S=40, entries=(0, 16), n=32, dtype="f16")  # 128 workgroups
+    for target in ("gfx942", "cuda:sm_80"):
+        art = rocmc.compile(g, target)
+        assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_decode_f16"]
+        assert art.call_structure()["main"].copies == 0
+    # Fewer workgroups: IREE's attention by default (faster there), the kernel when asked for by name.
+    few = _cached_graph(b=3, hq=8, hkv=2, d=64, S=40, entries=(0, 3), dtype="f16")
+    art = rocmc.compile(few, "cuda:sm_80")
+    assert not art.metadata["kernels"] and "3 x 2 workgroups (batch x kv heads): fewer than 128" in art.summary()
+    art = rocmc.compile(few, "cuda:sm_80", impl={"sdpa_cached": "kernel"})
+    assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_decode_f16"]
+    compile_gpu(_graph((2, 4, 1, 64), (2, 2, 33, 64), 64, "f16", ((2, 1, 1, 33), "bool")), impl={"sdpa": "kernel"})
+
+
+@pytest.mark.parametrize(
+    "shape,dv,why",
+    [
+        ((1, 4, 1, 48), 48, "head dim 48"),  # not a multiple of a wave's lanes
+        ((1, 4, 1, 64), 32, "v's head dim 32"),
+        ((1, 64, 1, 64), 64, "64 query heads a kv head"),  # more rows than a workgroup holds
+    ],
+)
+def test_decode_attention_kernel_states_why_it_passes_over(shape, dv, why):
+    g = _graph(shape, (1, 1, 20, shape[3]), dv, "f16")
+    art = rocmc.compile(g, "cuda:sm_80", impl={"sdpa": "kernel"})
+    assert why in art.summary() and not art.metadata["kernels"]
+
+
+def test_sdpa_cached_bad_entries_are_graph_errors():
+    with pytest.raises(rocmc.GraphError, match=r"entries=\(5, 0\), expected .* in \[0, 4\]"):
+        _cached_graph(entries=(5, 0))

@@ -495,3 +495,27 @@ def test_arrays_outlive_the_caller_references(program, rng):
     x = rng.standard_normal((2, 3)).astype(np.float32)
     got = np.asarray(rt.FunctionInvoker(context, device, program_module.lookup_function("main"))(x).to_host())
     np.testing.assert_allclose(got, reference(x, w_seen), rtol=1e-5, atol=1e-5)
+
+
+def test_joined_tensors_and_a_rank_s_slices_of_them(tmp_path, rng):
+    """shard() joins tensors along axis 0 (a fused q/k/v projection made at load), whole or each one's slice of a
+    rank; the checkpoint file is not changed."""
+    q, k, v = (rng.standard_normal((n, 4)).astype(np.float32) for n in (8, 4, 4))
+    save_file({"q": q, "k": k, "v": v, "n": np.ones(4, np.float32)}, str(tmp_path / "model.safetensors"))
+    before = (tmp_path / "model.safetensors").read_bytes()
+    p = Parameters.open(tmp_path)
+    whole = p.shard({"qkv": (("q", "k", "v"), 0), "n": ("n", None)}, 0, 1)
+    np.testing.assert_array_equal(whole.array("qkv"), np.concatenate([q, k, v]))
+    assert whole.info("qkv") == ((16, 4), "f32") and whole.info("n") == ((4,), "f32")
+    rank1 = p.shard({"qkv": (("q", "k", "v"), 0)}, 1, 2)
+    np.testing.assert_array_equal(rank1.array("qkv"), np.concatenate([q[4:], k[2:], v[2:]]))
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+def test_tensors_that_do_not_concatenate_are_an_input_error(tmp_path, rng):
+    save_file(
+        {"a": rng.standard_normal((2, 4)).astype(np.float32), "b": rng.standard_normal((2, 3)).astype(np.float32)},
+        str(tmp_path / "model.safetensors"),
+    )
+    with pytest.raises(InputError, match=r"parameter 'ab' joins 'a', 'b' along axis 0, but their shapes do not"):
+        Parameters.open(tmp_path).shard({"ab": (("a", "b"), 0)}, 0, 1)

@@ -22,7 +22,7 @@ import pytest
 import rocmc
 from llm_models import PROMPT_IDS, hf_greedy, llm_checkpoint  # noqa: F401
 from rocmc.llm import sharding
-from rocmc.llm.config import load_config, param_names
+from rocmc.llm.config import load_config
 from rocmc.llm.model import CACHE, Shape, build, cache_shape
 from rocmc.parameters import Parameters
 from rocmc.runtime import distributed
@@ -43,9 +43,7 @@ def _run_sharded(cfg, params, degree, feeds, ranks_from=None):
     graph = build(cfg, SHAPE, ["prefill"], plan)["prefill"]
 
     def rank(r):
-        mine = params.shard(
-            {n: (s.source, s.axis) for n, s in plan.shards.items()}, r if ranks_from is None else ranks_from, degree
-        )
+        mine = plan.parameters(params, r if ranks_from is None else ranks_from)
         return rocmc.evaluate(
             graph,
             **feeds,
@@ -64,10 +62,11 @@ def test_every_rank_through_evaluate_equals_the_unsharded_graph(llm_checkpoint, 
     cfg, params = load_config(d), Parameters.open(d)
     feeds = _feeds(cfg, list(PROMPT_IDS))
     full = build(cfg, SHAPE, ["prefill"])["prefill"]
+    whole = sharding.plan(cfg, 1).parameters(params)  # the checkpoint's tensors, q/k/v and gate/up joined
     want, want_state = rocmc.evaluate(
         full,
         **feeds,
-        parameters={n: params.array(n) for n, _ in param_names(cfg)},
+        parameters={n: whole.array(n) for n in whole},
         state={CACHE: np.zeros(cache_shape(cfg, SHAPE))},
     )
     graph, ranks = _run_sharded(cfg, params, degree, feeds)
@@ -97,11 +96,13 @@ def test_the_plan_splits_heads_and_says_so(llm_checkpoint):  # noqa: F811
     cfg = load_config(llm_checkpoint("qwen2"))  # tied embeddings, q/k/v biases
     plan = sharding.plan(cfg, 2)
     s = plan.shards
-    assert (s["model.layers.0.self_attn.q_proj.weight"].axis, s["model.layers.0.self_attn.q_proj.bias"].axis) == (0, 0)
+    qkv = "model.layers.0.self_attn.qkv_proj."
+    assert (s[qkv + "weight"].axis, s[qkv + "bias"].axis) == (0, 0)
+    assert s[qkv + "weight"].sources == tuple(f"model.layers.0.self_attn.{m}_proj.weight" for m in "qkv")
     assert s["model.layers.0.self_attn.o_proj.weight"].axis == 1 and s["model.layers.0.mlp.down_proj.weight"].axis == 1
     assert s["model.embed_tokens.weight"].axis == 1 and s["model.norm.weight"].axis is None
-    assert (s["lm_head.weight"].source, s["lm_head.weight"].axis) == ("model.embed_tokens.weight", 0)
-    assert s["model.layers.0.self_attn.k_proj.weight"].local(2) == (cfg.kv_dim // 2, cfg.hidden_size)
+    assert (s["lm_head.weight"].sources, s["lm_head.weight"].axis) == (("model.embed_tokens.weight",), 0)
+    assert s[qkv + "weight"].local(2) == ((cfg.q_dim + 2 * cfg.kv_dim) // 2, cfg.hidden_size)
     text = "\n".join(plan.describe())
     assert "2 ranks" in text and "row-split (axis 1) then all_reduce" in text
     # a degree that does not divide the heads (2 kv heads), named with the degrees that work

@@ -5,6 +5,9 @@ h // (hq / hkv). mask is additive (q's float dtype) or bool (true = keep), broad
 (b, hq, s, skv). is_causal keeps key j for query i when j <= i + (skv - s) (bottom-right aligned, as
 ONNX Attention documents). A query row whose keys are all masked has no defined result (the reference
 gives NaN, as torch does). softmax in f32.
+
+sdpa_cached is sdpa with the keys and values read from a KV cache as stored: entries (E, hkv, S, d) of which
+batch row i reads keys from entry entries[0] + i and values from entry entries[1] + i (a decoder's slots).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import numpy as np
 
 from ...errors import GraphError
 from ..graph import TensorType
-from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, reference
+from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, is_int, reference
 
-__all__ = ["sdpa"]
+__all__ = ["sdpa", "sdpa_cached"]
 
 
 def head_groups(desc: str, hq, hkv):
@@ -103,13 +106,58 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
         as_value("sdpa", "v", v, g, q),
         None if mask is None else as_value("sdpa", "mask", mask, g, q),
     ]
+    return g.apply("sdpa", operands, _attrs("sdpa", q, is_causal, scale))[0]
+
+
+def _attrs(op: str, q, is_causal, scale) -> dict:
+    """is_causal and scale checked; scale=None: 1/sqrt(head dim)."""
     if not isinstance(is_causal, (bool, np.bool_)):
-        raise GraphError(f"sdpa: is_causal={is_causal!r}, expected a bool")
+        raise GraphError(f"{op}: is_causal={is_causal!r}, expected a bool")
     if scale is None:
         d = q.shape[-1] if q.rank else None
         if not isinstance(d, int) or d == 0:
-            raise GraphError(f"sdpa: scale=None needs a static, non-zero head dim, 'q' is {q.type}; pass scale=")
+            raise GraphError(f"{op}: scale=None needs a static, non-zero head dim, 'q' is {q.type}; pass scale=")
         scale = 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-        raise GraphError(f"sdpa: scale={scale!r}, expected a number")
-    return g.apply("sdpa", operands, {"is_causal": bool(is_causal), "scale": float(scale)})[0]
+        raise GraphError(f"{op}: scale={scale!r}, expected a number")
+    return {"is_causal": bool(is_causal), "scale": float(scale)}
+
+
+@defop("sdpa_cached", attrs=("entries", "is_causal", "scale"))
+def _sdpa_cached(node, types, attrs):
+    q, cache, mask = types
+    desc = node.describe()
+    b = q.shape[0] if q.rank == 4 else None
+    if cache.rank != 4 or not all(isinstance(n, int) for n in cache.shape) or not isinstance(b, int):
+        raise GraphError(f"{desc}: 'q' is {q} and 'cache' is {cache}, expected a static batch and a static cache")
+    entries = attrs["entries"]
+    n = cache.shape[0]
+    if not (isinstance(entries, tuple) and len(entries) == 2 and all(is_int(e) and 0 <= e <= n - b for e in entries)):
+        raise GraphError(f"{desc}: entries={entries!r}, expected (keys' first, values' first) entries in [0, {n - b}]")
+    block = TensorType((b,) + tuple(cache.shape[1:]), cache.dtype)
+    return _sdpa(node, [q, block, block, mask], attrs)
+
+
+@reference("sdpa_cached")
+def _sdpa_cached_ref(node, ins, attrs):
+    q, cache, mask = ins
+    b = q.shape[0]
+    k0, v0 = attrs["entries"]
+    return _sdpa_ref(node, [q, cache[k0 : k0 + b], cache[v0 : v0 + b], mask], attrs)
+
+
+@builder
+def sdpa_cached(q, cache, entries, mask=None, is_causal=False, scale=None):
+    """sdpa(q, cache[k0 : k0 + b], cache[v0 : v0 + b], mask, is_causal, scale) with (k0, v0) = entries and b the
+    batch of q (b, hq, s, d): attention to the keys and values of a KV cache (E, hkv, S, d) as stored, each batch
+    row reading its own entries. A kernel reads the cache in place where a slice of it would be a copy."""
+    g = graph_of("sdpa_cached", q, cache)
+    qv = as_value("sdpa_cached", "q", q, g)
+    operands = [
+        qv,
+        as_value("sdpa_cached", "cache", cache, g),
+        None if mask is None else as_value("sdpa_cached", "mask", mask, g, qv),
+    ]
+    entries = tuple(int(e) if is_int(e) else e for e in entries) if isinstance(entries, (tuple, list)) else entries
+    attrs = {"entries": entries} | _attrs("sdpa_cached", qv, is_causal, scale)
+    return g.apply("sdpa_cached", operands, attrs)[0]

@@ -281,6 +281,23 @@ def lower_sdpa(E: Emitter, node, ins, ctx):
     return _decomposed(E, node, q, k, v, mask, dims, p_elt=q.mlir_elt)
 
 
+@lowering("sdpa_cached")
+def lower_sdpa_cached(E: Emitter, node, ins, ctx):
+    """sdpa of the cache's key and value blocks (slices of it: IREE reads them in place inside its dispatch)."""
+    q, cache, mask = ins
+    b = q.shape[0]
+    blocks = []
+    for first in node.attrs["entries"]:
+        ty = cache.type.with_shape((b,) + tuple(cache.shape[1:]))
+        sizes = ", ".join(str(n) for n in ty.shape)
+        r = E.op(
+            f"tensor.extract_slice {cache.name}[{first}, 0, 0, 0] [{sizes}] [1, 1, 1, 1] : {cache.mlir} to "
+            f"{T('', ty).mlir}"
+        )
+        blocks.append(T(r, ty, cache.elt))
+    return lower_sdpa(E, node, [q, *blocks, mask], ctx)
+
+
 def score_term(node) -> list:
     """The sizes whose product is an sdpa's score count: b * hq * s * skv."""
     qs, ks = node.inputs[0].shape, node.inputs[1].shape

@@ -94,19 +94,27 @@ def _combine(E: Emitter, reduction: str, new: str, old: str, elt: str, unsigned:
 
 
 def _scatter(E: Emitter, node, data: T, tuples: T, upd: T) -> T:
+    """A scatter node's iree_linalg_ext.scatter (see scatter_op)."""
+    reduction, unique = node.attrs["reduction"], bool(node.attrs.get("unique_indices"))
+    return scatter_op(E, data, tuples, upd, reduction, unique, node.inputs[0].dtype.unsigned)
+
+
+def scatter_op(
+    E: Emitter, data: T, tuples: T, upd: T, reduction: str = "none", unique: bool = False, unsigned: bool = False
+) -> T:
     """iree_linalg_ext.scatter of `upd` (batch dims, then the slice) into `data` at the index tuples
-    `tuples` (batch dims, then the tuple length k, which maps to data's first k dims)."""
+    `tuples` (batch dims, then the tuple length k, which maps to data's first k dims), combined by `reduction`;
+    `unique`: the caller promises no two tuples are equal (applied in parallel)."""
     k, elt = tuples.shape[-1], data.mlir_elt
-    unsigned = node.inputs[0].dtype.unsigned
     r = E.fresh("sc")
     with E.region(
         f"{r} = iree_linalg_ext.scatter dimension_map = {list(range(k))} "
-        f"unique_indices({'true' if node.attrs.get('unique_indices') else 'false'}) "
+        f"unique_indices({'true' if unique else 'false'}) "
         f"ins({upd.name}, {tuples.name} : {upd.mlir}, {tuples.mlir}) outs({data.name} : {data.mlir})",
         f"-> {data.mlir}",
         [elt, elt],
     ) as (a, b):
-        E.emit(f"iree_linalg_ext.yield {_combine(E, node.attrs['reduction'], a, b, elt, unsigned)} : {elt}")
+        E.emit(f"iree_linalg_ext.yield {_combine(E, reduction, a, b, elt, unsigned)} : {elt}")
     return T(r, data.type, data.elt)
 
 

@@ -10,9 +10,13 @@ gather (tensor.extract from the table). With rotary_dim < d the rotated slice is
 
 from __future__ import annotations
 
+from ... import dtypes as dt
+from ...frontend.graph import TensorType
 from ...frontend.ops.rope import LAYOUTS
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
+from .gathers import _pick, _tuples, scatter_op
+from .shape import _clamp
 
 F32 = "f32"
 
@@ -113,3 +117,102 @@ def _gather(E: Emitter, p, pos_elt: str, p_loop: int, cos: T, sin: T, unsigned: 
     return [
         E.cast_scalar(E.op(f"tensor.extract {t.name}[{row}, {col}] : {t.mlir}"), t.mlir_elt, F32) for t in (cos, sin)
     ]
+
+
+# ---- rope_store_kv -----------------------------------------------------------------------------------------
+
+
+def _slice_heads(E: Emitter, x: T, first: int, n: int) -> T:
+    """x[:, :, first:first + n, :] of a (b, t, heads, d) tensor."""
+    b, t, _, d = E.dims(x)
+    ty = x.type.with_shape((x.shape[0], x.shape[1], n, x.shape[3]))
+    r = E.op(
+        f"tensor.extract_slice {x.name}[0, 0, {first}, 0] [{_sizes([b, t, n, d])}] [1, 1, 1, 1] "
+        f": {x.mlir} to {tensor_type(ty.shape, x.mlir_elt)}"
+    )
+    return T(r, ty, x.elt)
+
+
+def _position(E: Emitter, v: str, elt: str, hi) -> str:
+    """A position or slot read as an index, clamped to [0, hi]."""
+    return _clamp(E, E.op(f"arith.index_cast {v} : {elt} to index"), E.as_index(hi))
+
+
+@lowering("rope_store_kv")
+def lower_rope_store_kv(E: Emitter, node, ins, ctx):
+    """RoPE of the query and key heads (one generic: a pair's partner and the table entries read with
+    tensor.extract), then one unique-tuple scatter each for the keys and the values."""
+    qkv, cache, cos, sin, pos, slots = ins
+    a = node.attrs
+    hq, hkv, (k0, v0), rot = a["heads"], a["kv_heads"], a["entries"], a["rotary_dim"]
+    r, d = rot // 2, qkv.shape[3]
+    b, t = E.dims(qkv)[:2]
+    storage, tab = qkv.mlir_elt, cos.mlir_elt
+    table_rows = E.dim(cos, 0)
+    lead = _slice_heads(E, qkv, 0, hq + hkv)
+    lead_b = lambda n: "0" if pos.shape[0] == 1 and qkv.shape[0] != 1 else n  # noqa: E731
+
+    def rotate(E: Emitter, args):
+        x, p = args[0], args[1]
+        i, j, h, k = (E.op(f"linalg.index {n} : index") for n in range(4))
+        row = _position(E, p, pos.mlir_elt, E.subi(table_rows, 1))
+        rotated = E.op(f"arith.cmpi ult, {k}, {E.index(rot)} : index")
+        if a["interleaved"]:
+            one = E.index(1)
+            partner = E.op(f"arith.xori {k}, {one} : index")
+            m = E.op(f"arith.shrui {k}, {one} : index")
+            first = E.op(f"arith.cmpi eq, {E.op(f'arith.andi {k}, {one} : index')}, {E.index(0)} : index")
+        else:
+            first = E.op(f"arith.cmpi ult, {k}, {E.index(r)} : index")
+            m = E.op(f"arith.select {first}, {k}, {E.subi(k, r)} : index")
+            partner = E.op(f"arith.select {first}, {E.addi(k, r)}, {E.subi(k, r)} : index")
+        # Past rotary_dim: the element itself (its partner and table column unused, kept in range).
+        partner = E.op(f"arith.select {rotated}, {partner}, {k} : index")
+        m = E.op(f"arith.select {rotated}, {m}, {E.index(0)} : index")
+        other = E.op(f"tensor.extract {qkv.name}[{i}, {j}, {h}, {partner}] : {qkv.mlir}")
+        c, s = (E.cast_scalar(E.op(f"tensor.extract {tb.name}[{row}, {m}] : {tb.mlir}"), tab, F32) for tb in (cos, sin))
+        xs, os_ = E.cast_scalar(x, storage, F32), E.cast_scalar(other, storage, F32)
+        y0 = E.op(f"arith.subf {E.op(f'arith.mulf {xs}, {c} : f32')}, {E.op(f'arith.mulf {os_}, {s} : f32')} : f32")
+        y1 = E.op(f"arith.addf {E.op(f'arith.mulf {os_}, {s} : f32')}, {E.op(f'arith.mulf {xs}, {c} : f32')} : f32")
+        y = E.cast_scalar(E.op(f"arith.select {first}, {y0}, {y1} : f32"), F32, storage)
+        return [E.op(f"arith.select {rotated}, {y}, {x} : {storage}")]
+
+    out_ty = tensor_type(lead.shape, storage)
+    y = E.generic(
+        [(lead.name, lead.mlir), (pos.name, pos.mlir)],
+        [(E.empty([b, t, hq + hkv, d], storage), out_ty)],
+        [affine_map(4, range(4)), affine_map(4, [lead_b(0), 1]), affine_map(4, range(4))],
+        ["parallel"] * 4,
+        rotate,
+    )[0]
+    rotated = T(y, lead.type, lead.elt)
+    q = _slice_heads(E, rotated, 0, hq)
+    for base, new in ((k0, _slice_heads(E, rotated, hq, hkv)), (v0, _slice_heads(E, qkv, hq + hkv, hkv))):
+        cache = _store(E, node, cache, new, pos, slots, base)
+    return [q, cache]
+
+
+def _store(E: Emitter, node, cache: T, new: T, pos: T, slots: T | None, base: int) -> T:
+    """cache[base + slots[i], h, positions[i, j]] = new[i, j, h] for every token (i, j) and kv head h (slots
+    None: slot i)."""
+    n_entries, _, n_pos, d = cache.shape
+    b, t, hkv, _ = E.dims(new)
+    one_row = lambda x: "0" if x.shape[0] == 1 and new.shape[0] != 1 else 0  # noqa: E731
+
+    def coord(E: Emitter, at, j, scalars):
+        slot = at[0] if slots is None else _position(E, scalars[1], slots.mlir_elt, n_entries - 1 - base)
+        entry = E.minsi(E.addi(slot, base), n_entries - 1)
+        return _pick(E, j, [entry, at[2], _position(E, scalars[0], pos.mlir_elt, n_pos - 1)], E.index(0))
+
+    ins = [(pos.name, pos.mlir, affine_map(4, [one_row(pos), 1]))]
+    if slots is not None:
+        ins.append((slots.name, slots.mlir, affine_map(4, [one_row(slots)])))
+    tuples = _tuples(E, [b, t, hkv], new.shape[:3], 3, ins, coord)
+    # The tokens' (b, t, kv head) flattened: tuples (n, 3), updates (n, d).
+    n = E.product([b, t, hkv])
+    flat = n if isinstance(n, int) else "?"
+    idx_t = T("", TensorType((flat, 3), dt.i64), "i64")
+    upd_t = T("", new.type.with_shape((flat, d)), new.elt)
+    idx_t.name = E.op(f"tensor.collapse_shape {tuples.name} [[0, 1, 2], [3]] : {tuples.mlir} into {idx_t.mlir}")
+    upd_t.name = E.op(f"tensor.collapse_shape {new.name} [[0, 1, 2], [3]] : {new.mlir} into {upd_t.mlir}")
+    return scatter_op(E, cache, idx_t, upd_t, unique=True)

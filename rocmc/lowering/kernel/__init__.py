@@ -9,4 +9,4 @@ GPU-only object in a CPU module crashes iree-compile). Each lowering checks what
 and otherwise names the reason, so the registry falls back to the generated implementation.
 """
 
-from . import norm, rope  # noqa: F401
+from . import attention, norm, rope  # noqa: F401

@@ -68,31 +68,62 @@ def dispatch(
     result_dims: Sequence,
     groups,
 ) -> T:
-    """`flow.dispatch` of kernel `symbol`.
+    """`flow.dispatch` of kernel `symbol`, whose one result is `result` (see dispatch_results)."""
+    return dispatch_results(E, ctx, node, symbol, constants, inputs, {None: (result, result_dims)}, groups)[0]
 
-    constants: push-constant name -> i32 SSA name or Python int; inputs: read-only binding name -> T or
-    None (a placeholder buffer: the kernel is told by a flag not to read it), every one of the family's
-    named; result_dims: the result's sizes (ints or index SSA); groups: the grid.
+
+def dispatch_results(
+    E: Emitter,
+    ctx: LowerContext,
+    node: Node,
+    symbol: str,
+    constants: Mapping,
+    inputs: Mapping,
+    results: Mapping,
+    groups,
+) -> list[T]:
+    """`flow.dispatch` of kernel `symbol`; its results in the family's binding order.
+
+    constants: push-constant name -> i32 SSA name or Python int; inputs: name -> T of every read-only binding
+    (None: a placeholder buffer, the kernel told by a flag not to read it) and every tied one (updated in
+    place: its result is tied to the operand); results: the other written bindings' name -> (TensorType,
+    sizes as ints or index SSA), in binding order (the key None: the one written binding); groups: the grid.
     """
     spec = kernels.KERNELS[symbol]
     fam = spec.family
     exe, obj = executable(ctx, spec.source)
-    reads = [b.name for b in fam.bindings if not b.writes]
-    assert set(constants) == set(fam.constant_names) and set(inputs) == set(reads), (symbol, constants, inputs)
+    operands = [b.name for b in fam.bindings if not b.writes or b.tied]
+    written = [b for b in fam.bindings if b.writes]
+    new = [b.name for b in written if not b.tied]
+    if list(results) == [None] and len(new) == 1:
+        results = {new[0]: results[None]}
+    assert set(constants) == set(fam.constant_names) and set(inputs) == set(operands), (symbol, constants, inputs)
+    assert list(results) == new, (symbol, list(results), new)
     cs = [i32(E, constants[n]) for n in fam.constant_names]
     args, types = list(cs), ["i32"] * len(cs)
-    for t in (inputs[n] for n in reads):
+    for t in (inputs[n] for n in operands):
         if t is None:
             args.append(E.op(f"arith.constant dense<[0, 1, 2, 3]> : {_PLACEHOLDER}", "cst"))
             types.append(_PLACEHOLDER)
         else:
             args.append(t.name)
             types.append(t.mlir + dyn_dims(E, t))
-    out = T("", result)
-    res_ty = out.mlir + _dims_suffix([d for s, d in zip(result.shape, result_dims) if not isinstance(s, int)])
-    name = E.op(
-        f"flow.dispatch @{exe}::@{symbol}[{E.as_index(groups)}]({', '.join(args)}) : ({', '.join(types)}) -> {res_ty}",
-        "k",
+    outs, res_types = [], []
+    for b in written:
+        if b.tied:
+            outs.append(inputs[b.name].type)
+            res_types.append(inputs[b.name].name)
+        else:
+            ty, sizes = results[b.name]
+            outs.append(ty)
+            res_types.append(
+                T("", ty).mlir + _dims_suffix([d for s, d in zip(ty.shape, sizes) if not isinstance(s, int)])
+            )
+    many = len(outs) > 1
+    name = E.fresh("k")
+    E.emit(
+        f"{name}{f':{len(outs)}' if many else ''} = flow.dispatch @{exe}::@{symbol}[{E.as_index(groups)}]"
+        f"({', '.join(args)}) : ({', '.join(types)}) -> " + (f"({', '.join(res_types)})" if many else res_types[0])
     )
     ctx.kernels.append(
         {
@@ -105,7 +136,7 @@ def dispatch(
             "bytes": len(obj.data),
         }
     )
-    return T(name, result)
+    return [T(f"{name}#{i}" if many else name, ty) for i, ty in enumerate(outs)]
 
 
 # ---- scalar helpers ----------------------------------------------------------------------------------------
