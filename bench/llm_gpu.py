@@ -115,7 +115,7 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1) -> dict:
+def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtype: str | None = None) -> dict:
     """One compile in a fresh process, its tree's RSS sampled every 10 ms from outside."""
     cmd = [
         sys.executable,
@@ -130,7 +130,7 @@ def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1) 
         str(max_seq_len),
         "--max-batch",
         str(max_batch),
-    ]
+    ] + (["--dtype", dtype] if dtype else [])
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, stop = [0.0], threading.Event()
@@ -153,7 +153,7 @@ def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1) 
     return row
 
 
-def compile_one(d: Path, target: str, max_seq_len: int, max_batch: int = 1) -> None:
+def compile_one(d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtype: str | None = None) -> None:
     import resource
 
     t = time.perf_counter()
@@ -161,7 +161,9 @@ def compile_one(d: Path, target: str, max_seq_len: int, max_batch: int = 1) -> N
 
     imported = time.perf_counter() - t
     t = time.perf_counter()
-    art = rocmc.llm.compile_hf(d / "config.json", target, max_seq_len=max_seq_len, max_batch=max_batch, cache=False)
+    art = rocmc.llm.compile_hf(
+        d / "config.json", target, max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype, cache=False
+    )
     compiled = time.perf_counter() - t
     path = art.save(d / vmfb_name(target, max_batch))
     from bench.compile_time import vm_hwm_mb
@@ -191,7 +193,7 @@ def compile_all(a) -> None:
     rows = []
     for target, batch in [(t, int(b)) for t in a.targets.split(",") for b in a.batches.split(",")]:
         for run in range(a.repeat):
-            row = measure_compile(d, target, a.max_seq_len, batch) | {
+            row = measure_compile(d, target, a.max_seq_len, batch, a.dtype) | {
                 "run": run,
                 "max_seq_len": a.max_seq_len,
                 "load_avg": os.getloadavg()[0],
@@ -879,11 +881,13 @@ def main() -> int:
     c.add_argument("--repeat", type=int, default=1)
     c.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="positions of the KV cache")
     c.add_argument("--batches", default="1", help="max_batch of each module, e.g. 1,8,32")
+    c.add_argument("--dtype", default=None, help="compute and cache dtype (default: the checkpoint's, f16)")
     o = sub.add_parser("compile-one")
     o.add_argument("--dir", required=True)
     o.add_argument("--target", required=True)
     o.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN)
     o.add_argument("--max-batch", type=int, default=1)
+    o.add_argument("--dtype", default=None)
     r = sub.add_parser("run")
     r.add_argument("--dir", default="out/llm_gpu")
     r.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
@@ -899,7 +903,7 @@ def main() -> int:
     if a.cmd == "compile":
         compile_all(a)
     elif a.cmd == "compile-one":
-        compile_one(Path(a.dir), a.target, a.max_seq_len, a.max_batch)
+        compile_one(Path(a.dir), a.target, a.max_seq_len, a.max_batch, a.dtype)
     else:
         return run(a)
     return 0
