@@ -703,6 +703,12 @@ def _check_artifact(art: Artifact, cfg: LlmConfig, plan=None) -> None:
     plan = plan or sharding.plan(cfg, 1)
     want = {n: list(s.local(plan.degree)) for n, s in plan.shards.items()}
     got = {p["name"]: p["shape"] for p in art.parameters}
+    joined = [m for members in sharding.JOINED.values() for m in members]
+    if any(n.rsplit(".", 1)[0].endswith(tuple("." + m for m in joined)) for n in got):
+        raise ModelImportError(
+            "the artifact was compiled by an earlier rocmc, whose q/k/v and gate/up projections were separate "
+            "parameters (they are joined at load now): compile it again with rocmc.llm.compile_hf"
+        )
     if got != {k: v for k, v in want.items() if k in got} or not set(got) <= set(want):
         diff = sorted(set(got) ^ set(want) | {k for k in set(got) & set(want) if got[k] != want[k]})
         raise ModelImportError(

@@ -282,3 +282,16 @@ def test_generate_command_streams_tokens(llm_checkpoint, capsys):  # noqa: F811
     assert capsys.readouterr().out.strip() != ""
     assert main(["generate", str(d), "--ids", "-p", "1, x", "-n", "2"]) == 2
     assert "not a list of token ids" in capsys.readouterr().err
+
+
+def test_an_artifact_with_separate_projections_asks_to_be_compiled_again(llm_checkpoint):  # noqa: F811
+    """An artifact of an earlier rocmc names q/k/v and gate/up separately: a clear error, not 'another model'."""
+    from types import SimpleNamespace
+
+    from rocmc.llm.config import load_config, param_names
+    from rocmc.llm.runtime import _check_artifact
+
+    cfg = load_config(llm_checkpoint("llama"))
+    old = SimpleNamespace(parameters=[{"name": n, "shape": list(s)} for n, s in param_names(cfg)])
+    with pytest.raises(rocmc.ModelImportError, match="compiled by an earlier rocmc.*compile it again"):
+        _check_artifact(old, cfg)
