@@ -1,13 +1,18 @@
+import atexit
 import os
 import secrets
+import shutil
 import tempfile
 import zlib
 
 import numpy as np
 import pytest
 
-# Every test session gets its own compile cache, so tests never see artifacts of another run.
-os.environ.setdefault("ROCMC_CACHE_DIR", tempfile.mkdtemp(prefix="rocmc-test-cache-"))
+# Every test session (each xdist worker) gets its own compile cache, so tests never see artifacts of another run;
+# it is removed when the process ends (a cache dir the caller chose is left alone).
+if "ROCMC_CACHE_DIR" not in os.environ:
+    os.environ["ROCMC_CACHE_DIR"] = tempfile.mkdtemp(prefix="rocmc-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ROCMC_CACHE_DIR"], ignore_errors=True)
 
 
 # ---- random inputs: fresh on every run, reproducible from one printed seed --------------------------
