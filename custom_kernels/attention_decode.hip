@@ -2,9 +2,9 @@
 // few: a decode step's one new token per row), reading only the positions the mask keeps.
 //
 // q (b, hq, sq, d), k and v (b, hkv, S, d) from entry kb and vb on (a KV cache's entries, read in place: k and v
-// may be one buffer), out (b, hq, sq, d); the hq / hkv
-// query heads of a kv head share its keys and values (GQA). mask (bool, 1 = keep), optional, addressed as
-// mask[bi * mask_b + hi * mask_h + i * mask_q + j] (a stride 0 broadcasts); FLAG_CAUSAL keeps j <= i + S - sq.
+// may be one buffer), out (b, hq, sq, d); the hq / hkv query heads of a kv head share its keys and values (GQA).
+// mask (bool, 1 = keep), optional, addressed as mask[bi * mask_b + hi * mask_h + i * mask_q + j] (a stride 0
+// broadcasts); FLAG_CAUSAL keeps j <= i + S - sq.
 // scores = q . k * scale in f32; softmax and the weighted sum of v in f32 (online, as flash attention); out is
 // rounded once. A row that keeps no position gives NaN (0 / 0), as the float64 reference does.
 //
@@ -40,22 +40,6 @@ struct AttnShape {
   float scale;
 };
 
-// A lane's E elements of row `p` (a key or value): E consecutive elements at lane * E; one vector access when
-// `wide` (every pointer aligned to it), else element by element.
-template <typename T, int E> DEVICE void load_slice(const T* p, float (&out)[E], bool wide) {
-  constexpr int B = sizeof(T) * E;
-  if constexpr (B == 2 || B == 4 || B == 8 || B == 16) {
-    if (wide) {
-      Vec<T, E> v = load_vec<T, E>(p);
-#pragma unroll
-      for (int e = 0; e < E; ++e) out[e] = to_f32(v.v[e]);
-      return;
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < E; ++e) out[e] = to_f32(p[e]);
-}
-
 // The waves' partial results, in shared memory (one buffer for every instantiation of attend).
 struct Partial {
   float m[NW][MAX_ROWS], l[NW][MAX_ROWS], acc[NW][MAX_CELLS * WAVE];
@@ -67,7 +51,8 @@ template <typename T, int E, int P> struct Tile {
   Vec<T, E> k[P], v[P];
 };
 
-// A lane's E elements of row `p` as stored (vector access when `wide`, else element by element).
+// A lane's E elements of row `p` (a key or value: E consecutive elements at lane * E) as stored: one vector
+// access when `wide` (every pointer aligned to it), else element by element.
 template <typename T, int E> DEVICE Vec<T, E> load_raw(const T* p, bool wide) {
   constexpr int B = sizeof(T) * E;
   if constexpr (B == 2 || B == 4 || B == 8 || B == 16) {
@@ -77,6 +62,13 @@ template <typename T, int E> DEVICE Vec<T, E> load_raw(const T* p, bool wide) {
 #pragma unroll
   for (int e = 0; e < E; ++e) x.v[e] = p[e];
   return x;
+}
+
+// The same in f32.
+template <typename T, int E> DEVICE void load_slice(const T* p, float (&out)[E], bool wide) {
+  Vec<T, E> x = load_raw<T, E>(p, wide);
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = to_f32(x.v[e]);
 }
 
 template <typename T, int E, int RMAX>
@@ -244,7 +236,7 @@ DEVICE void attention_decode(const T* q, const T* k, const T* v, const unsigned 
 
 #define ATTENTION_DECODE(name, T)                                                                          \
   KERNEL(BLOCK) void name(KERNEL_PARAMS(T)) {                                                              \
-    AttnShape s{hq, hkv, sq, S, d, kb, vb, mask_b, mask_h, mask_q, flags, __builtin_bit_cast(float, scale)};       \
+    AttnShape s{hq, hkv, sq, S, d, kb, vb, mask_b, mask_h, mask_q, flags, __builtin_bit_cast(float, scale)}; \
     attention_decode<T>(q, k, v, mask, out, s);                                                            \
   }
 ATTENTION_DECODE(attention_decode_f32, float)

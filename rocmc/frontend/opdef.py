@@ -94,6 +94,12 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def int_tuple(v):
+    """A tuple or list as a tuple, its ints (numpy's too) as Python ints; anything else as given, for the op's
+    shape rule to refuse with its own message."""
+    return tuple(int(e) if is_int(e) else e for e in v) if isinstance(v, (tuple, list)) else v
+
+
 def _axis_int(op: str, axis, arg: str) -> None:
     if not is_int(axis):
         raise GraphError(f"{op}: {arg}={axis!r} must be an int")

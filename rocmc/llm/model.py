@@ -196,15 +196,19 @@ class _Slots:
                 near = ops.less(positions - j, np.int64(cfg.sliding_window))
                 self.masks["sliding_attention"] = ops.reshape(ops.logical_and(keep, near), (b, 1, 1, s))
         else:
-            self.slots = self.slot = g.input("slot", (1,), "i64")
+            self.slots = g.input("slot", (1,), "i64")
             self.masks = {"full_attention": g.input("mask", (1, 1, "s", "kv"), "bool")}
             if "sliding_attention" in cfg.layer_types:
                 self.masks["sliding_attention"] = g.input("window_mask", (1, 1, "s", "kv"), "bool")
 
+    def entries(self, layer: int) -> tuple[int, int]:
+        """The first entry of layer `layer`'s keys and of its values (slot 0's)."""
+        b = self.shape.max_batch
+        return 2 * layer * b, (2 * layer + 1) * b
+
     def store(self, layer: int, qkv: Value, cos: Value, sin: Value) -> Value:
         """RoPE of the call's queries and keys, `qkv` (b, t, heads + 2 kv_heads, d), and the store of its keys
         and values at their positions in layer `layer`'s entries: returns the rotated queries (b, t, heads, d)."""
-        b = self.shape.max_batch
         q, self.cache = ops.rope_store_kv(
             qkv,
             self.cache,
@@ -214,7 +218,7 @@ class _Slots:
             self.slots,
             heads=self.heads,
             kv_heads=self.kv_heads,
-            entries=(2 * layer * b, (2 * layer + 1) * b),
+            entries=self.entries(layer),
             rotary_dim=2 * cos.shape[1],
         )
         return q
@@ -223,13 +227,12 @@ class _Slots:
         """Attention of the call's queries q (b, heads, t, d) to layer `layer`'s keys and values. decode: every
         slot's block as stored (sdpa_cached: read in place, the mask keeping each row's positions); prefill:
         the row's slot, its first `kv` positions."""
-        b = self.shape.max_batch
         if self.decode:
-            return ops.sdpa_cached(q, self.cache, (2 * layer * b, (2 * layer + 1) * b), mask=mask, scale=scale)
-        kv = []
-        for kind in (2 * layer, 2 * layer + 1):
-            block = ops.narrow(self.cache, 0, kind * b, b)  # (b, hkv, max_seq_len, d): every slot of the kind
-            kv.append(ops.narrow(ops.narrow(block, 0, self.slot, 1), 2, 0, "kv"))  # (1, hkv, kv, d)
+            return ops.sdpa_cached(q, self.cache, self.entries(layer), mask=mask, scale=scale)
+        b, kv = self.shape.max_batch, []
+        for first in self.entries(layer):
+            block = ops.narrow(self.cache, 0, first, b)  # (b, hkv, max_seq_len, d): every slot of the kind
+            kv.append(ops.narrow(ops.narrow(block, 0, self.slots, 1), 2, 0, "kv"))  # (1, hkv, kv, d)
         return ops.sdpa(q, *kv, mask=mask, scale=scale)
 
 

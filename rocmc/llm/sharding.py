@@ -35,7 +35,7 @@ from math import gcd
 from ..errors import InputError, ModelImportError
 from .config import LlmConfig, param_names
 
-COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "qkv_proj", "gate_up_proj")
+COLUMN = ("qkv_proj", "gate_up_proj")  # q/k/v and gate/up, always joined (JOINED)
 ROW = ("o_proj", "down_proj")
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 # A joined projection's graph name (module under the layer) -> the checkpoint modules it concatenates.

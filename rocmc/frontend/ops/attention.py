@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import GraphError
 from ..graph import TensorType
-from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, is_int, reference
+from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, int_tuple, is_int, reference
 
 __all__ = ["sdpa", "sdpa_cached"]
 
@@ -158,6 +158,5 @@ def sdpa_cached(q, cache, entries, mask=None, is_causal=False, scale=None):
         as_value("sdpa_cached", "cache", cache, g),
         None if mask is None else as_value("sdpa_cached", "mask", mask, g, qv),
     ]
-    entries = tuple(int(e) if is_int(e) else e for e in entries) if isinstance(entries, (tuple, list)) else entries
-    attrs = {"entries": entries} | _attrs("sdpa_cached", qv, is_causal, scale)
+    attrs = {"entries": int_tuple(entries)} | _attrs("sdpa_cached", qv, is_causal, scale)
     return g.apply("sdpa_cached", operands, attrs)[0]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...errors import GraphError, InputError
 from ..graph import TensorType
-from ..opdef import as_value, builder, defop, graph_of, is_int, reference
+from ..opdef import as_value, builder, defop, graph_of, int_tuple, is_int, reference
 
 __all__ = ["rope", "rope_store_kv"]
 
@@ -226,9 +226,7 @@ def rope_store_kv(
     attrs = {
         "heads": int(heads) if is_int(heads) else heads,
         "kv_heads": int(kv_heads) if is_int(kv_heads) else kv_heads,
-        "entries": tuple(int(e) if is_int(e) else e for e in entries)
-        if isinstance(entries, (tuple, list))
-        else entries,
+        "entries": int_tuple(entries),
         "interleaved": bool(interleaved),
         "rotary_dim": int(rotary_dim) if is_int(rotary_dim) else rotary_dim,
     }

@@ -93,8 +93,7 @@ def lower_rope(E: Emitter, node, ins, ctx):
             c, s = (E.cast_scalar(v, cos.mlir_elt, F32) for v in a[2:4])
         else:
             c, s = _gather(E, a[2], pos.mlir_elt, p_loop, cos, sin, pos.type.dtype.unsigned)
-        y0 = E.op(f"arith.subf {E.op(f'arith.mulf {x0}, {c} : f32')}, {E.op(f'arith.mulf {x1}, {s} : f32')} : f32")
-        y1 = E.op(f"arith.addf {E.op(f'arith.mulf {x0}, {s} : f32')}, {E.op(f'arith.mulf {x1}, {c} : f32')} : f32")
+        y0, y1 = _rotate_pair(E, x0, x1, c, s)
         first = E.op(f"arith.cmpi eq, {E.op(f'linalg.index {c_loop} : index')}, {E.index(0)} : index")
         return [E.cast_scalar(E.op(f"arith.select {first}, {y0}, {y1} : f32"), F32, storage)]
 
@@ -108,6 +107,13 @@ def lower_rope(E: Emitter, node, ins, ctx):
         f": {part_ty} into {x.mlir}"
     )
     return [T(merged, x.type)]
+
+
+def _rotate_pair(E: Emitter, x0: str, x1: str, c: str, s: str) -> tuple[str, str]:
+    """The rotated pair (f32): y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c."""
+    y0 = E.op(f"arith.subf {E.op(f'arith.mulf {x0}, {c} : f32')}, {E.op(f'arith.mulf {x1}, {s} : f32')} : f32")
+    y1 = E.op(f"arith.addf {E.op(f'arith.mulf {x0}, {s} : f32')}, {E.op(f'arith.mulf {x1}, {c} : f32')} : f32")
+    return y0, y1
 
 
 def _gather(E: Emitter, p, pos_elt: str, p_loop: int, cos: T, sin: T, unsigned: bool = False):
@@ -171,9 +177,11 @@ def lower_rope_store_kv(E: Emitter, node, ins, ctx):
         m = E.op(f"arith.select {rotated}, {m}, {E.index(0)} : index")
         other = E.op(f"tensor.extract {qkv.name}[{i}, {j}, {h}, {partner}] : {qkv.mlir}")
         c, s = (E.cast_scalar(E.op(f"tensor.extract {tb.name}[{row}, {m}] : {tb.mlir}"), tab, F32) for tb in (cos, sin))
-        xs, os_ = E.cast_scalar(x, storage, F32), E.cast_scalar(other, storage, F32)
-        y0 = E.op(f"arith.subf {E.op(f'arith.mulf {xs}, {c} : f32')}, {E.op(f'arith.mulf {os_}, {s} : f32')} : f32")
-        y1 = E.op(f"arith.addf {E.op(f'arith.mulf {os_}, {s} : f32')}, {E.op(f'arith.mulf {xs}, {c} : f32')} : f32")
+        own, partner_value = E.cast_scalar(x, storage, F32), E.cast_scalar(other, storage, F32)
+        # The pair (x0, x1): the element is x0 when it is its pair's first member, else x1.
+        x0 = E.op(f"arith.select {first}, {own}, {partner_value} : f32")
+        x1 = E.op(f"arith.select {first}, {partner_value}, {own} : f32")
+        y0, y1 = _rotate_pair(E, x0, x1, c, s)
         y = E.cast_scalar(E.op(f"arith.select {first}, {y0}, {y1} : f32"), F32, storage)
         return [E.op(f"arith.select {rotated}, {y}, {x} : {storage}")]
 
