@@ -2,8 +2,10 @@
 checkpoint's weights (named parameters, so the module holds none of their bytes) and a KV cache that
 stays on the device (one state holding every layer's keys and values).
 
-Every parameter has the checkpoint's own tensor name and layout: projections stay (out, in) and are
-applied with `matmul(x, w, transpose_b=True)`, the layout IREE's decode GEMVs are fast with.
+Every parameter has the checkpoint's own tensor name and layout (q/k/v and gate/up joined at load): projections
+stay (out, in), the layout IREE's decode GEMVs are fast with, and are `linear` (q/k/v), `fused_linear` with the
+residual (o, down) and `gated_linear` (gate/up with act(gate) * up): on the GPUs a batched decode's projections are
+the linear_rows kernel with those epilogues in the same dispatch.
 
 The cache is one state, in slots (_Slots): each (layer, keys or values, slot, kv head) owns max_seq_len x
 head_dim contiguous elements, so every row of a batch has its own length and position and attention reads
@@ -161,9 +163,9 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         x = _norm(cfg, h, w(p + "input_layernorm.weight"))
-        h = h + _attention(cfg, w, p + "self_attn.", x, i, cos, sin, slots)
+        h = _attention(cfg, w, p + "self_attn.", x, i, cos, sin, slots, residual=h)
         x = _norm(cfg, h, w(p + "post_attention_layernorm.weight"))
-        h = h + _mlp(cfg, w, p + "mlp.", x)
+        h = _mlp(cfg, w, p + "mlp.", x, residual=h)
     g.assign(CACHE, slots.cache)
     return g, w, _norm(cfg, h, w("model.norm.weight"))
 
@@ -242,13 +244,19 @@ def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
     return ops.rms_norm(x, weight, eps=cfg.rms_norm_eps)
 
 
-def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False) -> Value:
-    """x @ W^T + b. A row-parallel projection (`row`, split along its input features) gives each rank a
-    partial sum: the ranks' partials are added (all_reduce) before the bias, which is added once."""
-    y = ops.matmul(x, w(name + ".weight"), transpose_b=True)
+def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False, residual: Value | None = None) -> Value:
+    """x @ W^T + b (+ residual: the skip connection, added in the same op). A row-parallel projection (`row`,
+    split along its input features) gives each rank a partial sum: the ranks' partials are added (all_reduce)
+    before the bias, which is added once, and the residual."""
+    b = w(name + ".bias") if bias else None
     if row and w.n > 1:
+        y = ops.linear(x, w(name + ".weight"))
         y = ops.all_reduce(y, w.n, max_size=w.most(y))
-    return y + w(name + ".bias") if bias else y
+        y = y if b is None else y + b
+        return y if residual is None else residual + y
+    if residual is None:
+        return ops.linear(x, w(name + ".weight"), b)
+    return ops.fused_linear(x, w(name + ".weight"), b, residual)
 
 
 def _gather_last(x: Value, w: "_Weights") -> Value:
@@ -261,7 +269,7 @@ def _gather_last(x: Value, w: "_Weights") -> Value:
     return ops.reshape(ops.permute(parts, (1, 2, 0, 3)), (b, t, n * k))
 
 
-def _attention(cfg, w, p, x, layer, cos, sin, slots: _Slots):
+def _attention(cfg, w, p, x, layer, cos, sin, slots: _Slots, residual: Value):
     b, t = x.shape[:2]
     hq, hkv, d = slots.heads, slots.kv_heads, cfg.head_dim
     # q, k and v as one projection (joined at load), rotated and stored by one op.
@@ -269,16 +277,15 @@ def _attention(cfg, w, p, x, layer, cos, sin, slots: _Slots):
     q = slots.store(layer, qkv, cos, sin)
     a = slots.attend(layer, ops.permute(q, (0, 2, 1, 3)), slots.masks[cfg.layer_types[layer]], cfg.attention_scale)
     a = ops.reshape(ops.permute(a, (0, 2, 1, 3)), (b, t, hq * d))
-    return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True)
+    return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True, residual=residual)
 
 
-def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value) -> Value:
-    # gate and up as one projection (joined at load): its first half is the gate, its second the up.
-    both = _linear(w, p + "gate_up_proj", x, cfg.mlp_bias)
-    inter = both.shape[2] // 2
-    gate, up = ops.narrow(both, 2, 0, inter), ops.narrow(both, 2, inter, inter)
-    act = ops.silu(gate) if cfg.hidden_act == "silu" else ops.gelu(gate, approximate="tanh")
-    return _linear(w, p + "down_proj", act * up, cfg.mlp_bias, row=True)
+def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value, residual: Value) -> Value:
+    # gate and up as one projection (joined at load: the gate's rows, then the up's) with act(gate) * up.
+    act = "silu" if cfg.hidden_act == "silu" else "gelu_tanh"
+    b = w(p + "gate_up_proj.bias") if cfg.mlp_bias else None
+    both = ops.gated_linear(x, w(p + "gate_up_proj.weight"), b, activation=act)
+    return _linear(w, p + "down_proj", both, cfg.mlp_bias, row=True, residual=residual)
 
 
 def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:

@@ -96,6 +96,8 @@ def _gemm_dims(node):
 
 def supports(node, target) -> str | None:
     dtype = node.inputs[0].dtype.name
+    if node.op == "fused_linear" and len(node.inputs) > 3 and node.inputs[3] is not None:
+        return "a residual operand (the library call's epilogue adds none: IREE's code fuses the add)"
     if dtype not in BLAS.dtypes:
         return f"dtype {dtype} (the GEMM library takes {', '.join(BLAS.dtypes)})"
     if node.op == "matmul":

@@ -209,6 +209,29 @@ FAMILIES: dict[str, KernelFamily] = {
         ),
         flags=(("mask", "mask present"), ("causal", "keep j <= i + S - sq")),
     ),
+    "linear_rows": KernelFamily(
+        "linear_rows.hip",
+        ("linear_rows_f16", "linear_rows_bf16"),
+        (
+            Binding("x", False, "(M, K), M <= 32"),
+            Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
+            Binding("bias", False, "(N,) or (2N,) (a placeholder when absent)"),
+            Binding("residual", False, "(M, N) (a placeholder when absent)"),
+            Binding("y", True, "(M, N)"),
+        ),
+        (("M", "rows of x"), ("N", "outputs a row"), ("K", "inputs a row"), ("flags", "FLAG_* bits")),
+        # 128 threads: on an H100 (bench/linear_sweep.py, BENCHMARKS.md) a 7B layer's four projections took
+        # 185 / 186 / 229 us at 1 / 8 / 32 rows against 193 / 196 / 276 with 256.
+        block=128,
+        flags=(
+            ("bias", "bias present"),
+            ("residual", "residual present (not with FLAG_GATED)"),
+            ("gated", "y = act(x @ gate^T + b) * (x @ up^T + b)"),
+            ("relu", "the activation is relu"),
+            ("silu", "the activation is silu"),
+            ("gelu_tanh", "the activation is gelu, tanh approximation (none of the three: no activation)"),
+        ),
+    ),
 }
 
 

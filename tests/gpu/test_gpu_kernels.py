@@ -1,10 +1,12 @@
-"""The hand-written kernels (rms_norm, layer_norm, rope, rope_store_kv, attention_decode) on an NVIDIA GPU against
-float64: odd and tiny rows, very long rows, symbolic rows and columns, reductions over trailing axes, no affine
-terms, shifted and outlier rows (the one-pass LayerNorm's cancellation), rope's half/interleaved forms, layouts, partial
-rotation, batched and broadcast tables and position ids, and rope_store_kv's GQA ratios (1, 4, 8), head dims
-(64, 128, 256 and odd ones), token counts (1, 17, 513, 4095), tables of another dtype and slots given or implied.
-The norm and rope modules run on NaN inputs first, so an output element a kernel fails to write keeps the NaN and
-fails the test; rope_store_kv's whole cache is compared (the places not stored keep their values)."""
+"""The hand-written kernels (rms_norm, layer_norm, rope, rope_store_kv, attention_decode, linear_rows) on an
+NVIDIA GPU against float64: odd and tiny rows, very long rows, symbolic rows and columns, reductions over trailing
+axes, no affine terms, shifted and outlier rows (the one-pass LayerNorm's cancellation), rope's half/interleaved
+forms, layouts, partial rotation, batched and broadcast tables and position ids, and rope_store_kv's GQA ratios
+(1, 4, 8), head dims (64, 128, 256 and odd ones), token counts (1, 17, 513, 4095), tables of another dtype and
+slots given or implied. The norm, rope and linear_rows modules run on NaN inputs first, so an output element a
+kernel fails to write keeps the NaN and fails the test; rope_store_kv's whole cache is compared (the places not
+stored keep their values). linear_rows: 1 to 32 rows (odd counts, several matrix-instruction blocks), odd N and K
+(element loads, partial tiles), K 11008, bias, residual, relu / gelu_tanh and gated silu / gelu_tanh."""
 
 from __future__ import annotations
 
@@ -199,6 +201,50 @@ def _attention_cases() -> list[Case]:
     ]
 
 
+def linear_case(name, dtype, lead, n, k, op="linear", act="none", bias=False, residual=False) -> Case:
+    """The linear_rows kernel (by default for 2 to 32 static rows): linear, fused_linear (activation and
+    residual) or gated_linear (weight (2n, k)) of x (*lead, k) against float64."""
+    rows = 2 * n if op == "gated_linear" else n
+
+    def graph():
+        g = rocmc.Graph("lin")
+        x = g.input("x", (*lead, k), dtype)
+        w = g.input("w", (rows, k), dtype)
+        b = g.input("b", (rows,), dtype) if bias else None
+        r = g.input("r", (*lead, n), dtype) if residual else None
+        if op == "gated_linear":
+            g.output(ops.gated_linear(x, w, b, activation=act))
+        elif op == "fused_linear":
+            g.output(ops.fused_linear(x, w, b, r, activation=act))
+        else:
+            g.output(ops.linear(x, w, b))
+        return g
+
+    def inputs(rng, _):
+        scale = 1.0 / np.sqrt(k)  # outputs of order 1, where the activations bend
+        out = [_rand(rng, (*lead, k), dtype), _rand(rng, (rows, k), dtype, -2.0 * scale, 2.0 * scale)]
+        if bias:
+            out.append(_rand(rng, (rows,), dtype))
+        if residual:
+            out.append(_rand(rng, (*lead, n), dtype))
+        return out
+
+    # Asked for by name: by default one row is IREE's (kernel/linear.py).
+    return Case(name, graph, inputs, TOL[dtype], rel_l2, compile={"impl": {op: "kernel"}}, calls="kernels", poison=True)
+
+
+def _linear_cases() -> list[Case]:
+    return [
+        linear_case("lin_f16_1x4096x4096", "f16", (1, 1), 4096, 4096),
+        linear_case("lin_bf16_8_gated_silu_bias", "bf16", (8, 1), 688, 4096, "gated_linear", "silu", bias=True),
+        linear_case("lin_f16_32_residual", "f16", (32, 1), 4096, 1024, "fused_linear", residual=True),
+        linear_case("lin_f16_13_odd", "f16", (13,), 37, 77, "fused_linear", "gelu_tanh", bias=True, residual=True),
+        linear_case("lin_bf16_3_odd_relu", "bf16", (3, 1), 50, 100, "fused_linear", "relu"),
+        linear_case("lin_f16_17_gated_gelu", "f16", (17, 1), 129, 264, "gated_linear", "gelu_tanh"),
+        linear_case("lin_bf16_2_k11008", "bf16", (2, 1), 256, 11008, "fused_linear", residual=True),
+    ]
+
+
 def _cases() -> list[Case]:
     out = []
     for dt in DTYPES:
@@ -234,7 +280,7 @@ def _cases() -> list[Case]:
                 rope_case(f"{v}_pair", dt, 2, 1, 3, 2, interleaved=inter, table="one"),
                 rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6),
             ]
-    out += _store_cases() + _attention_cases()
+    out += _store_cases() + _attention_cases() + _linear_cases()
     return [replace(c, name=f"kernel.{c.name}") for c in out]
 
 

@@ -65,9 +65,11 @@ def test_decode_step_is_one_submission_without_waits_copies_or_fills(per_layer, 
 @pytest.mark.parametrize("target", TARGETS)
 def test_decode_layer_takes_at_most_nine_dispatches(per_layer, target, max_batch):
     """The decode issue's kernel goal: per layer at most 9 dispatches (norm, the joined q/k/v projection, RoPE
-    with the cache store, attention, o, norm, the joined gate/up projection, silu(gate) * up, down)."""
+    with the cache store, attention, o (+ residual), norm, the joined gate/up projection, silu(gate) * up, down
+    (+ residual)); 8 where the linear_rows kernel takes the projections (rows >= 2) and computes silu(gate) * up
+    in the gate/up projection's dispatch."""
     _, layer, _ = per_layer[target, max_batch]
-    assert layer.dispatches <= 9
+    assert layer.dispatches <= (9 if max_batch == 1 else 8)
 
 
 HAL = """

@@ -229,7 +229,7 @@ def test_graph_dispatches_use_kernels(target):
         assert kernels.build(src, arch).data in art.vmfb
     # The module declares the workgroup size the kernels were built for.
     sizes = set(re.findall(r"<workgroup_size = \[(\d+) : index", art.ir("input")))
-    assert sizes == {str(s.workgroup[0]) for s in kernels.KERNELS.values()}
+    assert sizes == {str(s.workgroup[0]) for s in kernels.KERNELS.values() if s.source in ("rms_norm.hip", "rope.hip")}
 
 
 def test_saved_artifact_knows_its_kernels(tmp_path):

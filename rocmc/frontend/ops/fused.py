@@ -1,6 +1,7 @@
 """Fused ops the graph rewrite puts in place of chains (rocmc.rewrite): a 2-D convolution with its
-epilogue, y = activation(conv2d(x, w, b) + residual), and a linear layer with its activation,
-y = activation(linear(x, w, b)).
+epilogue, y = activation(conv2d(x, w, b) + residual), a linear layer with its activation and residual,
+y = activation(linear(x, w, b) + residual), and the gated MLP's first projection, y = act(x @ gate^T + b_gate) *
+(x @ up^T + b_up) with gate and up joined in one weight.
 
 A CNN's conv -> (batch norm, folded into w and b) -> residual add -> relu is one op here, so a
 lowering computes the epilogue on the conv's output before it is stored (IREE fuses the elementwise
@@ -14,12 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import GraphError
+from ..graph import TensorType
 from .conv import CONV_ATTRS, _conv_infer, _conv_ref, _operands, conv_attrs
 from .linalg import _linear, _linear_ref
 from ..opdef import as_value, builder, defop, graph_of, reference
 from ..registry import OPS
 
-__all__ = ["fused_conv2d", "fused_linear"]
+__all__ = ["fused_conv2d", "fused_linear", "gated_linear"]
 
 ACTIVATIONS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0.0)}
 
@@ -57,36 +59,98 @@ def fused_conv2d(x, weight, bias=None, residual=None, *, stride=1, padding=0, di
 
 
 # fused_linear's activations (the GEMM library's epilogue names): the elementwise op each one is, with
-# its attributes, so the reference and the generated lowering are that op's own.
-LINEAR_ACTIVATIONS = {"relu": ("relu", {}), "gelu_tanh": ("gelu", {"approximate": "tanh"})}
+# its attributes, so the reference and the generated lowering are that op's own ("none": no activation).
+LINEAR_ACTIVATIONS = {"none": None, "relu": ("relu", {}), "gelu_tanh": ("gelu", {"approximate": "tanh"})}
+# gated_linear's: the gate's activation (SwiGLU's silu, GeGLU's tanh GELU).
+GATE_ACTIVATIONS = {"silu": ("silu", {}), "gelu_tanh": ("gelu", {"approximate": "tanh"})}
 
 
-@defop("fused_linear", attrs=("activation",))
-def _fused_linear_infer(node, types, attrs):
-    """linear's rule; the activations are float functions."""
-    y = _linear(node, types, attrs)
-    if attrs.get("activation") not in LINEAR_ACTIVATIONS:
+def _activation_attr(node, attrs, table) -> None:
+    if attrs.get("activation") not in table:
         raise GraphError(
             f"{node.describe()}: attribute activation={attrs.get('activation')!r}, expected one of "
-            f"{', '.join(map(repr, LINEAR_ACTIVATIONS))}"
+            f"{', '.join(map(repr, table))}"
         )
+
+
+def _float_linear(node, types, attrs):
+    """linear's rule for (x, weight, bias), for a float x."""
+    y = _linear(node, types[:3], attrs)
     if not y.dtype.is_float:
         raise GraphError(f"{node.describe()}: 'x' has dtype {y.dtype}, expected a float tensor")
     return y
 
 
+def activate(node, y, table, name):
+    """The elementwise op `table[name]` on y, by its own reference (None: y)."""
+    if table[name] is None:
+        return y
+    op, act_attrs = table[name]
+    return OPS[op].reference(node, [y], act_attrs)[0]
+
+
+@defop("fused_linear", attrs=("activation",))
+def _fused_linear_infer(node, types, attrs):
+    """linear's rule; the residual (optional) has the result's type; the activations are float functions."""
+    y = _float_linear(node, types, attrs)
+    _activation_attr(node, attrs, LINEAR_ACTIVATIONS)
+    r = types[3] if len(types) > 3 else None
+    if r is not None and r != y:
+        raise GraphError(f"{node.describe()}: 'residual' is {r}, expected the linear layer's result type {y}")
+    return y
+
+
 @reference("fused_linear")
 def _fused_linear_ref(node, ins, attrs):
-    op, act_attrs = LINEAR_ACTIVATIONS[attrs["activation"]]
-    return OPS[op].reference(node, _linear_ref(node, ins, {}), act_attrs)
+    y = _linear_ref(node, ins[:3], {})[0]
+    r = ins[3] if len(ins) > 3 else None
+    return [activate(node, y if r is None else y + r, LINEAR_ACTIVATIONS, attrs["activation"])]
 
 
 @builder
-def fused_linear(x, weight, bias=None, *, activation):
-    """activation(linear(x, weight, bias)): linear's operands; activation is "relu" or "gelu_tanh"
-    (gelu with approximate="tanh")."""
+def fused_linear(x, weight, bias=None, residual=None, *, activation="none"):
+    """activation(linear(x, weight, bias) + residual): linear's operands; `residual` (optional) has the result's
+    shape and dtype (a transformer's skip connection); activation is "none", "relu" or "gelu_tanh" (gelu with
+    approximate="tanh")."""
     g = graph_of("fused_linear", x)
     x = as_value("fused_linear", "x", x, g)
     weight = as_value("fused_linear", "weight", weight, g, x)
     bias = None if bias is None else as_value("fused_linear", "bias", bias, g, x)
-    return g.apply("fused_linear", [x, weight, bias], {"activation": activation})[0]
+    operands = [x, weight, bias]
+    if residual is not None:
+        operands.append(as_value("fused_linear", "residual", residual, g, x))
+    return g.apply("fused_linear", operands, {"activation": activation})[0]
+
+
+@defop("gated_linear", attrs=("activation",))
+def _gated_linear_infer(node, types, attrs):
+    """linear's rule on the joined weight (2n, k), whose halves give n outputs each: (..., n)."""
+    y = _float_linear(node, types, attrs)
+    _activation_attr(node, attrs, GATE_ACTIVATIONS)
+    out = y.shape[-1]
+    if not isinstance(out, int) or out % 2:
+        raise GraphError(
+            f"{node.describe()}: 'weight' has {out} rows, expected a static even count (the gate's rows, then the up's)"
+        )
+    half = out // 2
+    return TensorType(y.shape[:-1] + (half,), y.dtype)
+
+
+@reference("gated_linear")
+def _gated_linear_ref(node, ins, attrs):
+    both = _linear_ref(node, ins, {})[0]
+    n = both.shape[-1] // 2
+    gate = activate(node, both[..., :n], GATE_ACTIVATIONS, attrs["activation"])
+    return [gate * both[..., n:]]
+
+
+@builder
+def gated_linear(x, weight, bias=None, *, activation="silu"):
+    """activation(x @ gate^T + bias_gate) * (x @ up^T + bias_up), the gated MLP's first projection (SwiGLU with
+    "silu", GeGLU with "gelu_tanh"): weight is gate's (n, k) rows then up's (n, k) rows, joined (2n, k), bias
+    likewise (2n,); the result has n features."""
+    g = graph_of("gated_linear", x)
+    x = as_value("gated_linear", "x", x, g)
+    weight = as_value("gated_linear", "weight", weight, g, x)
+    bias = None if bias is None else as_value("gated_linear", "bias", bias, g, x)
+    return g.apply("gated_linear", [x, weight, bias], {"activation": activation})[0]

@@ -1,6 +1,7 @@
 """Generated lowering of the fused ops: fused_conv2d is conv2d's own lowering (the named conv, or the
 CPU's depthwise form), then the residual add and the activation as one elementwise linalg.generic on
-its result; fused_linear is linear's lowering, then its activation the same way.
+its result; fused_linear is linear's lowering, then its residual add and activation the same way, and
+gated_linear linear's lowering over the joined weight, then act(gate) * up.
 
 IREE's dispatch formation fuses that elementwise consumer into the convolution's (the contraction's)
 dispatch, so the result is never written out and read back. The epilogue computes as the separate
@@ -10,12 +11,14 @@ ops would (f16/bf16 in f32, rounding once), so a rewritten graph gives the resul
 from __future__ import annotations
 
 from ...dtypes import acc_mlir
-from ..emitter import Emitter, T
+from ...frontend.graph import TensorType
+from ..emitter import Emitter, T, tensor_type
 from ..registry import lowering
 from .conv import _lower_conv
-from ...frontend.ops.fused import LINEAR_ACTIVATIONS
+from ...frontend.ops.fused import GATE_ACTIVATIONS, LINEAR_ACTIVATIONS
 from .depthwise import _is_depthwise, _lower_depthwise
 from .elementwise import BINARY, UNARY
+from .index import _ints
 from .linalg import lower_linear
 
 ACTIVATIONS = {"none": None, "relu": UNARY["relu"]}
@@ -58,16 +61,52 @@ lowering("fused_conv2d", impl="depthwise", kinds=("cpu",), priority=50, supports
 
 @lowering("fused_linear")
 def _lower_fused_linear(E: Emitter, node, ins, ctx):
-    """linear's contraction (rounded to the storage type, as linear's result is), then the activation
-    as the elementwise op computes it."""
-    y = lower_linear(E, node, ins, ctx)[0]
-    op, attrs = LINEAR_ACTIVATIONS[node.attrs["activation"]]
+    """linear's contraction (rounded to the storage type, as linear's result is), then the residual add and the
+    activation as the elementwise ops compute them, rounded once (fused_conv2d's epilogue)."""
+    y = lower_linear(E, node, ins[:3], ctx)[0]
+    residual = ins[3] if len(ins) > 3 else None
+    act = LINEAR_ACTIVATIONS[node.attrs["activation"]]
+    if residual is None and act is None:
+        return [y]
     storage = y.mlir_elt
     t = acc_mlir(storage)
-    return [
-        E.map(
-            [y],
-            node.outputs[0].type,
-            lambda E, a: E.cast_scalar(UNARY[op](E, E.cast_scalar(a[0], storage, t), t, **attrs), t, storage),
+
+    def body(E, a):
+        v = E.cast_scalar(a[0], storage, t)
+        if residual is not None:
+            v = BINARY["add"](E, v, E.cast_scalar(a[1], storage, t), t)
+        if act is not None:
+            v = UNARY[act[0]](E, v, t, **act[1])
+        return E.cast_scalar(v, t, storage)
+
+    return [E.map([y] + ([residual] if residual is not None else []), node.outputs[0].type, body)]
+
+
+@lowering("gated_linear")
+def _lower_gated_linear(E: Emitter, node, ins, ctx):
+    """linear's contraction over the joined weight (2n outputs, rounded as linear's), then act(gate), rounded as
+    the activation's result, times up, rounded: the separate ops' arithmetic, as one elementwise consumer that
+    IREE fuses into the contraction's dispatch where it can."""
+    out = node.outputs[0].type
+    joined = TensorType(out.shape[:-1] + (2 * out.shape[-1],), out.dtype)
+    both = lower_linear(E, node, ins, ctx, joined)[0]
+    n, sizes = out.shape[-1], E.dims(both)[:-1]
+
+    def half(start: int) -> T:
+        r = E.op(
+            f"tensor.extract_slice {both.name}[{_ints([0] * (both.rank - 1) + [start])}][{_ints(sizes + [n])}]"
+            f"[{_ints([1] * both.rank)}] : {both.mlir} to {tensor_type(out.shape, both.mlir_elt)}"
         )
-    ]
+        return T(r, out, both.elt)
+
+    gate, up = half(0), half(n)
+    op, attrs = GATE_ACTIVATIONS[node.attrs["activation"]]
+    storage = both.mlir_elt
+    t = acc_mlir(storage)
+
+    def body(E, a):
+        g = E.cast_scalar(UNARY[op](E, E.cast_scalar(a[0], storage, t), t, **attrs), t, storage)
+        v = BINARY["mul"](E, E.cast_scalar(g, storage, t), E.cast_scalar(a[1], storage, t), t)
+        return E.cast_scalar(v, t, storage)
+
+    return [E.map([gate, up], out, body)]

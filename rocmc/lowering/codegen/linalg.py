@@ -125,9 +125,10 @@ def lower_matmul(E: Emitter, node, ins, ctx):
 
 
 @lowering("linear")
-def lower_linear(E: Emitter, node, ins, ctx):
+def lower_linear(E: Emitter, node, ins, ctx, out: TensorType | None = None):
+    """x @ w^T + bias; `out`: the result's type when it is not the node's (gated_linear's joined product)."""
     x, w, bias = ins
-    out = node.outputs[0].type
+    out = node.outputs[0].type if out is None else out
     lead = x.rank - 1
     rows = next((i for i in reversed(range(lead)) if not isinstance(x.shape[i], int)), None)
     x, w, out_c, finish = _padded(E, ctx, x, w, rows, 0, (lead, 1), out, (rows, lead))

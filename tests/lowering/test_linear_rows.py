@@ -1,0 +1,115 @@
+"""The ops of a transformer's projections with their epilogues: fused_linear with a residual (activation(linear + r))
+and gated_linear (act(x @ gate^T + b) * (x @ up^T + b), gate and up joined in one weight), against float64
+through the generated lowering (symbolic rows, odd sizes); their bad input; and where the linear_rows kernel takes
+them on GPU targets (compiled here; tests/gpu runs it), where not and why."""
+
+import math
+
+import numpy as np
+import pytest
+
+import rocmc
+from rocmc import ops
+
+from helpers import TOL, rand
+
+K, N = 37, 13
+ROWS = ((2, 5), (1, 1), (3, 7))  # run-time values of the symbolic ("batch", "seq")
+
+
+def _act64(name, y):
+    if name == "silu":
+        return y / (1.0 + np.exp(-y))
+    if name == "relu":
+        return np.maximum(y, 0.0)
+    if name == "gelu_tanh":
+        return 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+    return y
+
+
+def _compare(got, want, dtype):
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(np.asarray(got).astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+def _graph(dtype, act, gate_act, lead=("batch", "seq")):
+    g = rocmc.Graph("proj")
+    x = g.input("x", (*lead, K), dtype)
+    w = g.input("w", (2 * N, K), dtype)
+    b = g.input("b", (2 * N,), dtype)
+    r = g.input("r", (*lead, 2 * N), dtype)
+    g.output(ops.fused_linear(x, w, b, r, activation=act), ops.gated_linear(x, w, b, activation=gate_act))
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("act,gate_act", [("none", "silu"), ("gelu_tanh", "gelu_tanh"), ("relu", "silu")])
+def test_residual_and_gated_projections_against_float64(rng, dtype, act, gate_act):
+    g = _graph(dtype, act, gate_act)
+    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    for shape in ROWS:
+        x, w = rand(rng, (*shape, K), dtype), rand(rng, (2 * N, K), dtype, -0.4, 0.4)
+        b, r = rand(rng, (2 * N,), dtype), rand(rng, (*shape, 2 * N), dtype)
+        y = x.astype(np.float64) @ w.astype(np.float64).T + b.astype(np.float64)
+        want = (_act64(act, y + r.astype(np.float64)), _act64(gate_act, y[..., :N]) * y[..., N:])
+        for got in (mod(x, w, b, r), rocmc.evaluate(g, x, w, b, r)):
+            for o, ref in zip(got, want):
+                _compare(o, ref, dtype)
+
+
+def test_bad_projection_operands_are_refused():
+    g = rocmc.Graph("bad")
+    x = g.input("x", (4, K), "f16")
+    with pytest.raises(rocmc.GraphError, match=r"gated_linear.*'weight' has 27 rows, expected a static even count"):
+        ops.gated_linear(x, np.ones((27, K), np.float16))
+    with pytest.raises(rocmc.GraphError, match=r"gated_linear.*activation='relu'.*'silu', 'gelu_tanh'"):
+        ops.gated_linear(x, np.ones((26, K), np.float16), activation="relu")
+    with pytest.raises(rocmc.GraphError, match=r"fused_linear.*'residual' is f16\[4,12\].*f16\[4,13\]"):
+        ops.fused_linear(x, np.ones((N, K), np.float16), residual=np.ones((4, 12), np.float16))
+    with pytest.raises(rocmc.GraphError, match=r"'bias' has shape .*expected \[26\]"):
+        ops.gated_linear(x, np.ones((26, K), np.float16), np.ones(13, np.float16))
+
+
+def _rows_graph(rows, dtype="f16", gated=True, k=64, n=48):
+    g = rocmc.Graph("rows")
+    x = g.input("x", (*rows, k), dtype)
+    w = g.input("w", (2 * n if gated else n, k), dtype)
+    if gated:
+        g.output(ops.gated_linear(x, w, activation="silu"))
+    else:
+        g.output(ops.fused_linear(x, w, residual=g.input("r", (*rows, n), dtype)))
+    return g
+
+
+def _symbols(art):
+    return [k["symbol"] for k in art.metadata["kernels"]]
+
+
+@pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942", "gfx90a"])
+def test_kernel_takes_a_few_static_rows(target):
+    for gated in (True, False):
+        art = rocmc.compile(_rows_graph((3, 1), gated=gated), target)
+        assert _symbols(art) == ["linear_rows_f16"]
+    assert _symbols(rocmc.compile(_rows_graph((32,), "bf16"), target)) == ["linear_rows_bf16"]
+
+
+def test_one_row_is_iree_unless_asked_for_and_what_the_kernel_passes_over():
+    art = rocmc.compile(_rows_graph((1, 1)), "cuda:sm_80")
+    assert not _symbols(art) and "1 row: IREE's matrix-vector code streams the weights faster" in art.summary()
+    assert _symbols(rocmc.compile(_rows_graph((1, 1)), "cuda:sm_80", impl={"gated_linear": "kernel"}))
+    for rows, dtype, target, why in [
+        ((33,), "f16", "cuda:sm_80", "33 rows of x; the kernel takes 1 to 32"),
+        (("n", 1), "f16", "cuda:sm_80", "the kernel takes a static few rows"),
+        ((4,), "f32", "cuda:sm_80", "x is f32; the kernel's matrix instructions take f16, bf16"),
+        ((4,), "f16", "gfx1100", "gfx1100: the kernel uses the MFMA instructions"),
+    ]:
+        art = rocmc.compile(_rows_graph(rows, dtype), target)
+        assert not _symbols(art) and why in art.summary(), art.summary()
+
+
+def test_library_gemm_passes_over_a_residual(rng):
+    g = _rows_graph((5,), "f32", gated=False)
+    art = rocmc.compile(g, "cpu", impl={"fused_linear": "blas"})
+    assert not art.metadata["externs"] and "a residual operand" in art.summary()
+    x, w, r = rand(rng, (5, 64), "f32"), rand(rng, (48, 64), "f32"), rand(rng, (5, 48), "f32")
+    _compare(rocmc.load(art)(x, w, r), x.astype(np.float64) @ w.T.astype(np.float64) + r, "f32")
