@@ -29,13 +29,14 @@ ROWS = (1, 8, 32)
 # workgroup size changed to n for that build
 VERSIONS = {
     "default": [],
-    "block 128": ["BLOCK=128"],
-    "block 128 pipe": ["BLOCK=128", "ROCMC_LIN_PIPE=1"],
-    "block 128 occ 4": ["BLOCK=128", "ROCMC_LIN_OCC=4"],
-    "block 128 occ 3": ["BLOCK=128", "ROCMC_LIN_OCC=3"],
-    "block 128 U4 (MB 4)": ["BLOCK=128", "ROCMC_LIN_U4=4"],
-    "block 128 U8 occ 4": ["BLOCK=128", "ROCMC_LIN_OCC=4", "ROCMC_LIN_U1=8"],
-    "block 64": ["BLOCK=64"],
+    "one group at a time": ["ROCMC_LIN_PIPE=0"],
+    "256 threads": ["BLOCK=256"],
+    "256 threads, one group at a time": ["BLOCK=256", "ROCMC_LIN_PIPE=0"],
+    "64 threads": ["BLOCK=64"],
+    "register cap 3": ["ROCMC_LIN_OCC=3"],
+    "8 chunks a group": ["ROCMC_LIN_U1=8", "ROCMC_LIN_U2=8"],
+    "contiguous k": ["ROCMC_LIN_CONTIG=1"],
+    "ld.global.nc": ["ROCMC_LOAD_NC=1"],
 }
 TILE = 16
 

@@ -12,7 +12,8 @@
 // wave takes tiles of P positions (every NW-th tile: NW waves), the next tile's keys and values loaded while one
 // is worked on; a lane holds E = d / WAVE elements of every row (q in registers); a tile's scores are summed
 // across the wave together and the online softmax rescales once a tile. A position no row keeps is skipped: its
-// keys and values are never read. The waves' partial results (running max, sum, weighted values) are combined in
+// keys and values are never read. Decode's mask (one row for every query row) is staged as bits in shared memory
+// first, so no tile's loads wait on a mask load from global memory. The waves' partial results (running max, sum, weighted values) are combined in
 // shared memory at the end.
 //
 // Symbols: attention_decode_{f32,f16,bf16}. ABI (bindings, push constants, FLAG_* bits, BLOCK): the
@@ -27,6 +28,7 @@
 #define MAX_ROWS 16   // query rows of a workgroup (R)
 #endif
 #define MAX_CELLS 32  // R * E: the registers a lane gives q and the weighted sum each
+#define MAX_KEEP_WORDS 1024  // positions whose shared mask bits are staged in shared memory: 32 a word
 // Positions a wave works on at once, at most: AMDGPU keeps a tile's per-position values (keep bits, addresses)
 // in scalar registers, of which more would spill.
 #if defined(__AMDGCN__)
@@ -73,7 +75,7 @@ template <typename T, int E> DEVICE void load_slice(const T* p, float (&out)[E],
 
 template <typename T, int E, int RMAX>
 DEVICE void attend(const T* q, const T* k, const T* v, const unsigned char* mask, T* out, const AttnShape& s,
-                   Partial& part) {
+                   Partial& part, u32* keep_words) {
   // Positions a wave takes at once: its scores (P * RMAX) and its keys and values (2 * P * E elements) stay in
   // registers; the next tile's are loaded while this one is worked on.
   constexpr int P1 = 32 / RMAX, P2 = 64 / (E * (int)sizeof(T)), P0 = P1 < P2 ? P1 : P2;
@@ -104,11 +106,30 @@ DEVICE void attend(const T* q, const T* k, const T* v, const unsigned char* mask
   const bool shared_mask = has_mask && !causal && (s.mask_h == 0 || g == 1) && (s.mask_q == 0 || s.sq == 1);
   const u32 all = R >= 32 ? ~0u : (1u << R) - 1u;
   const u64 mask_row = (u64)bi * s.mask_b + (u64)kh * g * s.mask_h;
+  // One mask row for every row (decode): its keep bits staged in shared memory first, so a tile's key and value
+  // loads wait on no mask load from global memory.
+  const bool staged = shared_mask && s.S <= MAX_KEEP_WORDS * 32;
+  if (staged) {
+    for (u32 wd = thread_x(); wd * 32 < s.S; wd += BLOCK) {
+      const u32 j0 = wd * 32, n = s.S - j0 < 32 ? s.S - j0 : 32;
+      u32 bits = 0;
+      if (n == 32) {
+#pragma unroll
+        for (u32 i = 0; i < 32; ++i) bits |= (u32)(mask[mask_row + j0 + i] != 0) << i;
+      } else {
+        for (u32 i = 0; i < n; ++i) bits |= (u32)(mask[mask_row + j0 + i] != 0) << i;
+      }
+      keep_words[wd] = bits;
+    }
+    sync_threads();
+  }
   auto fetch = [&](u32 j0, Tile<T, E, P>& t) __attribute__((always_inline)) {
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       u32 j = j0 + p, bits = 0;
-      if (j < s.S && shared_mask) {
+      if (j < s.S && staged) {
+        bits = (keep_words[j >> 5] >> (j & 31)) & 1u ? all : 0u;
+      } else if (j < s.S && shared_mask) {
         bits = mask[mask_row + j] ? all : 0u;
       } else if (j < s.S) {
         for (u32 r = 0; r < R; ++r) {
@@ -210,25 +231,26 @@ template <typename T>
 DEVICE void attention_decode(const T* q, const T* k, const T* v, const unsigned char* mask, T* out,
                              const AttnShape& s) {
   SHARED Partial part;
+  SHARED u32 keep_words[MAX_KEEP_WORDS];
   // E = d / WAVE elements a lane; the host admits only d and R that fit one of these (R * E <= MAX_CELLS). Few
   // rows (MHA, decode) get a variant with more positions a tile.
   const u32 R = s.hq / s.hkv * s.sq;
   switch (s.d / WAVE) {
     case 1:
-      if (R <= 2) attend<T, 1, 2>(q, k, v, mask, out, s, part);
-      else attend<T, 1, MAX_ROWS>(q, k, v, mask, out, s, part);
+      if (R <= 2) attend<T, 1, 2>(q, k, v, mask, out, s, part, keep_words);
+      else attend<T, 1, MAX_ROWS>(q, k, v, mask, out, s, part, keep_words);
       break;
     case 2:
-      if (R <= 2) attend<T, 2, 2>(q, k, v, mask, out, s, part);
-      else attend<T, 2, MAX_ROWS>(q, k, v, mask, out, s, part);
+      if (R <= 2) attend<T, 2, 2>(q, k, v, mask, out, s, part, keep_words);
+      else attend<T, 2, MAX_ROWS>(q, k, v, mask, out, s, part, keep_words);
       break;
     case 4:
-      if (R <= 2) attend<T, 4, 2>(q, k, v, mask, out, s, part);
-      else attend<T, 4, (MAX_CELLS / 4 < MAX_ROWS ? MAX_CELLS / 4 : MAX_ROWS)>(q, k, v, mask, out, s, part);
+      if (R <= 2) attend<T, 4, 2>(q, k, v, mask, out, s, part, keep_words);
+      else attend<T, 4, (MAX_CELLS / 4 < MAX_ROWS ? MAX_CELLS / 4 : MAX_ROWS)>(q, k, v, mask, out, s, part, keep_words);
       break;
     case 8:
-      if (R <= 2) attend<T, 8, 2>(q, k, v, mask, out, s, part);
-      else attend<T, 8, (MAX_CELLS / 8 < MAX_ROWS ? MAX_CELLS / 8 : MAX_ROWS)>(q, k, v, mask, out, s, part);
+      if (R <= 2) attend<T, 8, 2>(q, k, v, mask, out, s, part, keep_words);
+      else attend<T, 8, (MAX_CELLS / 8 < MAX_ROWS ? MAX_CELLS / 8 : MAX_ROWS)>(q, k, v, mask, out, s, part, keep_words);
       break;
     default: break;
   }

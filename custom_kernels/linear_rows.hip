@@ -30,7 +30,8 @@
 // Tuning switches, set with -D by bench/linear_sweep.py to compare versions (the defaults: the measured best):
 // ROCMC_LIN_U1/U2/U4: chunks whose loads a wave issues together, for 1, 2 and 4 blocks of x rows; ROCMC_LIN_PIPE:
 // 1 = two such groups in registers, the next loading while one computes; ROCMC_LIN_OCC: NVPTX resident
-// workgroups a multiprocessor to fit registers for (0 = none).
+// workgroups a multiprocessor to fit registers for (0 = none); ROCMC_LIN_CONTIG: 1 = a wave's chunks one contiguous
+// run of k (0: every NW-th chunk).
 #ifndef ROCMC_LIN_U1
 #define ROCMC_LIN_U1 4
 #endif
@@ -45,6 +46,9 @@
 #endif
 #ifndef ROCMC_LIN_OCC
 #define ROCMC_LIN_OCC 0
+#endif
+#ifndef ROCMC_LIN_CONTIG
+#define ROCMC_LIN_CONTIG 0
 #endif
 
 #if defined(__NVPTX__) && __CUDA_ARCH__ >= 800
@@ -169,6 +173,16 @@ DEVICE void linear_rows(const T* x, const T* w, const T* bias, const T* res, T* 
     for (int b = 0; b < MB; ++b)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][b][i] = 0.0f;
+#if ROCMC_LIN_CONTIG
+  // A wave's chunks are one contiguous run of k: a group's loads read U * 64 consecutive bytes of each w row.
+  constexpr u32 DU = 1;
+  const u32 per = (chunks + NW - 1) / NW, start = wave * per < chunks ? wave * per : chunks;
+  const u32 end = start + per < chunks ? start + per : chunks, step = U;
+#else
+  // A wave takes every NW-th chunk: the workgroup's waves read each w row's consecutive chunks together.
+  constexpr u32 DU = NW;
+  const u32 start = wave, end = chunks, step = NW * U;
+#endif
   // A group: U chunks of this wave (every NW-th), their loads issued together, then their matrix instructions.
   // (Whether a chunk exists is the same for the whole wave.)
   typedef U4 WGroup[U][TILES][WV];
@@ -176,8 +190,8 @@ DEVICE void linear_rows(const T* x, const T* w, const T* bias, const T* res, T* 
   auto load_group = [&](u32 c0, WGroup& wv, XGroup& xv) __attribute__((always_inline)) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u32 c = c0 + u * NW, k = c * KC + kl;
-      if (c >= chunks) continue;
+      const u32 c = c0 + u * DU, k = c * KC + kl;
+      if (c >= end) continue;
 #pragma unroll
       for (int t = 0; t < TILES; ++t)
 #pragma unroll
@@ -190,28 +204,27 @@ DEVICE void linear_rows(const T* x, const T* w, const T* bias, const T* res, T* 
   auto mma_group = [&](u32 c0, const WGroup& wv, const XGroup& xv) __attribute__((always_inline)) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (c0 + u * NW >= chunks) continue;
+      if (c0 + u * DU >= end) continue;
 #pragma unroll
       for (int t = 0; t < TILES; ++t)
 #pragma unroll
         for (int b = 0; b < MB; ++b) mma_chunk<T>(acc[t][b], wv[u][t], xv[u][b]);
     }
   };
-  const u32 step = NW * U;
 #if ROCMC_LIN_PIPE
   // Two groups in registers: the next one's loads in flight while this one's instructions run.
   WGroup wa, wb;
   XGroup xa, xb;
-  if (wave < chunks) load_group(wave, wa, xa);
-  for (u32 c0 = wave; c0 < chunks; c0 += 2 * step) {
-    if (c0 + step < chunks) load_group(c0 + step, wb, xb);
+  if (start < end) load_group(start, wa, xa);
+  for (u32 c0 = start; c0 < end; c0 += 2 * step) {
+    if (c0 + step < end) load_group(c0 + step, wb, xb);
     mma_group(c0, wa, xa);
-    if (c0 + step >= chunks) break;
-    if (c0 + 2 * step < chunks) load_group(c0 + 2 * step, wa, xa);
+    if (c0 + step >= end) break;
+    if (c0 + 2 * step < end) load_group(c0 + 2 * step, wa, xa);
     mma_group(c0 + step, wb, xb);
   }
 #else
-  for (u32 c0 = wave; c0 < chunks; c0 += step) {
+  for (u32 c0 = start; c0 < end; c0 += step) {
     WGroup wv;
     XGroup xv;
     load_group(c0, wv, xv);

@@ -120,9 +120,13 @@ def _linear_graph(rows, n=128, k=128, dtype="f16"):
 
 @pytest.mark.parametrize("target", ["gfx942", "cuda:sm_80"])
 def test_size_rule_keeps_small_gemms_generated_and_says_why(target):
-    small, big, symbolic = _linear_graph(MIN_ROWS - 1), _linear_graph(MIN_ROWS), _linear_graph("seq")
+    # f32: the few-row kernel (linear_rows: f16/bf16, 2-32 static rows, default on GPUs) does not take them
+    small, big = _linear_graph(MIN_ROWS - 1, dtype="f32"), _linear_graph(MIN_ROWS, dtype="f32")
+    symbolic = _linear_graph("seq")
     t = Target.parse(target)
     lib = ("blas",)
+    # where it does, it comes before the library (a synchronous call per GEMM would cost a decode step more)
+    assert registry.choose(_node(_linear_graph(MIN_ROWS), "linear"), t, libraries=lib).impl.name == "kernel"
     assert registry.choose(_node(big, "linear"), t).impl.name == "generated"  # opt-in
     assert registry.choose(_node(big, "linear"), t, libraries=lib).impl.name == "blas"
     assert registry.choose(_node(symbolic, "linear"), t, libraries=lib).impl.name == "blas"
@@ -130,7 +134,7 @@ def test_size_rule_keeps_small_gemms_generated_and_says_why(target):
     assert choice.impl.name == "generated"
     assert any(n == "blas" and f"M={MIN_ROWS - 1} rows" in r for n, r in choice.skipped)
     narrow = registry.choose(_node(_linear_graph(512, n=MIN_COLS - 1), "linear"), t, libraries=lib)
-    assert narrow.impl.name == "generated" and "N=" in narrow.skipped[0][1]
+    assert narrow.impl.name == "generated" and any(n == "blas" and "N=" in r for n, r in narrow.skipped)
     # asked for by name, the size rule does not apply; impl="generated" turns the library off
     assert registry.choose(_node(small, "linear"), t, impl={"linear": "blas"}).impl.name == "blas"
     assert registry.choose(_node(big, "linear"), t, impl="generated").impl.name == "generated"
