@@ -13,8 +13,8 @@
 // is worked on; a lane holds E = d / WAVE elements of every row (q in registers); a tile's scores are summed
 // across the wave together and the online softmax rescales once a tile. A position no row keeps is skipped: its
 // keys and values are never read. Decode's mask (one row for every query row) is staged as bits in shared memory
-// first, so no tile's loads wait on a mask load from global memory. The waves' partial results (running max, sum, weighted values) are combined in
-// shared memory at the end.
+// first, so no tile's loads wait on a mask load from global memory. The waves' partial results (running max, sum,
+// weighted values) are combined in shared memory at the end.
 //
 // Symbols: attention_decode_{f32,f16,bf16}. ABI (bindings, push constants, FLAG_* bits, BLOCK): the
 // "attention_decode" KernelFamily in rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: b * hkv.

@@ -21,12 +21,19 @@ from .elementwise import BINARY, UNARY
 from .index import _ints
 from .linalg import lower_linear
 
-ACTIVATIONS = {"none": None, "relu": UNARY["relu"]}
+
+def _activation(name: str):
+    """The epilogue's activation `name` (fused_linear's names; fused_conv2d's "none" and "relu" among them) as
+    (E, v, t) -> v, the elementwise op's own code; None for "none"."""
+    if LINEAR_ACTIVATIONS[name] is None:
+        return None
+    op, attrs = LINEAR_ACTIVATIONS[name]
+    return lambda E, v, t: UNARY[op](E, v, t, **attrs)
 
 
 def _epilogue(E: Emitter, node, y: T, residual: T | None) -> T:
-    """activation(y + residual) elementwise, in the compute type of y's storage type."""
-    act = ACTIVATIONS[node.attrs["activation"]]
+    """activation(y + residual) elementwise, in the compute type of y's storage type, rounded once."""
+    act = _activation(node.attrs["activation"])
     if residual is None and act is None:
         return y
     storage = y.mlir_elt
@@ -61,25 +68,10 @@ lowering("fused_conv2d", impl="depthwise", kinds=("cpu",), priority=50, supports
 
 @lowering("fused_linear")
 def _lower_fused_linear(E: Emitter, node, ins, ctx):
-    """linear's contraction (rounded to the storage type, as linear's result is), then the residual add and the
-    activation as the elementwise ops compute them, rounded once (fused_conv2d's epilogue)."""
+    """linear's contraction (rounded to the storage type, as linear's result is), then fused_conv2d's epilogue:
+    the residual add and the activation as the elementwise ops compute them, rounded once."""
     y = lower_linear(E, node, ins[:3], ctx)[0]
-    residual = ins[3] if len(ins) > 3 else None
-    act = LINEAR_ACTIVATIONS[node.attrs["activation"]]
-    if residual is None and act is None:
-        return [y]
-    storage = y.mlir_elt
-    t = acc_mlir(storage)
-
-    def body(E, a):
-        v = E.cast_scalar(a[0], storage, t)
-        if residual is not None:
-            v = BINARY["add"](E, v, E.cast_scalar(a[1], storage, t), t)
-        if act is not None:
-            v = UNARY[act[0]](E, v, t, **act[1])
-        return E.cast_scalar(v, t, storage)
-
-    return [E.map([y] + ([residual] if residual is not None else []), node.outputs[0].type, body)]
+    return [_epilogue(E, node, y, ins[3] if len(ins) > 3 else None)]
 
 
 @lowering("gated_linear")
