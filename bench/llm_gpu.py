@@ -115,22 +115,28 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtype: str | None = None) -> dict:
+def measure_compile(
+    d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtype: str | None = None, impl: str | None = None
+) -> dict:
     """One compile in a fresh process, its tree's RSS sampled every 10 ms from outside."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.llm_gpu",
-        "compile-one",
-        "--dir",
-        str(d),
-        "--target",
-        target,
-        "--max-seq-len",
-        str(max_seq_len),
-        "--max-batch",
-        str(max_batch),
-    ] + (["--dtype", dtype] if dtype else [])
+    cmd = (
+        [
+            sys.executable,
+            "-m",
+            "bench.llm_gpu",
+            "compile-one",
+            "--dir",
+            str(d),
+            "--target",
+            target,
+            "--max-seq-len",
+            str(max_seq_len),
+            "--max-batch",
+            str(max_batch),
+        ]
+        + (["--dtype", dtype] if dtype else [])
+        + (["--impl", impl] if impl else [])
+    )
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, stop = [0.0], threading.Event()
@@ -153,7 +159,9 @@ def measure_compile(d: Path, target: str, max_seq_len: int, max_batch: int = 1, 
     return row
 
 
-def compile_one(d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtype: str | None = None) -> None:
+def compile_one(
+    d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtype: str | None = None, impl: str | None = None
+) -> None:
     import resource
 
     t = time.perf_counter()
@@ -162,7 +170,13 @@ def compile_one(d: Path, target: str, max_seq_len: int, max_batch: int = 1, dtyp
     imported = time.perf_counter() - t
     t = time.perf_counter()
     art = rocmc.llm.compile_hf(
-        d / "config.json", target, max_seq_len=max_seq_len, max_batch=max_batch, dtype=dtype, cache=False
+        d / "config.json",
+        target,
+        max_seq_len=max_seq_len,
+        max_batch=max_batch,
+        dtype=dtype,
+        cache=False,
+        **({"impl": json.loads(impl)} if impl else {}),
     )
     compiled = time.perf_counter() - t
     path = art.save(d / vmfb_name(target, max_batch))
@@ -193,7 +207,7 @@ def compile_all(a) -> None:
     rows = []
     for target, batch in [(t, int(b)) for t in a.targets.split(",") for b in a.batches.split(",")]:
         for run in range(a.repeat):
-            row = measure_compile(d, target, a.max_seq_len, batch, a.dtype) | {
+            row = measure_compile(d, target, a.max_seq_len, batch, a.dtype, a.impl) | {
                 "run": run,
                 "max_seq_len": a.max_seq_len,
                 "load_avg": os.getloadavg()[0],
@@ -882,12 +896,14 @@ def main() -> int:
     c.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="positions of the KV cache")
     c.add_argument("--batches", default="1", help="max_batch of each module, e.g. 1,8,32")
     c.add_argument("--dtype", default=None, help="compute and cache dtype (default: the checkpoint's, f16)")
+    c.add_argument("--impl", default=None, help='implementations asked for, as JSON: {"op": "name"}')
     o = sub.add_parser("compile-one")
     o.add_argument("--dir", required=True)
     o.add_argument("--target", required=True)
     o.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN)
     o.add_argument("--max-batch", type=int, default=1)
     o.add_argument("--dtype", default=None)
+    o.add_argument("--impl", default=None)
     r = sub.add_parser("run")
     r.add_argument("--dir", default="out/llm_gpu")
     r.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
@@ -903,7 +919,7 @@ def main() -> int:
     if a.cmd == "compile":
         compile_all(a)
     elif a.cmd == "compile-one":
-        compile_one(Path(a.dir), a.target, a.max_seq_len, a.max_batch, a.dtype)
+        compile_one(Path(a.dir), a.target, a.max_seq_len, a.max_batch, a.dtype, a.impl)
     else:
         return run(a)
     return 0

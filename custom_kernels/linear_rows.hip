@@ -1,10 +1,15 @@
-// Linear layers of a few rows on the matrix units: a decode step's projections (rocmc's linear, fused_linear and
-// gated_linear when x has at most MAX_M rows).
+// Linear layers of a few rows: a decode step's projections (rocmc's linear, fused_linear, gated_linear and
+// rms_norm_linear when x has at most MAX_M rows): linear_vec_* on the vector units for 1 to VMAX_M rows (a matrix
+// instruction's tile would be mostly empty; a wave reads the weights row by row in whole 512-byte runs),
+// linear_rows_* on the matrix units for more.
 //
 // y (M, N) = epilogue(x (M, K) @ w^T), w (N, K) as stored (out_features x in_features), or (2N, K) when gated
 // (FLAG_GATED: the gate's N rows, then the up's N rows). The product is accumulated in f32 and rounded once with
 // the bias (as linear's), then, as the separate ops would, in f32 and rounded once: + residual (M, N) and the
 // activation (fused_linear: activation(linear + residual)); gated: activation(gate) rounded, times up, rounded.
+// FLAG_NORM (rms_norm_linear; linear_vec only): x is RMSNorm(x, norm, eps) first. Every wave reads x whole and sums
+// its squares on the way; x * norm is rounded to the storage type (as rms_norm's product is) and each row's
+// 1 / rms, a factor of all its dot products, scales the f32 sums.
 //
 // Work: a workgroup per TILE rows of w (and the matching TILE up rows when gated). Its waves split K in chunks of
 // KC: in a chunk every lane loads 16 contiguous bytes of w rows and of x rows and the wave feeds them to the matrix
@@ -15,10 +20,11 @@
 // shared memory; the workgroup finishes its TILE x M outputs with the epilogue. Rows of w past N, x rows past M
 // and k past K read as zeros; K % 8 != 0 or unaligned buffers take element loads.
 //
-// Symbols: linear_rows_{f16,bf16}. ABI (bindings, push constants, FLAG_* bits, BLOCK): the "linear_rows"
-// KernelFamily in rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: ceil(N / TILE).
-// Other architectures (gfx1100's WMMA, sm < 80) build an entry point that traps: the lowering never dispatches
-// it there (kernel/linear.py says why and IREE's code takes the op).
+// Symbols: linear_rows_{f16,bf16}, linear_vec_{f16,bf16}. ABI (bindings, push constants, FLAG_* bits, BLOCK): the
+// "linear_rows" KernelFamily in rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: ceil(N / TILE) for
+// linear_rows, ceil(N / VOUT) for linear_vec (VOUT: VROWS, or VROWS / 2 when gated).
+// linear_vec builds for every architecture. linear_rows elsewhere (gfx1100's WMMA, sm < 80) is an entry point that
+// traps: the lowering never dispatches it there (kernel/linear.py says why and IREE's code takes the op).
 #include "rocmc_gpu.h"
 #include "kernel_abi.h"
 
@@ -26,6 +32,13 @@
 #define TILE 16   // rows of w a workgroup: one matrix-instruction tile
 #define KC 32     // k of a chunk: two matrix instructions of k 16
 #define MAX_M 32  // rows of x
+#define VROWS 8   // linear_vec: rows of w a workgroup (gated: VROWS / 2 gate rows and their up rows)
+#define VMAX_M 2  // linear_vec: rows of x
+#if WAVE == 64
+#define VU 2  // linear_vec: 16-byte pieces of each row a lane loads together (a 64-wide wave: 1 KB a row each)
+#else
+#define VU 4
+#endif
 
 // Tuning switches, set with -D by bench/linear_sweep.py to compare versions (the defaults: the measured best):
 // ROCMC_LIN_U1/U2/U4: chunks whose loads a wave issues together, for 1, 2 and 4 blocks of x rows; ROCMC_LIN_PIPE:
@@ -68,23 +81,30 @@ typedef RawBytes<16>::type U4;
 
 struct LinShape {
   u32 M, N, K, flags;
+  float eps;
 };
 
-// 8 elements of row `row` (of `rows`, K apart) from k on, as raw bits; zeros past the rows or K.
-template <typename T>
-DEVICE U4 load8(const T* base, u32 row, u32 rows, u32 k, u32 K, bool wide, bool stream) {
-  U4 r = {0u, 0u, 0u, 0u};
-  if (row >= rows) return r;
-  const T* p = base + (u64)row * K + k;
-  if (wide && k + 8 <= K) return stream ? load_cs<U4>((const U4*)p) : *(const U4*)p;
+// The first n (< 8 or unaligned) elements at p one by one, zeros after them: an out-of-line call, so the unrolled
+// loops below carry one call instruction for it instead of eight guarded loads at every piece.
+template <typename T> __attribute__((device, noinline)) static U4 load8_edge(const T* p, u32 n) {
   u32 h[8];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) h[e] = k + e < K ? (u32)__builtin_bit_cast(u16, p[e]) : 0u;
+  for (u32 e = 0; e < 8; ++e) h[e] = e < n ? (u32)__builtin_bit_cast(u16, p[e]) : 0u;
+  U4 r;
   r.x = h[0] | h[1] << 16;
   r.y = h[2] | h[3] << 16;
   r.z = h[4] | h[5] << 16;
   r.w = h[6] | h[7] << 16;
   return r;
+}
+
+// 8 elements of row `row` (of `rows`, K apart) from k on, as raw bits; zeros past the rows or K.
+template <typename T>
+DEVICE U4 load8(const T* base, u32 row, u32 rows, u32 k, u32 K, bool wide, bool stream) {
+  if (row >= rows || k >= K) return U4{0u, 0u, 0u, 0u};
+  const T* p = base + (u64)row * K + k;
+  if (wide && k + 8 <= K) return stream ? load_cs<U4>((const U4*)p) : *(const U4*)p;
+  return load8_edge(p, K - k < 8 ? K - k : 8);
 }
 
 // ---- the matrix instructions: acc (this lane's 4 of the 16 x MT tile) += w (16 x 32) . x (32 x MT) ----------
@@ -153,6 +173,43 @@ DEVICE float activate(float v, u32 flags) {
   return v;
 }
 template <typename T> DEVICE float rounded(float v) { return to_f32(from_f32<T>(v)); }
+
+// The 8 elements of a 16-byte piece as f32.
+template <typename T> DEVICE void unpack8(const U4& v, float (&f)[8]) {
+  const u32 h[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = to_f32(__builtin_bit_cast(T, (u16)(h[e / 2] >> (16 * (e % 2)))));
+}
+// FLAG_NORM's prologue on 8 elements of an x row (f, in f32): their squares added to ss, then f = round(f * norm).
+template <typename T> DEVICE void normalize8(float (&f)[8], const U4& norm, float& ss) {
+  float g[8];
+  unpack8<T>(norm, g);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    ss += f[e] * f[e];
+    f[e] = rounded<T>(f[e] * g[e]);
+  }
+}
+
+// y[m, n] from the f32 sums of its dot product (and of the up row's, gated), as the separate ops would round them.
+template <typename T>
+DEVICE void store_out(float v, float up, bool gated, float rs, u32 m, u32 n, const T* bias, const T* res, T* y,
+                      const LinShape& s) {
+  if (s.flags & FLAG_NORM) v *= rs, up *= rs;
+  if (s.flags & FLAG_BIAS) v += to_f32(bias[n]);
+  v = rounded<T>(v);  // linear's result
+  if (gated) {
+    if (s.flags & FLAG_BIAS) up += to_f32(bias[s.N + n]);
+    v = rounded<T>(activate(v, s.flags)) * rounded<T>(up);
+  } else {
+    if (s.flags & FLAG_RESIDUAL) v += to_f32(res[(u64)m * s.N + n]);
+    v = activate(v, s.flags);
+  }
+  y[(u64)m * s.N + n] = from_f32<T>(v);
+}
+
+// 1 / rms of a row from the sum of its squares (FLAG_NORM).
+DEVICE float inv_rms(float ss, const LinShape& s) { return rsqrt_f32(ss / (float)s.K + s.eps); }
 
 #if HAS_MMA
 // Partial sums of the waves: [wave][tile][row of w * MAX_M + row of x].
@@ -241,27 +298,20 @@ DEVICE void linear_rows(const T* x, const T* w, const T* bias, const T* res, T* 
   for (u32 o = thread_x(); o < TILE * s.M; o += BLOCK) {
     const u32 m = o / TILE, nl = o % TILE, n = n0 + nl;
     if (n >= s.N) continue;
-    float v = 0.0f;
-    for (u32 wi = 0; wi < NW; ++wi) v += part.v[wi][0][nl * MAX_M + m];
-    if (s.flags & FLAG_BIAS) v += to_f32(bias[n]);
-    v = rounded<T>(v);  // linear's result
-    if (TILES == 2) {
-      float up = 0.0f;
-      for (u32 wi = 0; wi < NW; ++wi) up += part.v[wi][TILES - 1][nl * MAX_M + m];
-      if (s.flags & FLAG_BIAS) up += to_f32(bias[s.N + n]);
-      v = rounded<T>(activate(v, s.flags)) * rounded<T>(up);
-    } else {
-      if (s.flags & FLAG_RESIDUAL) v += to_f32(res[(u64)m * s.N + n]);
-      v = activate(v, s.flags);
+    float v = 0.0f, up = 0.0f;
+    for (u32 wi = 0; wi < NW; ++wi) {
+      v += part.v[wi][0][nl * MAX_M + m];
+      if (TILES == 2) up += part.v[wi][TILES - 1][nl * MAX_M + m];
     }
-    y[(u64)m * s.N + n] = from_f32<T>(v);
+    store_out<T>(v, up, TILES == 2, 1.0f, m, n, bias, res, y, s);
   }
 }
 
 template <typename T>
-DEVICE void linear_rows_entry(const T* x, const T* w, const T* bias, const T* res, T* y, const LinShape& s) {
+DEVICE void linear_rows_entry(const T* x, const T* w, const T* bias, const T* res, const T*, T* y,
+                              const LinShape& s) {
   SHARED Partials part;
-  const u32 mb = (s.M + MT - 1) / MT;  // the host admits M <= MAX_M
+  const u32 mb = (s.M + MT - 1) / MT;  // the host admits M <= MAX_M (and no FLAG_NORM)
   if (s.flags & FLAG_GATED) {
     if (mb <= 1) linear_rows<T, 2, 1>(x, w, bias, res, y, s, part);
     else if (mb <= 2) linear_rows<T, 2, 2>(x, w, bias, res, y, s, part);
@@ -278,15 +328,111 @@ DEVICE void linear_rows_entry(const T* x, const T* w, const T* bias, const T* re
 }
 #else
 template <typename T>
-DEVICE void linear_rows_entry(const T*, const T*, const T*, const T*, T*, const LinShape&) {
+DEVICE void linear_rows_entry(const T*, const T*, const T*, const T*, const T*, T*, const LinShape&) {
   __builtin_trap();  // no matrix instructions the kernel is written for: never dispatched here
 }
 #endif
 
-#define LINEAR_ROWS(name, T)                                     \
-  KERNEL_OCC(BLOCK, ROCMC_LIN_OCC) void name(KERNEL_PARAMS(T)) { \
-    LinShape s{M, N, K, flags};                                  \
-    linear_rows_entry<T>(x, w, bias, residual, y, s);            \
+// ---- linear_vec: 1 to VMAX_M rows on the vector units ------------------------------------------------------
+// A workgroup takes VROWS rows of w (gated: VROWS / 2 outputs, each a gate row and its up row), a wave WR of them.
+// A wave's lanes read 16 contiguous bytes each of every row it has, so a load instruction reads 32 (64 on AMD)
+// pieces one after another of one row; VU such loads of each row in flight a lane. x (and the norm) come
+// through the caches: every wave reads them whole, so with FLAG_NORM each wave has its rows' sums of squares.
+DEVICE float wave_sum(float v) {
+#pragma unroll
+  for (u32 o = WAVE / 2; o >= 1; o /= 2) v += shfl_xor(v, o);
+  return v;
+}
+
+template <typename T, int MB, bool GATED, bool NORM>
+DEVICE void linear_vec(const T* x, const T* w, const T* bias, const T* res, const T* norm, T* y, const LinShape& s) {
+  constexpr int WR = VROWS / NW;                // rows of w a wave
+  constexpr int OUTS = GATED ? WR / 2 : WR;     // its outputs
+  static_assert(WR >= 2 && WR % 2 == 0, "a wave takes gate and up rows in pairs");
+  const u32 wave = thread_x() / WAVE, lane = thread_x() % WAVE;
+  const u32 o0 = (block_x() * NW + wave) * OUTS;  // the wave's first output
+  const u32 pieces = (s.K + 7) / 8, rows_w = GATED ? 2 * s.N : s.N;
+  const bool wide = s.K % 8 == 0 && aligned16(x, w, norm);
+  u32 wrow[WR];  // row r of the wave: output o0 + r, or (gated) the up row of output o0 + r - OUTS
+#pragma unroll
+  for (int r = 0; r < WR; ++r) {
+    const u32 o = o0 + (r < OUTS ? r : r - OUTS);
+    wrow[r] = o >= s.N ? rows_w : r < OUTS ? o : s.N + o;  // past N: reads zeros
   }
-LINEAR_ROWS(linear_rows_f16, _Float16)
-LINEAR_ROWS(linear_rows_bf16, bf16_t)
+  float acc[WR][MB], ss[MB];
+#pragma unroll
+  for (int b = 0; b < MB; ++b) {
+    ss[b] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < WR; ++r) acc[r][b] = 0.0f;
+  }
+  for (u32 p0 = lane; p0 < pieces; p0 += WAVE * VU) {
+    U4 wv[VU][WR], xv[VU][MB + NORM];
+#pragma unroll
+    for (int u = 0; u < VU; ++u) {
+      const u32 p = p0 + u * WAVE, k = p * 8;
+      if (p >= pieces) continue;
+#pragma unroll
+      for (int r = 0; r < WR; ++r) wv[u][r] = load8(w, wrow[r], rows_w, k, s.K, wide, true);
+#pragma unroll
+      for (int b = 0; b < MB; ++b) xv[u][b] = load8(x, (u32)b, s.M, k, s.K, wide, false);
+      if (NORM) xv[u][MB] = load8(norm, 0u, 1u, k, s.K, wide, false);
+    }
+#pragma unroll
+    for (int u = 0; u < VU; ++u) {
+      if (p0 + u * WAVE >= pieces) continue;
+      float wf[WR][8];
+#pragma unroll
+      for (int r = 0; r < WR; ++r) unpack8<T>(wv[u][r], wf[r]);
+#pragma unroll
+      for (int b = 0; b < MB; ++b) {
+        float f[8];
+        unpack8<T>(xv[u][b], f);
+        if (NORM) normalize8<T>(f, xv[u][MB], ss[b]);
+#pragma unroll
+        for (int r = 0; r < WR; ++r)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][b] += wf[r][e] * f[e];
+      }
+    }
+  }
+  // Every lane ends with the wave's sums; lane r * MB + b stores output (o0 + r, row b).
+#pragma unroll
+  for (int b = 0; b < MB; ++b) {
+    const float rs = NORM ? inv_rms(wave_sum(ss[b]), s) : 1.0f;
+#pragma unroll
+    for (int r = 0; r < WR; ++r) acc[r][b] = wave_sum(acc[r][b]);
+#pragma unroll
+    for (int r = 0; r < OUTS; ++r)
+      if (lane == (u32)(r * MB + b) && (u32)b < s.M && o0 + r < s.N)
+        store_out<T>(acc[r][b], GATED ? acc[OUTS + r][b] : 0.0f, GATED, rs, b, o0 + r, bias, res, y, s);
+  }
+}
+
+template <typename T, bool GATED, bool NORM>
+DEVICE void linear_vec_mb(const T* x, const T* w, const T* bias, const T* res, const T* norm, T* y,
+                          const LinShape& s) {
+  if (s.M <= 1) linear_vec<T, 1, GATED, NORM>(x, w, bias, res, norm, y, s);
+  else if (s.M <= 2) linear_vec<T, 2, GATED, NORM>(x, w, bias, res, norm, y, s);
+  else linear_vec<T, VMAX_M, GATED, NORM>(x, w, bias, res, norm, y, s);  // the host admits M <= VMAX_M
+}
+
+template <typename T>
+DEVICE void linear_vec_entry(const T* x, const T* w, const T* bias, const T* res, const T* norm, T* y,
+                             const LinShape& s) {
+  const bool gated = s.flags & FLAG_GATED, normed = s.flags & FLAG_NORM;
+  if (gated && normed) linear_vec_mb<T, true, true>(x, w, bias, res, norm, y, s);
+  else if (gated) linear_vec_mb<T, true, false>(x, w, bias, res, norm, y, s);
+  else if (normed) linear_vec_mb<T, false, true>(x, w, bias, res, norm, y, s);
+  else linear_vec_mb<T, false, false>(x, w, bias, res, norm, y, s);
+}
+
+#define LINEAR_ROWS(name, entry, T)                                    \
+  KERNEL_OCC(BLOCK, ROCMC_LIN_OCC) void name(KERNEL_PARAMS(T)) {       \
+    LinShape s{M, N, K, flags, __builtin_bit_cast(float, eps)};        \
+    entry<T>(x, w, bias, residual, norm, y, s);                        \
+  }
+LINEAR_ROWS(linear_rows_f16, linear_rows_entry, _Float16)
+LINEAR_ROWS(linear_rows_bf16, linear_rows_entry, bf16_t)
+LINEAR_ROWS(linear_vec_f16, linear_vec_entry, _Float16)
+LINEAR_ROWS(linear_vec_bf16, linear_vec_entry, bf16_t)

@@ -162,10 +162,10 @@ def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
         h = h * np.asarray(cfg.embed_scale, dtype=_dtype(dt).np)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        x = _norm(cfg, h, w(p + "input_layernorm.weight"))
-        h = _attention(cfg, w, p + "self_attn.", x, i, cos, sin, slots, residual=h)
-        x = _norm(cfg, h, w(p + "post_attention_layernorm.weight"))
-        h = _mlp(cfg, w, p + "mlp.", x, residual=h)
+        h = _attention(
+            cfg, w, p + "self_attn.", _Normed(h, w(p + "input_layernorm.weight"), slots.decode), i, cos, sin, slots
+        )
+        h = _mlp(cfg, w, p + "mlp.", _Normed(h, w(p + "post_attention_layernorm.weight"), slots.decode))
     g.assign(CACHE, slots.cache)
     return g, w, _norm(cfg, h, w("model.norm.weight"))
 
@@ -238,10 +238,33 @@ class _Slots:
         return ops.sdpa(q, *kv, mask=mask, scale=scale)
 
 
-def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
+def _norm_weight(cfg: LlmConfig, weight: Value) -> Value:
     if cfg.norm_offset:
         weight = weight + np.asarray(cfg.norm_offset, dtype=weight.dtype.np)
-    return ops.rms_norm(x, weight, eps=cfg.rms_norm_eps)
+    return weight
+
+
+def _norm(cfg: LlmConfig, x: Value, weight: Value) -> Value:
+    return ops.rms_norm(x, _norm_weight(cfg, weight), eps=cfg.rms_norm_eps)
+
+
+class _Normed:
+    """A layer's input h, to be RMS-normalized by `weight` before its projection. decode (`fused`): each
+    projection is one rms_norm_linear (a few static rows: a kernel normalizes x on its way into the product, no
+    dispatch of its own); prefill: rms_norm, then the projection (its rows are symbolic; the norm's own kernel)."""
+
+    def __init__(self, h: Value, weight: Value, fused: bool):
+        self.h, self.weight, self.fused = h, weight, fused
+
+    def project(self, cfg: LlmConfig, w: "_Weights", name: str, bias: bool, gate: str = "none") -> Value:
+        b = w(name + ".bias") if bias else None
+        weight = _norm_weight(cfg, self.weight)
+        if self.fused:
+            return ops.rms_norm_linear(self.h, weight, w(name + ".weight"), b, eps=cfg.rms_norm_eps, gate=gate)
+        x = ops.rms_norm(self.h, weight, eps=cfg.rms_norm_eps)
+        if gate == "none":
+            return ops.linear(x, w(name + ".weight"), b)
+        return ops.gated_linear(x, w(name + ".weight"), b, activation=gate)
 
 
 def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False, residual: Value | None = None) -> Value:
@@ -269,23 +292,22 @@ def _gather_last(x: Value, w: "_Weights") -> Value:
     return ops.reshape(ops.permute(parts, (1, 2, 0, 3)), (b, t, n * k))
 
 
-def _attention(cfg, w, p, x, layer, cos, sin, slots: _Slots, residual: Value):
-    b, t = x.shape[:2]
+def _attention(cfg, w, p, x: _Normed, layer, cos, sin, slots: _Slots):
+    b, t = x.h.shape[:2]
     hq, hkv, d = slots.heads, slots.kv_heads, cfg.head_dim
-    # q, k and v as one projection (joined at load), rotated and stored by one op.
-    qkv = ops.reshape(_linear(w, p + "qkv_proj", x, cfg.attention_bias), (b, t, hq + 2 * hkv, d))
+    # q, k and v as one projection (joined at load) of the normalized input, rotated and stored by one op.
+    qkv = ops.reshape(x.project(cfg, w, p + "qkv_proj", cfg.attention_bias), (b, t, hq + 2 * hkv, d))
     q = slots.store(layer, qkv, cos, sin)
     a = slots.attend(layer, ops.permute(q, (0, 2, 1, 3)), slots.masks[cfg.layer_types[layer]], cfg.attention_scale)
     a = ops.reshape(ops.permute(a, (0, 2, 1, 3)), (b, t, hq * d))
-    return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True, residual=residual)
+    return _linear(w, p + "o_proj", a, cfg.o_proj_bias, row=True, residual=x.h)
 
 
-def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: Value, residual: Value) -> Value:
+def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: _Normed) -> Value:
     # gate and up as one projection (joined at load: the gate's rows, then the up's) with act(gate) * up.
     act = "silu" if cfg.hidden_act == "silu" else "gelu_tanh"
-    b = w(p + "gate_up_proj.bias") if cfg.mlp_bias else None
-    both = ops.gated_linear(x, w(p + "gate_up_proj.weight"), b, activation=act)
-    return _linear(w, p + "down_proj", both, cfg.mlp_bias, row=True, residual=residual)
+    both = x.project(cfg, w, p + "gate_up_proj", cfg.mlp_bias, gate=act)
+    return _linear(w, p + "down_proj", both, cfg.mlp_bias, row=True, residual=x.h)
 
 
 def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:

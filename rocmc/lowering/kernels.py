@@ -211,15 +211,22 @@ FAMILIES: dict[str, KernelFamily] = {
     ),
     "linear_rows": KernelFamily(
         "linear_rows.hip",
-        ("linear_rows_f16", "linear_rows_bf16"),
+        ("linear_rows_f16", "linear_rows_bf16", "linear_vec_f16", "linear_vec_bf16"),
         (
-            Binding("x", False, "(M, K), M <= 32"),
+            Binding("x", False, "(M, K), M <= 32 (linear_vec: M <= 2)"),
             Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
             Binding("bias", False, "(N,) or (2N,) (a placeholder when absent)"),
             Binding("residual", False, "(M, N) (a placeholder when absent)"),
+            Binding("norm", False, "(K,): RMSNorm's weight, with FLAG_NORM (a placeholder when absent)"),
             Binding("y", True, "(M, N)"),
         ),
-        (("M", "rows of x"), ("N", "outputs a row"), ("K", "inputs a row"), ("flags", "FLAG_* bits")),
+        (
+            ("M", "rows of x"),
+            ("N", "outputs a row"),
+            ("K", "inputs a row"),
+            ("flags", "FLAG_* bits"),
+            ("eps", "f32 bits: RMSNorm's epsilon (FLAG_NORM)"),
+        ),
         # 128 threads: on an H100 (bench/linear_sweep.py, BENCHMARKS.md) a 7B layer's four projections took
         # 185 / 186 / 229 us at 1 / 8 / 32 rows against 193 / 196 / 276 with 256.
         block=128,
@@ -230,6 +237,7 @@ FAMILIES: dict[str, KernelFamily] = {
             ("relu", "the activation is relu"),
             ("silu", "the activation is silu"),
             ("gelu_tanh", "the activation is gelu, tanh approximation (none of the three: no activation)"),
+            ("norm", "x is RMSNorm(x, norm, eps) first (rms_norm_linear)"),
         ),
     ),
 }

@@ -202,17 +202,21 @@ def _attention_cases() -> list[Case]:
 
 
 def linear_case(name, dtype, lead, n, k, op="linear", act="none", bias=False, residual=False) -> Case:
-    """The linear_rows kernel (by default for 2 to 32 static rows): linear, fused_linear (activation and
-    residual) or gated_linear (weight (2n, k)) of x (*lead, k) against float64."""
-    rows = 2 * n if op == "gated_linear" else n
+    """The linear_rows kernels (linear_vec for 1 and 2 rows, linear_rows for 3 to 32): linear, fused_linear
+    (activation and residual), gated_linear (weight (2n, k)) or rms_norm_linear (gated when `act` is not "none")
+    of x (*lead, k) against float64."""
+    rows = 2 * n if op == "gated_linear" or (op == "rms_norm_linear" and act != "none") else n
 
     def graph():
         g = rocmc.Graph("lin")
         x = g.input("x", (*lead, k), dtype)
+        nw = g.input("nw", (k,), dtype) if op == "rms_norm_linear" else None
         w = g.input("w", (rows, k), dtype)
         b = g.input("b", (rows,), dtype) if bias else None
         r = g.input("r", (*lead, n), dtype) if residual else None
-        if op == "gated_linear":
+        if op == "rms_norm_linear":
+            g.output(ops.rms_norm_linear(x, nw, w, b, eps=1e-5, gate=act))
+        elif op == "gated_linear":
             g.output(ops.gated_linear(x, w, b, activation=act))
         elif op == "fused_linear":
             g.output(ops.fused_linear(x, w, b, r, activation=act))
@@ -222,14 +226,16 @@ def linear_case(name, dtype, lead, n, k, op="linear", act="none", bias=False, re
 
     def inputs(rng, _):
         scale = 1.0 / np.sqrt(k)  # outputs of order 1, where the activations bend
-        out = [_rand(rng, (*lead, k), dtype), _rand(rng, (rows, k), dtype, -2.0 * scale, 2.0 * scale)]
+        out = [_rand(rng, (*lead, k), dtype)]
+        if op == "rms_norm_linear":
+            out.append(_rand(rng, (k,), dtype, 0.5, 1.5))
+        out.append(_rand(rng, (rows, k), dtype, -2.0 * scale, 2.0 * scale))
         if bias:
             out.append(_rand(rng, (rows,), dtype))
         if residual:
             out.append(_rand(rng, (*lead, n), dtype))
         return out
 
-    # Asked for by name: by default one row is IREE's (kernel/linear.py).
     return Case(name, graph, inputs, TOL[dtype], rel_l2, compile={"impl": {op: "kernel"}}, calls="kernels", poison=True)
 
 
@@ -242,6 +248,14 @@ def _linear_cases() -> list[Case]:
         linear_case("lin_bf16_3_odd_relu", "bf16", (3, 1), 50, 100, "fused_linear", "relu"),
         linear_case("lin_f16_17_gated_gelu", "f16", (17, 1), 129, 264, "gated_linear", "gelu_tanh"),
         linear_case("lin_bf16_2_k11008", "bf16", (2, 1), 256, 11008, "fused_linear", residual=True),
+        linear_case("lin_f16_1_norm_gated_silu_bias", "f16", (1, 1), 1376, 4096, "rms_norm_linear", "silu", bias=True),
+        linear_case("lin_bf16_1_norm_k11008", "bf16", (1,), 300, 11008, "rms_norm_linear"),
+        linear_case("lin_f16_2_norm_odd_gelu", "f16", (2, 1), 37, 77, "rms_norm_linear", "gelu_tanh"),
+        linear_case("lin_bf16_1_odd_residual", "bf16", (1,), 45, 100, "fused_linear", "gelu_tanh", True, True),
+        linear_case("lin_f16_8_norm_bias", "f16", (8, 1), 384, 4096, "rms_norm_linear", bias=True),
+        linear_case("lin_bf16_32_norm_gated_gelu", "bf16", (32, 1), 129, 264, "rms_norm_linear", "gelu_tanh"),
+        linear_case("lin_f16_5_norm_odd", "f16", (5,), 50, 77, "rms_norm_linear"),
+        linear_case("lin_f16_19_norm_gated_silu", "f16", (19, 1), 688, 4096, "rms_norm_linear", "silu"),
     ]
 
 

@@ -1,7 +1,8 @@
-"""The ops of a transformer's projections with their epilogues: fused_linear with a residual (activation(linear + r))
-and gated_linear (act(x @ gate^T + b) * (x @ up^T + b), gate and up joined in one weight), against float64
-through the generated lowering (symbolic rows, odd sizes); their bad input; and where the linear_rows kernel takes
-them on GPU targets (compiled here; tests/gpu runs it), where not and why."""
+"""The ops of a transformer's projections with their epilogues: fused_linear with a residual (activation(linear + r)),
+gated_linear (act(x @ gate^T + b) * (x @ up^T + b), gate and up joined in one weight) and rms_norm_linear (either
+of an RMS-normalized x), against float64 through the generated lowering (symbolic rows, odd sizes); their bad
+input; and where the linear_rows kernels take them on GPU targets (compiled here; tests/gpu runs them), which one
+(linear_vec for 1 and 2 rows, linear_rows for 3 to 32), where not and why."""
 
 import math
 
@@ -57,6 +58,44 @@ def test_residual_and_gated_projections_against_float64(rng, dtype, act, gate_ac
                 _compare(o, ref, dtype)
 
 
+def _rms64(x, g, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("gate", ["none", "silu", "gelu_tanh"])
+def test_rms_norm_linear_against_float64(rng, dtype, gate):
+    rows = 2 * N if gate != "none" else N
+    g = rocmc.Graph("normed")
+    x = g.input("x", ("batch", "seq", K), dtype)
+    nw, w = g.input("nw", (K,), dtype), g.input("w", (rows, K), dtype)
+    b = g.input("b", (rows,), dtype)
+    g.output(ops.rms_norm_linear(x, nw, w, b, eps=1e-5, gate=gate))
+    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    for shape in ROWS:
+        x = rand(rng, (*shape, K), dtype)
+        nw, w, b = rand(rng, (K,), dtype, 0.5, 1.5), rand(rng, (rows, K), dtype, -0.4, 0.4), rand(rng, (rows,), dtype)
+        y = _rms64(x, nw, 1e-5) @ w.astype(np.float64).T + b.astype(np.float64)
+        want = y if gate == "none" else _act64(gate, y[..., :N]) * y[..., N:]
+        for got in (mod(x, nw, w, b), rocmc.evaluate(g, x, nw, w, b)):
+            _compare(got, want, dtype)
+
+
+def test_bad_normed_projection_operands_are_refused():
+    g = rocmc.Graph("bad")
+    x = g.input("x", (4, K), "f16")
+    w, nw = np.ones((2 * N, K), np.float16), np.ones(K, np.float16)
+    with pytest.raises(rocmc.GraphError, match=r"rms_norm_linear.*'norm_weight' is f16\[36\], expected shape \[37\]"):
+        ops.rms_norm_linear(x, np.ones(K - 1, np.float16), w)
+    with pytest.raises(rocmc.GraphError, match=r"rms_norm_linear.*gate='relu', expected one of 'none', 'silu'"):
+        ops.rms_norm_linear(x, nw, w, gate="relu")
+    with pytest.raises(rocmc.GraphError, match=r"rms_norm_linear.*eps=-1.0, expected a number >= 0"):
+        ops.rms_norm_linear(x, nw, w, eps=-1.0)
+    with pytest.raises(rocmc.GraphError, match=r"rms_norm_linear.*'weight' has 27 rows, expected a static even"):
+        ops.rms_norm_linear(x, nw, np.ones((27, K), np.float16), gate="silu")
+
+
 def test_bad_projection_operands_are_refused():
     g = rocmc.Graph("bad")
     x = g.input("x", (4, K), "f16")
@@ -70,11 +109,14 @@ def test_bad_projection_operands_are_refused():
         ops.gated_linear(x, np.ones((26, K), np.float16), np.ones(13, np.float16))
 
 
-def _rows_graph(rows, dtype="f16", gated=True, k=64, n=48):
+def _rows_graph(rows, dtype="f16", gated=True, k=64, n=48, normed=False):
     g = rocmc.Graph("rows")
     x = g.input("x", (*rows, k), dtype)
     w = g.input("w", (2 * n if gated else n, k), dtype)
-    if gated:
+    if normed:
+        nw = g.input("nw", (k,), dtype)
+        g.output(ops.rms_norm_linear(x, nw, w, eps=1e-6, gate="silu" if gated else "none"))
+    elif gated:
         g.output(ops.gated_linear(x, w, activation="silu"))
     else:
         g.output(ops.fused_linear(x, w, residual=g.input("r", (*rows, n), dtype)))
@@ -86,17 +128,21 @@ def _symbols(art):
 
 
 @pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942", "gfx90a"])
-def test_kernel_takes_a_few_static_rows(target):
+def test_kernels_take_a_few_static_rows(target):
     for gated in (True, False):
-        art = rocmc.compile(_rows_graph((3, 1), gated=gated), target)
-        assert _symbols(art) == ["linear_rows_f16"]
+        for normed in (False, True):
+            # From 3 rows rms_norm_linear is rms_norm's kernel, then linear_rows; below, linear_vec normalizes x.
+            for rows, symbols in [
+                ((3, 1), ["rms_norm_f16_short", "linear_rows_f16"] if normed else ["linear_rows_f16"]),
+                ((1, 1), ["linear_vec_f16"]),
+                ((2,), ["linear_vec_f16"]),
+            ]:
+                art = rocmc.compile(_rows_graph(rows, gated=gated, normed=normed), target)
+                assert _symbols(art) == symbols, (rows, gated, normed)
     assert _symbols(rocmc.compile(_rows_graph((32,), "bf16"), target)) == ["linear_rows_bf16"]
 
 
-def test_one_row_is_iree_unless_asked_for_and_what_the_kernel_passes_over():
-    art = rocmc.compile(_rows_graph((1, 1)), "cuda:sm_80")
-    assert not _symbols(art) and "1 row: IREE's matrix-vector code streams the weights faster" in art.summary()
-    assert _symbols(rocmc.compile(_rows_graph((1, 1)), "cuda:sm_80", impl={"gated_linear": "kernel"}))
+def test_what_the_kernels_pass_over():
     for rows, dtype, target, why in [
         ((33,), "f16", "cuda:sm_80", "33 rows of x; the kernel takes 1 to 32"),
         (("n", 1), "f16", "cuda:sm_80", "the kernel takes a static few rows"),
@@ -105,6 +151,13 @@ def test_one_row_is_iree_unless_asked_for_and_what_the_kernel_passes_over():
     ]:
         art = rocmc.compile(_rows_graph(rows, dtype), target)
         assert not _symbols(art) and why in art.summary(), art.summary()
+    # linear_vec needs no matrix instructions: one row takes it on gfx11 too.
+    assert _symbols(rocmc.compile(_rows_graph((1,), normed=True), "gfx1100")) == ["linear_vec_f16"]
+    g = rocmc.Graph("mixed")
+    x = g.input("x", (1, 64), "f16")
+    g.output(ops.rms_norm_linear(x, g.input("nw", (64,), "f32"), g.input("w", (48, 64), "f16")))
+    art = rocmc.compile(g, "cuda:sm_80")
+    assert not _symbols(art) and "norm_weight is f32, x f16: the kernel takes them in one dtype" in art.summary()
 
 
 def test_library_gemm_passes_over_a_residual(rng):

@@ -1,7 +1,8 @@
 """Fused ops the graph rewrite puts in place of chains (rocmc.rewrite): a 2-D convolution with its
 epilogue, y = activation(conv2d(x, w, b) + residual), a linear layer with its activation and residual,
 y = activation(linear(x, w, b) + residual), and the gated MLP's first projection, y = act(x @ gate^T + b_gate) *
-(x @ up^T + b_up) with gate and up joined in one weight.
+(x @ up^T + b_up) with gate and up joined in one weight, and either projection of an RMS-normalized x
+(rms_norm_linear: a decoder's q/k/v or gate/up after its norm).
 
 A CNN's conv -> (batch norm, folded into w and b) -> residual add -> relu is one op here, so a
 lowering computes the epilogue on the conv's output before it is stored (IREE fuses the elementwise
@@ -18,10 +19,11 @@ from ...errors import GraphError
 from ..graph import TensorType
 from .conv import CONV_ATTRS, _conv_infer, _conv_ref, _operands, conv_attrs
 from .linalg import _linear, _linear_ref
-from ..opdef import as_value, builder, defop, graph_of, reference
+from .norm import _check_eps, _eps_attr
+from ..opdef import as_value, builder, defop, graph_of, reference, require_dtype
 from ..registry import OPS
 
-__all__ = ["fused_conv2d", "fused_linear", "gated_linear"]
+__all__ = ["fused_conv2d", "fused_linear", "gated_linear", "rms_norm_linear"]
 
 ACTIVATIONS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0.0)}
 
@@ -154,3 +156,51 @@ def gated_linear(x, weight, bias=None, *, activation="silu"):
     weight = as_value("gated_linear", "weight", weight, g, x)
     bias = None if bias is None else as_value("gated_linear", "bias", bias, g, x)
     return g.apply("gated_linear", [x, weight, bias], {"activation": activation})[0]
+
+
+# rms_norm_linear's gates: "none" (a linear layer) or gated_linear's activations.
+NORM_GATES = ("none", *GATE_ACTIVATIONS)
+
+
+@defop("rms_norm_linear", attrs=("eps", "gate"))
+def _rms_norm_linear_infer(node, types, attrs):
+    """rms_norm over x's last dim (the contraction's), then linear's rule, or gated_linear's with a gate."""
+    x, norm = types[0], types[1]
+    _check_eps(node, attrs)
+    gate = attrs.get("gate")
+    if gate not in NORM_GATES:
+        names = ", ".join(map(repr, NORM_GATES))
+        raise GraphError(f"{node.describe()}: attribute gate={gate!r}, expected one of {names}")
+    if x.rank == 0:
+        raise GraphError(f"{node.describe()}: 'x' is 0-d, expected a tensor of rank >= 1")
+    require_dtype(node.describe(), "norm_weight", norm)
+    if norm.shape != x.shape[-1:]:
+        want = list(x.shape[-1:])
+        raise GraphError(f"{node.describe()}: 'norm_weight' is {norm}, expected shape {want} (x's last dim)")
+    rest = [types[0], *types[2:]]
+    if attrs["gate"] == "none":
+        return _float_linear(node, rest, attrs)
+    return _gated_linear_infer(node, rest, {"activation": attrs["gate"]})
+
+
+@reference("rms_norm_linear")
+def _rms_norm_linear_ref(node, ins, attrs):
+    x, norm, w, b = ins
+    h = OPS["rms_norm"].reference(node, [x, norm], {"eps": attrs["eps"], "axis": x.ndim - 1})[0]
+    if attrs["gate"] == "none":
+        return _linear_ref(node, [h, w, b], {})
+    return _gated_linear_ref(node, [h, w, b], {"activation": attrs["gate"]})
+
+
+@builder
+def rms_norm_linear(x, norm_weight, weight, bias=None, *, eps=1e-6, gate="none"):
+    """linear(rms_norm(x, norm_weight, eps), weight, bias), or with gate "silu" / "gelu_tanh" gated_linear's
+    act(gate) * up over the joined weight: a decoder layer's projection of its normalized input as one op, so
+    a kernel normalizes x on its way into the product (rms_norm over x's last dim; norm_weight has its size)."""
+    g = graph_of("rms_norm_linear", x)
+    x = as_value("rms_norm_linear", "x", x, g)
+    norm_weight = as_value("rms_norm_linear", "norm_weight", norm_weight, g, x)
+    weight = as_value("rms_norm_linear", "weight", weight, g, x)
+    bias = None if bias is None else as_value("rms_norm_linear", "bias", bias, g, x)
+    attrs = {"eps": _eps_attr("rms_norm_linear", eps), "gate": gate}
+    return g.apply("rms_norm_linear", [x, norm_weight, weight, bias], attrs)[0]

@@ -1,7 +1,8 @@
 """Generated lowering of the fused ops: fused_conv2d is conv2d's own lowering (the named conv, or the
 CPU's depthwise form), then the residual add and the activation as one elementwise linalg.generic on
 its result; fused_linear is linear's lowering, then its residual add and activation the same way, and
-gated_linear linear's lowering over the joined weight, then act(gate) * up.
+gated_linear linear's lowering over the joined weight, then act(gate) * up; rms_norm_linear is rms_norm's
+code, then linear's or gated_linear's.
 
 IREE's dispatch formation fuses that elementwise consumer into the convolution's (the contraction's)
 dispatch, so the result is never written out and read back. The epilogue computes as the separate
@@ -20,6 +21,7 @@ from .depthwise import _is_depthwise, _lower_depthwise
 from .elementwise import BINARY, UNARY
 from .index import _ints
 from .linalg import lower_linear
+from .norm import rms_norm_of
 
 
 def _activation(name: str):
@@ -76,6 +78,10 @@ def _lower_fused_linear(E: Emitter, node, ins, ctx):
 
 @lowering("gated_linear")
 def _lower_gated_linear(E: Emitter, node, ins, ctx):
+    return _gated(E, node, ins, ctx, node.attrs["activation"])
+
+
+def _gated(E: Emitter, node, ins, ctx, activation: str):
     """linear's contraction over the joined weight (2n outputs, rounded as linear's), then act(gate), rounded as
     the activation's result, times up, rounded: the separate ops' arithmetic, as one elementwise consumer that
     IREE fuses into the contraction's dispatch where it can."""
@@ -92,7 +98,7 @@ def _lower_gated_linear(E: Emitter, node, ins, ctx):
         return T(r, out, both.elt)
 
     gate, up = half(0), half(n)
-    op, attrs = GATE_ACTIVATIONS[node.attrs["activation"]]
+    op, attrs = GATE_ACTIVATIONS[activation]
     storage = both.mlir_elt
     t = acc_mlir(storage)
 
@@ -102,3 +108,13 @@ def _lower_gated_linear(E: Emitter, node, ins, ctx):
         return E.cast_scalar(v, t, storage)
 
     return [E.map([gate, up], out, body)]
+
+
+@lowering("rms_norm_linear")
+def _lower_rms_norm_linear(E: Emitter, node, ins, ctx):
+    """rms_norm's code, then linear's or gated_linear's on its result: the separate ops' arithmetic."""
+    x, norm, w, bias = ins
+    h = rms_norm_of(E, x, norm, node.attrs["eps"], x.rank - 1)
+    if node.attrs["gate"] == "none":
+        return lower_linear(E, node, [h, w, bias], ctx)
+    return _gated(E, node, [h, w, bias], ctx, node.attrs["gate"])

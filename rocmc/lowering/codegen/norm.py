@@ -171,8 +171,12 @@ def _layer_norm(E: Emitter, node, ins, ctx):
 
 
 def _rms_norm(E: Emitter, node, ins, ctx):
-    x, weight = ins
-    rows = _Rows(E, x, range(node.attrs["axis"], x.rank))
+    return [rms_norm_of(E, *ins, node.attrs["eps"], node.attrs["axis"])]
+
+
+def rms_norm_of(E: Emitter, x: T, weight: T | None, eps: float, axis: int) -> T:
+    """rms_norm's code for x normalized over its dims axis.. (weight: their shape, or None)."""
+    rows = _Rows(E, x, range(axis, x.rank))
     t = rows.acc
 
     def sq(E, a, r):
@@ -180,15 +184,13 @@ def _rms_norm(E: Emitter, node, ins, ctx):
         return E.add(E.mul(v, v, t), r, t)
 
     sum_sq = rows.reduce(E, [rows.full], 0.0, sq)
-    inv = _inv_std(E, rows, sum_sq, node.attrs["eps"])
+    inv = _inv_std(E, rows, sum_sq, eps)
     params, present = _affine(rows, [(weight, Emitter.mul)])
-    return [
-        rows.finish(
-            E,
-            [rows.full, rows.per_row(inv), *params],
-            lambda E, a: _apply_affine(E, E.mul(rows.load(E, a[0]), a[1], t), a[2:], present, t),
-        )
-    ]
+    return rows.finish(
+        E,
+        [rows.full, rows.per_row(inv), *params],
+        lambda E, a: _apply_affine(E, E.mul(rows.load(E, a[0]), a[1], t), a[2:], present, t),
+    )
 
 
 lowering("softmax")(_softmax)

@@ -1,11 +1,14 @@
-"""linear, fused_linear and gated_linear of a few rows as a hand-written kernel (custom_kernels/linear_rows.hip):
-a decode step's projections on the matrix units, each weight read once whatever the rows, with the bias, the
-residual add, the activation or the gate's act(gate) * up in the same dispatch.
+"""linear, fused_linear, gated_linear and rms_norm_linear of a few rows as hand-written kernels
+(custom_kernels/linear_rows.hip): a decode step's projections, each weight read once whatever the rows, with
+the bias, the residual add, the activation or the gate's act(gate) * up in the same dispatch. `linear_vec` runs on
+the vector units (1 to VEC_MAX_M rows, where a matrix instruction's tile would be mostly empty) and normalizes x
+on its way into the product (rms_norm_linear); `linear_rows` runs on the matrix units (VEC_MAX_M + 1 to MAX_M
+rows) after rms_norm's own kernel.
 
-It takes f16/bf16 x whose rows (every dim but the last, static) number at most MAX_M, a static (N, K) weight, on
-NVIDIA sm_80+ (mma.sync) and AMD gfx90a / gfx94x (MFMA). Anything else (prefill's symbolic rows, f32, gfx11's
-WMMA, older GPUs) is IREE's code, with the reason in the summary; so is one row (`rule`: IREE's matrix-vector
-code is faster there), unless the kernel is asked for by name.
+They take f16/bf16 x whose rows (every dim but the last, static) number at most MAX_M and a static (N, K) weight;
+linear_vec on every GPU, linear_rows on NVIDIA sm_80+ (mma.sync) and AMD gfx90a / gfx94x (MFMA). Anything else
+(prefill's symbolic rows, f32, more rows on gfx11 (WMMA: not written) or older GPUs) is IREE's code, with the
+reason in the summary.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from ..emitter import Emitter
 from ..module import LowerContext
 from ..registry import lowering
 from ..target import Target
-from .dispatch import dispatch
+from .dispatch import dispatch, f32_bits
+from .norm import norm_kernel
 
 FAMILY = kernels.FAMILIES["linear_rows"]
 MAX_M = 32  # linear_rows.hip's MAX_M: x rows a workgroup holds
 TILE = 16  # its TILE: rows of w a workgroup
+VEC_MAX_M = 2  # its VMAX_M: x rows linear_vec takes
+VROWS = 8  # its VROWS: rows of w a linear_vec workgroup (gated: half of them gate rows, half up rows)
 DTYPES = ("f16", "bf16")  # what the matrix instructions take (tf32 would change f32's results)
 MFMA_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942")
 
@@ -55,18 +61,31 @@ def supports(node: Node, target: Target):
         return f"x is {x}: the kernel takes a static few rows (at most {MAX_M})"
     if not 1 <= m <= MAX_M:
         return f"{m} rows of x; the kernel takes 1 to {MAX_M}"
+    if node.op == "rms_norm_linear":
+        w = node.inputs[2]
+        if node.inputs[1].dtype != x.dtype:
+            return f"norm_weight is {node.inputs[1].dtype}, x {x.dtype}: the kernel takes them in one dtype"
     if not all(isinstance(d, int) and d > 0 for d in w.shape):
         return f"weight is {w}; the kernel takes a static, non-empty one"
-    return _arch_problem(target)
+    # linear_vec runs on any GPU the kernels build for; linear_rows needs the matrix instructions it is written for.
+    return kernels.arch_problem(target.code_arch) if m <= VEC_MAX_M else _arch_problem(target)
 
 
 def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
-    x, w, bias = ins[:3]
-    residual = ins[3] if len(ins) > 3 else None
+    norm, eps, act = None, 0.0, node.attrs.get("activation", "none")
+    if node.op == "rms_norm_linear":
+        x, norm, w, bias = ins
+        eps, act = node.attrs["eps"], node.attrs["gate"]
+    else:
+        x, w, bias = ins[:3]
+    residual = ins[3] if node.op == "fused_linear" and len(ins) > 3 else None
     out = node.outputs[0].type
-    gated = node.op == "gated_linear"
-    act = node.attrs.get("activation", "none")
-    n, k = out.shape[-1], w.shape[1]
+    gated = node.op == "gated_linear" or (norm is not None and act != "none")
+    n, k, m = out.shape[-1], w.shape[1], rows(node)
+    if norm is not None and m > VEC_MAX_M:
+        # linear_rows takes x as it is: the norm is rms_norm's kernel, a dispatch of its own (normalizing x inside
+        # linear_rows cost more than that dispatch at 32 rows: BENCHMARKS.md).
+        x, norm = norm_kernel(E, ctx, node, "rms_norm", x, [norm], eps, x.type.rank - 1), None
     flags = FAMILY.flag_bits(
         bias=bias is not None,
         residual=residual is not None,
@@ -74,25 +93,22 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         relu=act == "relu",
         silu=act == "silu",
         gelu_tanh=act == "gelu_tanh",
+        norm=norm is not None,
     )
-    constants = {"M": rows(node), "N": n, "K": k, "flags": flags}
-    operands = {"x": x, "w": w, "bias": bias, "residual": residual}
-    symbol = f"linear_rows_{x.type.dtype.name}"
-    return [dispatch(E, ctx, node, symbol, constants, operands, out, list(out.shape), -(-n // TILE))]
+    constants = {"M": m, "N": n, "K": k, "flags": flags, "eps": f32_bits(eps)}
+    operands = {"x": x, "w": w, "bias": bias, "residual": residual, "norm": norm}
+    if m <= VEC_MAX_M:
+        symbol, groups = f"linear_vec_{x.type.dtype.name}", -(-n // (VROWS // 2 if gated else VROWS))
+    else:
+        symbol, groups = f"linear_rows_{x.type.dtype.name}", -(-n // TILE)
+    return [dispatch(E, ctx, node, symbol, constants, operands, out, list(out.shape), groups)]
 
 
-# Rows from which the kernel is chosen by default. Measured on an H100 (7B f16 decode, bench/llm_gpu.py,
-# BENCHMARKS.md): at 8 and 32 rows the kernel's projections took 5.4 and 8.5 ms a step against IREE's 11.2 and
-# 12.5 (IREE's small-M GEMMs stream the weights up to 4x slower than its GEMVs); at one row IREE's GEMVs took
-# 4.5 ms against the kernel's 5.3, so one row stays IREE's.
-MIN_ROWS = 2
-
-
-def rule(node: Node, target: Target):
-    m = rows(node)
-    if m is not None and m < MIN_ROWS:
-        return f"{m} row: IREE's matrix-vector code streams the weights faster than the kernel"
-    return None
+# Measured on an H100 (7B f16 decode, bench/llm_gpu.py, BENCHMARKS.md): at 8 and 32 rows linear_rows' projections
+# took 5.4 and 8.5 ms a step against IREE's 11.2 and 12.5 (IREE's small-M GEMMs stream the weights up to 4x slower
+# than its GEMVs); at one row linear_vec took 4.77 ms a step for all four projections (the two norms and
+# silu(gate) * up included) against 4.83 for IREE's GEMVs, norms and gate, and 1.53 ms against IREE's 1.54 for o
+# and down alone: so the kernels are the default at every row count they take.
 
 
 # Every activation the ops name is one the kernel computes.
@@ -102,9 +118,9 @@ lowering(
     "linear",
     "fused_linear",
     "gated_linear",
+    "rms_norm_linear",
     impl="kernel",
     kinds=("rocm", "cuda"),
     priority=10,
     supports=supports,
-    rule=rule,
 )(lower)

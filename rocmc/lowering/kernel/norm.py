@@ -93,30 +93,25 @@ def _rows_cols(E: Emitter, x: T, axis: int):
     return E.product(dims[:axis]), E.product(dims[axis:])
 
 
+def norm_kernel(E: Emitter, ctx: LowerContext, node: Node, op: str, x: T, affine: list, eps: float, axis: int) -> T:
+    """The `op` kernel's dispatch (rms_norm: affine [weight]; layer_norm: [weight, bias], each None when absent)
+    normalizing x over its dims axis..; recorded as `node`'s."""
+    fam = kernels.FAMILIES[op]
+    dtype = x.type.dtype.name
+    rows, cols = _rows_cols(E, x, axis)
+    suffix, cache = variant(cols, dtype)
+    group = _group(E, cols, dtype, cache)
+    optional = dict(zip((n for n, _ in fam.flags), affine))  # w (and b): the FLAG_* bits
+    flags = fam.flag_bits(**{n: t is not None for n, t in optional.items()})
+    constants = {"rows": rows, "cols": cols, "group": group, "eps": f32_bits(eps), "flags": flags}
+    grid = _grid(E, rows, group)
+    return dispatch(E, ctx, node, f"{op}_{dtype}{suffix}", constants, {"x": x, **optional}, x.type, E.dims(x), grid)
+
+
 def _lower(op: str):
     def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         x, *affine = ins
-        fam = kernels.FAMILIES[op]
-        dtype = x.type.dtype.name
-        rows, cols = _rows_cols(E, x, node.attrs["axis"])
-        suffix, cache = variant(cols, dtype)
-        group = _group(E, cols, dtype, cache)
-        optional = dict(zip((n for n, _ in fam.flags), affine))  # w (and b): the FLAG_* bits
-        flags = fam.flag_bits(**{n: t is not None for n, t in optional.items()})
-        constants = {"rows": rows, "cols": cols, "group": group, "eps": f32_bits(node.attrs["eps"]), "flags": flags}
-        return [
-            dispatch(
-                E,
-                ctx,
-                node,
-                f"{op}_{dtype}{suffix}",
-                constants,
-                {"x": x, **optional},
-                x.type,
-                E.dims(x),
-                _grid(E, rows, group),
-            )
-        ]
+        return [norm_kernel(E, ctx, node, op, x, affine, node.attrs["eps"], node.attrs["axis"])]
 
     return lower
 
