@@ -623,14 +623,16 @@ class _SlotTable:
             self.lengths[slot] = kv
             yield feeds
 
-    def decode(self, tokens) -> dict:
-        """The inputs of a decode step appending `tokens` (one per slot) to the active slots (an inactive
-        slot's row computes at its position 0 and is not kept)."""
-        for slot in np.flatnonzero(self.active):
+    def decode(self, tokens, rows=None) -> dict:
+        """The inputs of a decode step appending `tokens` (one per slot) to the slots of `rows` (a mask; default:
+        the active slots). Any other slot's row computes and is not kept: an empty slot's at its position 0, a
+        slot still being prefilled at its next position, which its next prefill chunk writes again."""
+        rows = self.active if rows is None else np.asarray(rows, bool) & self.active
+        for slot in np.flatnonzero(rows):
             self._fits(int(slot), 1)
         positions = np.where(self.active, self.lengths, 0).astype(np.int64)
-        toks = np.where(self.active, np.asarray(tokens, np.int64), self.pad)
-        self.lengths += self.active
+        toks = np.where(rows, np.asarray(tokens, np.int64), self.pad)
+        self.lengths += rows
         return {"tokens": toks.reshape(-1, 1), "positions": positions.reshape(-1, 1)}
 
     def release(self, slot: int) -> None:

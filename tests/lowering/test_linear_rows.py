@@ -146,7 +146,7 @@ def test_what_the_kernels_pass_over():
     for rows, dtype, target, why in [
         ((33,), "f16", "cuda:sm_80", "33 rows of x; the kernel takes 1 to 32"),
         (("n", 1), "f16", "cuda:sm_80", "the kernel takes a static few rows"),
-        ((4,), "f32", "cuda:sm_80", "x is f32; the kernel's matrix instructions take f16, bf16"),
+        ((4,), "f32", "cuda:sm_80", "x is f32; the kernels take f16, bf16"),
         ((4,), "f16", "gfx1100", "gfx1100: the kernel uses the MFMA instructions"),
     ]:
         art = rocmc.compile(_rows_graph(rows, dtype), target)

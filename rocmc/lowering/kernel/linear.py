@@ -31,7 +31,7 @@ MAX_M = 32  # linear_rows.hip's MAX_M: x rows a workgroup holds
 TILE = 16  # its TILE: rows of w a workgroup
 VEC_MAX_M = 2  # its VMAX_M: x rows linear_vec takes
 VROWS = 8  # its VROWS: rows of w a linear_vec workgroup (gated: half of them gate rows, half up rows)
-DTYPES = ("f16", "bf16")  # what the matrix instructions take (tf32 would change f32's results)
+DTYPES = ("f16", "bf16")  # what the matrix instructions take (tf32 would change f32's results); linear_vec too
 MFMA_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942")
 
 
@@ -55,7 +55,7 @@ def rows(node: Node):
 def supports(node: Node, target: Target):
     x, w = node.inputs[0], node.inputs[1]
     if x.dtype.name not in DTYPES:
-        return f"x is {x.dtype}; the kernel's matrix instructions take {', '.join(DTYPES)}"
+        return f"x is {x.dtype}; the kernels take {', '.join(DTYPES)}"
     m = rows(node)
     if m is None:
         return f"x is {x}: the kernel takes a static few rows (at most {MAX_M})"

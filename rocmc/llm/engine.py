@@ -1,0 +1,244 @@
+"""Continuous batching: requests join the running decode batch at the next step and leave it when they end.
+
+The engine schedules requests onto the KV cache's slots (rocmc.llm.runtime._SlotTable; a slot is a row of the
+decode step). A request waits until a slot is free; then its prompt is prefilled into that slot one chunk a
+step (at most `PREFILL_CHUNK` tokens, while other rows decode), so a long prompt stalls the running rows by one
+chunk's time at a time, never by the whole prompt; its first token comes from the prefill's last logits; after
+that every decode step runs each decoding row at its own position. A row that ends (a stop token or string, its
+token limit) or is cancelled frees its slot at once, for the next waiting request.
+
+Each request carries its own settings (a GenerationConfig: greedy or sampled, seed, stop tokens and strings,
+log-probabilities): greedy rows take the decode function's own argmax, the others are chosen on the host from
+the step's logits by their own HostSampler, whose draws depend on the request's seed only. So a request's tokens
+do not depend on what else runs beside it: they are the tokens it gets alone.
+
+The engine is not thread-safe: one thread drives it (`step`, or `run`); a server hands requests to that thread.
+Tensor-parallel models are not served (the ranks would have to follow rank 0's schedule).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ..dtypes import f32, i64
+from ..errors import InputError
+from ..runtime.module import host_copy
+from .generation import GenerationConfig, HostSampler, StopTracker
+
+__all__ = ["Engine", "Request", "Event", "QueueFull"]
+
+
+class QueueFull(InputError):
+    """The engine's waiting queue holds `max_waiting` requests already (a server answers 429)."""
+
+
+@dataclass
+class Event:
+    """One token of a request (`token` None: the request ended without a new token, e.g. cancelled), its
+    log-probability (when asked for), and why the request ended (None while it runs)."""
+
+    request: "Request"
+    token: int | None
+    logprob: float | None
+    finish_reason: str | None
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt (token ids) and how to continue it; `max_new_tokens` is set by the engine from the settings and
+    the cache. State: "waiting", "prefill", "decode", "done"."""
+
+    ids: list
+    settings: GenerationConfig
+    id: int = 0
+    state: str = "waiting"
+    slot: int | None = None
+    tokens: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    cancelled: bool = False
+    _chunks: Iterator | None = None
+    _sampler: HostSampler | None = None
+    _tracker: StopTracker | None = None
+    _next: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+    @property
+    def on_host(self) -> bool:
+        """Chosen on the host from the logits (sampled, or with log-probabilities), else the device's argmax."""
+        return self._sampler is not None
+
+
+class Engine:
+    """Continuous batching over a LanguageModel's slots (see the module docstring).
+
+    max_waiting: requests that may wait for a slot (submit raises QueueFull beyond it);
+    prefill_chunk: prompt tokens a prefill call takes at most (default: the runtime's PREFILL_CHUNK)."""
+
+    def __init__(self, lm, *, max_waiting: int = 256, prefill_chunk: int | None = None):
+        from .runtime import PREFILL_CHUNK, _SlotTable
+
+        if lm.group is not None:
+            raise InputError("Engine: a tensor-parallel model is not served (one process per GPU would have to follow)")
+        self.lm = lm
+        self.max_batch = lm.sizes.max_batch
+        self.slots = _SlotTable(lm.sizes, lm.config, chunk=prefill_chunk or PREFILL_CHUNK)
+        self.max_waiting = max_waiting
+        self.waiting: deque = deque()
+        self.rows: list = [None] * self.max_batch  # the request in each slot
+        self._ids = itertools.count()
+        self.steps = 0  # decode steps run
+
+    # ---- requests --------------------------------------------------------------------------------------
+
+    def submit(self, ids, settings: GenerationConfig | None = None, **given) -> Request:
+        """Queue a prompt (token ids) with its settings (a GenerationConfig, or keywords as `generate` takes them,
+        the checkpoint's generation_config.json filling the rest). Checked here: a prompt that is empty, a token
+        outside the vocabulary, a prompt and token limit past the cache (InputError naming both); a limit not
+        given is capped at the cache."""
+        cfg = settings if settings is not None else self.lm.generation_config(**given)
+        ids = [int(t) for t in ids]
+        vocab = self.lm.config.vocab_size
+        if not ids:
+            raise InputError("the prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"prompt token {bad[0]} is outside the vocabulary [0, {vocab})")
+        n_new = cfg.new_tokens(len(ids), self.lm.sizes.max_seq_len)  # a limit past the cache: InputError
+        if cfg.num_return_sequences != 1:
+            raise InputError("Engine: one sequence a request (submit a request for each)")
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting already (the engine's max_waiting)")
+        req = Request(ids, cfg, next(self._ids))
+        req._tracker = self.lm._tracker(1, n_new, cfg)
+        if cfg.do_sample or cfg.return_logprobs or cfg.repetition_penalty != 1.0:
+            req._sampler = HostSampler(cfg, [0], self.lm._seed(cfg))
+        if n_new == 0:
+            req.state, req.finish_reason = "done", "length"
+            return req
+        self.waiting.append(req)
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """End `req` at the next step (its slot freed then); nothing if it has ended."""
+        if not req.done:
+            req.cancelled = True
+
+    @property
+    def running(self) -> list:
+        return [r for r in self.rows if r is not None]
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # ---- steps -----------------------------------------------------------------------------------------
+
+    def step(self) -> list:
+        """One round: cancellations, admissions to free slots, one prefill chunk (all of a prompt when no row
+        decodes), then one decode step of the decoding rows. Returns the round's Events in order."""
+        events: list = []
+        self._drop_cancelled(events)
+        self._admit()
+        self._prefill(events)
+        self._decode(events)
+        return events
+
+    def run(self) -> Iterator:
+        """Events until every submitted request has ended."""
+        while not self.idle:
+            yield from self.step()
+
+    def _drop_cancelled(self, events: list) -> None:
+        for req in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(req)
+            self._finish(req, "cancelled", events)
+        for req in self.running:
+            if req.cancelled:
+                self._finish(req, "cancelled", events)
+
+    def _admit(self) -> None:
+        for slot in range(self.max_batch):
+            if self.rows[slot] is None and self.waiting:
+                req = self.waiting.popleft()
+                req.slot, req.state = slot, "prefill"
+                req._chunks = self.slots.prefill(slot, req.ids)
+                self.rows[slot] = req
+
+    def _prefill(self, events: list) -> None:
+        """One chunk of the oldest prefilling request; its whole prompt when no row decodes (nothing to stall)."""
+        pending = sorted((r for r in self.running if r.state == "prefill"), key=lambda r: r.id)
+        if not pending:
+            return
+        req = pending[0]
+        decoding = any(r.state == "decode" for r in self.running)
+        for feeds in req._chunks:
+            out = self.lm.module.prefill(**feeds, output="device")
+            if decoding:
+                break
+        if self.slots.lengths[req.slot] < len(req.ids):
+            return  # more chunks next step
+        req._chunks = None
+        token, logprob = self._choose(req, out)
+        self._push(req, token, logprob, events)
+        if not req.done:
+            req.state = "decode"
+
+    def _decode(self, events: list) -> None:
+        rows = [r for r in self.running if r.state == "decode"]
+        if not rows:
+            return
+        tokens = np.zeros(self.max_batch, np.int64)
+        mask = np.zeros(self.max_batch, bool)
+        for r in rows:
+            tokens[r.slot], mask[r.slot] = r._next, True
+        out = self.lm.module.decode(**self.slots.decode(tokens, rows=mask), output="device")
+        self.steps += 1
+        argmax = host_copy(out[0], i64)
+        logits = host_copy(out[1], f32) if any(r.on_host for r in rows) else None
+        for r in rows:
+            if r.on_host:
+                token, logprob = self._sample(r, logits[r.slot])
+            else:
+                token, logprob = int(argmax[r.slot]), None
+            self._push(r, token, logprob, events)
+
+    def _choose(self, req: Request, out) -> tuple:
+        """The first token from a prefill's outputs (argmax (1,), last logits (1, vocab))."""
+        if req.on_host:
+            return self._sample(req, host_copy(out[1], f32)[0])
+        return int(host_copy(out[0], i64)[0]), None
+
+    @staticmethod
+    def _sample(req: Request, logits: np.ndarray) -> tuple:
+        toks, lps = req._sampler.choose(logits[None], [req.ids + req.tokens])
+        return int(toks[0]), float(lps[0]) if req.settings.return_logprobs else None
+
+    def _push(self, req: Request, token: int, logprob, events: list) -> None:
+        tracker = req._tracker
+        tracker.push([token])
+        req.tokens.append(token)
+        if logprob is not None:
+            req.logprobs.append(logprob)
+        req._next = token
+        reason = tracker.finish_reason[0]
+        events.append(Event(req, token, logprob, reason))
+        if reason is not None:
+            self._finish(req, reason, None)
+
+    def _finish(self, req: Request, reason: str, events: list | None) -> None:
+        """End `req`: its slot freed; an Event without a token when it ends other than on a token."""
+        if req.slot is not None and self.rows[req.slot] is req:
+            self.rows[req.slot] = None
+            self.slots.release(req.slot)
+        req.state, req.finish_reason, req._chunks = "done", reason, None
+        if events is not None:
+            events.append(Event(req, None, None, reason))

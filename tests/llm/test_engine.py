@@ -1,0 +1,96 @@
+"""rocmc.llm.engine: continuous batching on a tiny checkpoint (CPU). Requests that join and leave a running batch,
+wait for a slot, prefill in chunks between decode steps or are cancelled get the tokens each gets alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rocmc
+from rocmc.llm.engine import Engine, QueueFull
+from llm_models import PROMPT_IDS, llm_checkpoint  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def lm(llm_checkpoint):  # noqa: F811
+    return rocmc.llm.load_hf(llm_checkpoint("llama"), "cpu", max_seq_len=64, max_batch=2)
+
+
+def _prompts(rng, lengths):
+    return [[int(t) for t in rng.integers(4, 250, size=n)] for n in lengths]
+
+
+def _alone(lm, ids, n, **settings):
+    return lm.generate([ids], n, stop_tokens=(), **settings)[0]
+
+
+def test_requests_joining_a_running_batch_get_their_tokens_alone(lm, rng):
+    """Five requests on two slots, submitted at different steps, with prompts of 3 to 30 tokens prefilled in
+    chunks of 4 between the running rows' decode steps: each gets its greedy tokens alone, in order."""
+    prompts = [list(PROMPT_IDS), *_prompts(rng, (30, 3, 17, 9))]
+    limits = [12, 6, 9, 4, 7]
+    engine = Engine(lm, prefill_chunk=4)
+    reqs, got, beside = [], {}, 0
+    plan = {0: [0, 1], 3: [2], 5: [3, 4]}  # step -> requests submitted before it
+    for step in range(200):
+        for i in plan.get(step, []):
+            reqs.append(engine.submit(prompts[i], max_new_tokens=limits[i], stop_tokens=()))
+        events = engine.step()
+        for ev in events:
+            got.setdefault(ev.request.id, []).append(ev.token)
+        # a step in which the 30-token prompt took one more chunk while request 0 decoded
+        beside += reqs[1].state == "prefill" and any(ev.request is reqs[0] for ev in events)
+        if step > max(plan) and engine.idle:
+            break
+    assert engine.idle and all(r.done and r.finish_reason == "length" for r in reqs)
+    for i, r in enumerate(reqs):
+        assert got[r.id] == r.tokens == _alone(lm, prompts[i], limits[i])
+    # Step 0 prefilled request 0 whole (no row decoded yet) and decoded it; steps 1-8 each took one of request
+    # 1's 8 chunks beside request 0's decode, the 8th ending its prefill: 8 steps it spent prefilling.
+    assert beside == 8
+
+
+def test_sampled_requests_follow_their_own_seed(lm, rng):
+    """A sampled request's draws depend on its seed only: the same beside another request as alone; its
+    log-probabilities come with it."""
+    a, b = _prompts(rng, (7, 12))
+    settings = dict(do_sample=True, temperature=0.9, top_k=0, top_p=1.0, seed=1234, return_logprobs=True)
+    engine = Engine(lm)
+    ra = engine.submit(a, max_new_tokens=8, stop_tokens=(), **settings)
+    rb = engine.submit(b, max_new_tokens=5, stop_tokens=())
+    list(engine.run())
+    alone = _alone(lm, a, 8, **settings)
+    assert ra.tokens == alone.tokens and np.allclose(ra.logprobs, alone.logprobs, rtol=1e-5)
+    assert rb.tokens == _alone(lm, b, 5)
+
+
+def test_cancel_frees_the_slot_for_a_waiting_request(lm, rng):
+    a, b, c = _prompts(rng, (5, 6, 7))
+    engine = Engine(lm)
+    ra, rb = engine.submit(a, max_new_tokens=40, stop_tokens=()), engine.submit(b, max_new_tokens=3, stop_tokens=())
+    rc = engine.submit(c, max_new_tokens=4, stop_tokens=())
+    engine.step()
+    engine.step()
+    assert rc.state == "waiting"
+    engine.cancel(ra)
+    events = engine.step()
+    assert ra.done and ra.finish_reason == "cancelled" and any(e.request is ra and e.token is None for e in events)
+    list(engine.run())
+    assert rc.tokens == _alone(lm, c, 4) and rb.tokens == _alone(lm, b, 3)
+    assert len(ra.tokens) < 40
+
+
+def test_what_the_engine_refuses(lm):
+    engine = Engine(lm, max_waiting=1)
+    with pytest.raises(rocmc.InputError, match="the prompt is empty"):
+        engine.submit([], max_new_tokens=2)
+    with pytest.raises(rocmc.InputError, match=r"prompt token 99999 is outside the vocabulary \[0, 384\)"):
+        engine.submit([5, 99999], max_new_tokens=2)
+    with pytest.raises(rocmc.InputError, match="prompt of 60 tokens \\+ max_new_tokens=10 exceeds the cache of 64"):
+        engine.submit([5] * 60, max_new_tokens=10)
+    engine.submit([5, 6], max_new_tokens=2)
+    with pytest.raises(QueueFull, match="1 requests are waiting already"):
+        engine.submit([5, 6], max_new_tokens=2)
+    # a limit not given is capped at the cache
+    r = Engine(lm).submit([5] * 60, stop_tokens=())
+    assert r._tracker.max_new == 4
