@@ -214,6 +214,32 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """Load (or compile) the model, say what its KV cache holds, and serve it until SIGINT / SIGTERM (uvicorn
+    finishes the requests in flight, for at most 30 s)."""
+    from pathlib import Path
+
+    from . import llm
+
+    try:
+        import uvicorn
+
+        from .serve import create_app
+    except ImportError as e:
+        raise RocmcError(f"rocmc serve needs the serve extra (pip install 'rocmc[serve]'): {e}") from None
+    llm.check_checkpoint(args.checkpoint, tokenizer=True)
+    if args.module:
+        lm = llm.load(args.module, args.checkpoint, device=args.device)
+    else:
+        kw = dict(device=args.device, max_seq_len=args.max_seq_len, dtype=args.dtype, max_batch=args.max_batch)
+        lm = llm.load_hf(args.checkpoint, args.target, **kw)
+    name = args.model_name or Path(args.checkpoint).resolve().name
+    print(f"rocmc serve: {name} on {lm.module.device_name}: {llm.serving_summary(lm)}", flush=True)
+    app = create_app(lm, name, api_key=args.api_key, max_waiting=args.max_waiting)
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30, log_level="info")
+    return 0
+
+
 def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (text, or comma-separated token ids) as it is made; with --chat,
     the reply to --prompt as a user message, by the checkpoint's chat template."""
@@ -520,6 +546,20 @@ def main(argv=None) -> int:
         "started by `rocmc launch -n N` (the module compiled with tensor_parallel=N)",
     )
     gn.set_defaults(fn=cmd_generate)
+    sv = sub.add_parser("serve", help="serve a Hugging Face causal LM over the OpenAI HTTP API (continuous batching)")
+    sv.add_argument("checkpoint", help="directory with config.json, *.safetensors and tokenizer.json")
+    sv.add_argument("-t", "--target", default="cpu", help="compile for this target (cpu, gfx942, cuda:sm_80, ...)")
+    sv.add_argument("--module", help="a .vmfb from rocmc.llm.compile_hf to run instead of compiling")
+    sv.add_argument("--device", help="local-task, hip, cuda (default: the target's)")
+    sv.add_argument("--dtype", choices=("f32", "f16", "bf16"), help="compute dtype")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV cache slots)")
+    sv.add_argument("--max-seq-len", type=int, help="positions of each slot's KV cache (the context)")
+    sv.add_argument("--max-waiting", type=int, default=256, help="requests that may wait for a slot (429 beyond)")
+    sv.add_argument("--model-name", help="the model's name in the API (default: the checkpoint directory's name)")
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    sv.set_defaults(fn=cmd_serve)
     la = sub.add_parser(
         "launch",
         help="run a command as N ranks of a tensor-parallel run, one process per GPU "

@@ -9,6 +9,15 @@ a checkpoint runs from its safetensors files alone.
 """
 
 from .generation import GenerationConfig, GenerationResult  # noqa: E402
-from .runtime import LanguageModel, check_checkpoint, compile_hf, load, load_hf  # noqa: E402
+from .runtime import LanguageModel, check_checkpoint, compile_hf, load, load_hf, serving_summary  # noqa: E402
 
-__all__ = ["GenerationConfig", "GenerationResult", "LanguageModel", "check_checkpoint", "compile_hf", "load", "load_hf"]
+__all__ = [
+    "GenerationConfig",
+    "GenerationResult",
+    "LanguageModel",
+    "check_checkpoint",
+    "compile_hf",
+    "load",
+    "load_hf",
+    "serving_summary",
+]

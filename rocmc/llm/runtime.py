@@ -725,3 +725,17 @@ def _tokenizer(directory: Path):
     from .tokenizer import Tokenizer
 
     return Tokenizer.from_dir(directory)
+
+
+def serving_summary(lm: "LanguageModel") -> str:
+    """The KV cache a server holds: its slots, positions and device bytes."""
+    import math
+
+    from ..dtypes import dtype as _dt
+
+    shape = cache_shape(lm.config, lm.sizes, lm.plan.degree)
+    size = math.prod(shape) * _dt(lm.sizes.dtype).np.itemsize
+    return (
+        f"KV cache of {lm.sizes.max_batch} slots x {lm.sizes.max_seq_len} positions "
+        f"({size / 2**20:.1f} MiB of device memory)"
+    )

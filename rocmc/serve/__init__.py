@@ -1,0 +1,14 @@
+"""`rocmc serve`: an OpenAI-compatible HTTP server over a LanguageModel, batching its requests continuously
+(rocmc.llm.engine). Needs the `serve` extra (Starlette, uvicorn): `pip install rocmc[serve]`."""
+
+from __future__ import annotations
+
+
+def create_app(lm, model_name: str, *, api_key: str | None = None, max_waiting: int = 256):
+    """The Starlette application serving `lm` as `model_name` (see rocmc.serve.app)."""
+    from .app import Server
+
+    return Server(lm, model_name, api_key=api_key, max_waiting=max_waiting).app()
+
+
+__all__ = ["create_app"]
