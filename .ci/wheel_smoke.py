@@ -37,7 +37,7 @@ def check_installed():
 
 
 # Optional dependencies (extras) a module may need; the wheel is installed without them.
-OPTIONAL = {"torch", "onnx", "tokenizers", "jinja2", "safetensors", "transformers"}
+OPTIONAL = {"torch", "onnx", "tokenizers", "jinja2", "safetensors", "transformers", "starlette", "uvicorn"}
 
 
 def check_every_module_imports():

@@ -119,7 +119,7 @@ class Engine:
             raise QueueFull(f"{len(self.waiting)} requests are waiting already (the engine's max_waiting)")
         req = Request(ids, cfg, next(self._ids))
         req._tracker = self.lm._tracker(1, n_new, cfg)
-        if cfg.do_sample or cfg.return_logprobs or cfg.repetition_penalty != 1.0:
+        if cfg.path(self.lm.sizes.sample_k, self.lm.config.vocab_size) != "argmax":
             req._sampler = HostSampler(cfg, [0], self.lm._seed(cfg))
         if n_new == 0:
             req.state, req.finish_reason = "done", "length"
@@ -219,7 +219,7 @@ class Engine:
 
     @staticmethod
     def _sample(req: Request, logits: np.ndarray) -> tuple:
-        toks, lps = req._sampler.choose(logits[None], [req.ids + req.tokens])
+        toks, lps = req._sampler.choose(logits[None], [req.ids + req.tokens], [req.tokens])
         return int(toks[0]), float(lps[0]) if req.settings.return_logprobs else None
 
     def _push(self, req: Request, token: int, logprob, events: list) -> None:

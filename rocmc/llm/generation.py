@@ -73,6 +73,8 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     return_logprobs: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
         self.validate()
@@ -112,6 +114,10 @@ class GenerationConfig:
             raise InputError(f"seed={self.seed!r}: expected an int in [0, 2**62)")
         if not isinstance(self.return_logprobs, (bool, np.bool_)):
             raise InputError(f"return_logprobs={self.return_logprobs!r}: expected True or False")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2 <= v <= 2:
+                raise InputError(f"{name}={v!r}: expected a number in [-2, 2] (0: none)")
 
     def new_tokens(self, prompt_len: int, cache: int) -> int:
         """New tokens per row for prompts of at most `prompt_len` tokens in a KV cache of `cache`
@@ -140,7 +146,7 @@ class GenerationConfig:
 
     def path(self, sample_k: int, vocab_size: int) -> str:
         """ "argmax", "sample" (on the device) or "host"; see the module docstring."""
-        if self.repetition_penalty != 1 or self.return_logprobs:
+        if self.repetition_penalty != 1 or self.return_logprobs or self.presence_penalty or self.frequency_penalty:
             return "host"
         if not self.do_sample:
             return "argmax"
@@ -213,6 +219,8 @@ def resolve(given: dict, defaults: dict | None = None) -> GenerationConfig:
         stop_strings=(stop_strings,) if isinstance(stop_strings, str) else _tuple(stop_strings, "stop_strings"),
         seed=g.get("seed"),
         return_logprobs=g.get("return_logprobs", False),
+        presence_penalty=g.get("presence_penalty", 0.0),
+        frequency_penalty=g.get("frequency_penalty", 0.0),
     )
 
 
@@ -264,10 +272,28 @@ def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
     return x
 
 
-def process(logits: np.ndarray, histories: Sequence[Sequence[int]], cfg: GenerationConfig) -> np.ndarray:
-    """The logits the next token is chosen from, as transformers processes them: the repetition penalty,
-    then (sampling only) temperature, top_k and top_p."""
+def apply_count_penalties(logits: np.ndarray, generated: Sequence[Sequence[int]], presence: float, frequency: float):
+    """OpenAI's presence and frequency penalties: each token's logit less `presence` if it was generated at all
+    and `frequency` times the number of times it was (the generated tokens only, not the prompt's)."""
+    x = np.array(logits, dtype=np.float64)
+    if not presence and not frequency:
+        return x
+    for r, ids in enumerate(generated):
+        toks, counts = np.unique(np.asarray(list(ids), np.int64), return_counts=True)
+        x[r, toks] -= presence + frequency * counts
+    return x
+
+
+def process(
+    logits: np.ndarray, histories: Sequence[Sequence[int]], cfg: GenerationConfig, generated=None
+) -> np.ndarray:
+    """The logits the next token is chosen from, as transformers processes them: the repetition penalty (over
+    `histories`: prompt and generated ids), OpenAI's presence and frequency penalties (over `generated`, each
+    row's generated ids; default: the histories), then (sampling only) temperature, top_k and top_p."""
     x = apply_repetition_penalty(logits, histories, cfg.repetition_penalty)
+    x = apply_count_penalties(
+        x, histories if generated is None else generated, cfg.presence_penalty, cfg.frequency_penalty
+    )
     if cfg.do_sample:
         x = apply_top_p(apply_top_k(apply_temperature(x, cfg.temperature), cfg.top_k), cfg.top_p)
     return x
@@ -297,9 +323,12 @@ class HostSampler:
             raise InputError("HostSampler: sampling needs a seed")
         self._rngs = [np.random.default_rng([seed, r]) for r in rows] if cfg.do_sample else None
 
-    def choose(self, logits: np.ndarray, histories: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, log-probabilities), one per row of `logits` (rows, vocab)."""
-        x = process(np.asarray(logits)[: len(histories)], histories, self.cfg)
+    def choose(
+        self, logits: np.ndarray, histories: Sequence[Sequence[int]], generated=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, log-probabilities), one per row of `logits` (rows, vocab); `generated`: each row's generated
+        ids (for the presence and frequency penalties; default: the histories)."""
+        x = process(np.asarray(logits)[: len(histories)], histories, self.cfg, generated)
         logp = log_softmax(x)
         if not self.cfg.do_sample:
             toks = np.argmax(x, axis=-1)

@@ -245,6 +245,8 @@ class LanguageModel:
         stop_tokens=None,
         seed: int | None = None,
         return_logprobs: bool = False,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
     ):
         """Continue `prompt`, with transformers' meaning of each setting.
 
@@ -264,11 +266,13 @@ class LanguageModel:
         the tokens generated so far. stop_tokens: a row ends after one of these (default: the eos ids; the
         stop token is kept, as transformers keeps it); stop_strings: a row ends once its generated text
         contains one of these (the tokens up to and including the one that completes it are kept; needs
-        the tokenizer). seed: the same seed gives the same tokens.
+        the tokenizer). seed: the same seed gives the same tokens. presence_penalty and frequency_penalty
+        (OpenAI's, in [-2, 2]): each token's logit less presence_penalty if it was generated so far and
+        frequency_penalty times the number of times it was (the generated tokens only).
 
         Where it runs (rocmc.llm.generation): greedy without a repetition penalty or log-probabilities uses
         the module's argmax; sampling whose top_k fits the compiled sample_k draws on the device; a
-        repetition penalty, a top_k beyond sample_k (or 0 over a larger vocabulary) and return_logprobs
+        penalty, a top_k beyond sample_k (or 0 over a larger vocabulary) and return_logprobs
         bring each step's logits to the host and choose there in float64 (draws from numpy's Generator).
 
         return_logprobs=True: GenerationResult objects (tokens, logprobs, text, finish_reason) instead of
@@ -288,6 +292,8 @@ class LanguageModel:
             stop_tokens=stop_tokens,
             seed=seed,
             return_logprobs=return_logprobs,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
         )
         prompts, many = _prompts(prompt)
         rows = [self._ids(p, i) for i, p in enumerate(prompts)]
@@ -464,9 +470,13 @@ class LanguageModel:
             return lambda out, n, hist: (host_copy(out[0], i64), None)
         if path == "host":
             sampler = HostSampler(cfg, range(first_row, first_row + n_rows), seed)
+            starts: list = []  # each row's prompt length: the histories at the first step
 
             def host_step(out, n, hist):
-                toks, lps = sampler.choose(host_copy(out[1], f32)[:n_rows], hist)
+                if not starts:
+                    starts.extend(len(h) for h in hist)
+                generated = [h[s:] for h, s in zip(hist, starts)]
+                toks, lps = sampler.choose(host_copy(out[1], f32)[:n_rows], hist, generated)
                 full = np.zeros(b, np.int64)
                 full[:n_rows] = toks
                 return full, lps

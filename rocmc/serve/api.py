@@ -13,8 +13,6 @@ from dataclasses import dataclass
 SEED_LIMIT = 1 << 62
 # Fields the server does not implement yet, with the values that ask for nothing (accepted).
 NOT_YET = {
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
     "top_logprobs": (0,),
     "logit_bias": ({},),
     "best_of": (1,),
@@ -125,6 +123,8 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
     top_p = _number(body, "top_p", 0.0, 1.0, lo_open=True)
     top_k = _number(body, "top_k", -1, vocab, integer=True)
     seed = _number(body, "seed", 0, SEED_LIMIT - 1, integer=True)
+    presence = _number(body, "presence_penalty", -2.0, 2.0)
+    frequency = _number(body, "frequency_penalty", -2.0, 2.0)
     n = _number(body, "n", 1, 16, integer=True) or 1
     logprobs = body.get("logprobs")
     if chat:
@@ -151,6 +151,8 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
         "seed": seed,
         "stop_strings": stops or None,
         "return_logprobs": want_logprobs,
+        "presence_penalty": presence,
+        "frequency_penalty": frequency,
     }
     if n > 1 and settings["do_sample"] is False:
         raise ApiError("'n' > 1 needs sampling (temperature > 0): greedy choices would all be the same", param="n")

@@ -330,3 +330,20 @@ def test_cli_checks_the_checkpoint_before_compiling(llm_checkpoint, tmp_path, ca
     (d / "config.json").write_text("{not json")
     assert main(["generate", str(d), "--ids", "-p", "1, 2"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_presence_and_frequency_penalties_as_openai_defines_them(rng):
+    """logit[t] - presence * (count[t] > 0) - frequency * count[t], over the generated ids only."""
+    logits = rng.standard_normal((2, 30)) * 3
+    generated = [[4, 4, 9, 4], []]
+    want = logits.copy()
+    want[0, 4] -= 0.5 + 1.25 * 3
+    want[0, 9] -= 0.5 + 1.25 * 1
+    got = generation.apply_count_penalties(logits, generated, 0.5, 1.25)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    cfg = generation.resolve({"presence_penalty": 0.5, "frequency_penalty": 1.25})
+    # process counts `generated`, not the prompt in the histories
+    np.testing.assert_allclose(generation.process(logits, [[1, 2, 4, 4, 9, 4], [3]], cfg, generated), want, rtol=1e-12)
+    assert cfg.path(64, 30) == "host"
+    with pytest.raises(rocmc.InputError, match=r"presence_penalty=3: expected a number in \[-2, 2\]"):
+        generation.resolve({"presence_penalty": 3})

@@ -121,6 +121,19 @@ def test_concurrent_requests_each_equal_alone(served, client, rng):
     assert [g.choices[0].text for g in got] == want
 
 
+def test_presence_and_frequency_penalties_are_generate_s(served, client):
+    """The penalties count the generated tokens only; the server's greedy choice under them is generate's
+    (negative ones here: the tiny model repeats no token in 12, so they show by favouring repeats)."""
+    lm, _ = served
+    ids = [5, 17, 33, 41]
+    want = lm.generate([ids], 12, do_sample=False, presence_penalty=-1.5, frequency_penalty=-2.0)[0]
+    got = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=12, temperature=0, presence_penalty=-1.5, frequency_penalty=-2.0
+    )
+    assert got.choices[0].text == _decode(lm, want)
+    assert want != lm.generate([ids], 12, do_sample=False)[0]
+
+
 def test_sampling_with_a_seed_repeats_and_n_choices_differ(client):
     kw = dict(model="tiny", prompt=[5, 17, 33], max_tokens=10, temperature=1.0, seed=7, n=3, logprobs=0)
     a, b = client.completions.create(**kw), client.completions.create(**kw)
@@ -167,7 +180,8 @@ def test_a_disconnected_stream_frees_its_slot(served):
             400,
             "the prompt's 60 tokens and max_tokens=10 exceed",
         ),
-        ({"model": "tiny", "prompt": "hi", "presence_penalty": 0.5}, 400, "'presence_penalty' is not supported"),
+        ({"model": "tiny", "prompt": "hi", "top_logprobs": 2}, 400, "'top_logprobs' is not supported"),
+        ({"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, 400, "'presence_penalty' is 2.5: expected a"),
         ({"model": "tiny", "prompt": [5, 9999]}, 400, "prompt token 9999 is outside the vocabulary"),
         ({"model": "tiny", "prompt": {"a": 1}}, 400, "'prompt' must be a string or a list of token ids"),
         ({"model": "tiny", "prompt": "hi", "n": 2, "temperature": 0}, 400, "'n' > 1 needs sampling"),
