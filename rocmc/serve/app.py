@@ -182,7 +182,7 @@ class Server:
         return await self._complete(request, chat=True)
 
     async def _complete(self, request: Request, chat: bool) -> Response:
-        endpoint = "chat" if chat else "completions"
+        endpoint, started = "chat" if chat else "completions", time.perf_counter()  # TTFT counts from here
         try:
             self._authorize(request)
             body = await self._body(request)
@@ -205,9 +205,9 @@ class Server:
             self.metrics.prompt_tokens += len(parsed.ids) * parsed.n
         rid, created = api.new_id(chat), int(time.time())
         if parsed.stream:
-            gen = self._stream(subs, parsed, chat, rid, created)
+            gen = self._stream(subs, parsed, chat, rid, created, started)
             return StreamingResponse(gen, media_type="text/event-stream")
-        return await self._whole(request, subs, parsed, chat, rid, created)
+        return await self._whole(subs, parsed, chat, rid, created, started)
 
     async def _events(self, req, events: asyncio.Queue, started: float):
         """A choice's events until it ends, timing them for the metrics."""
@@ -218,7 +218,10 @@ class Server:
             if ev.token is not None:
                 with self.metrics.lock:
                     self.metrics.generation_tokens += 1
-                    (self.metrics.ttft.observe(now - started) if last is None else self.metrics.itl.observe(now - last))
+                    if last is None:
+                        self.metrics.ttft.observe(now - started)
+                    else:
+                        self.metrics.itl.observe(now - last)
                 last = now
             yield ev
             if ev.finish_reason is not None:
@@ -231,8 +234,7 @@ class Server:
         tok = self.lm.tokenizer
         return tok.decode([t]) if t < tok.vocab_size else ""
 
-    async def _whole(self, request, subs, parsed, chat, rid, created) -> Response:
-        started = time.perf_counter()
+    async def _whole(self, subs, parsed, chat, rid, created, started: float) -> Response:
         choices, completion = [], 0
         try:
             for i, (req, events) in enumerate(subs):
@@ -259,10 +261,9 @@ class Server:
         out.update(choices=choices, usage=api.usage(len(parsed.ids) * parsed.n, completion))
         return JSONResponse(out)
 
-    async def _stream(self, subs, parsed, chat, rid, created):
+    async def _stream(self, subs, parsed, chat, rid, created, started: float):
         """Server-sent events: the choices' text as it comes, then (with stream_options.include_usage) the usage,
         then [DONE]. A client that disconnects cancels its choices (their slots freed at the next step)."""
-        started = time.perf_counter()
 
         def event(choices, **more) -> str:
             out = api.envelope(rid, chat, self.model, True, created)
