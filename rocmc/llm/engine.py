@@ -40,12 +40,14 @@ class QueueFull(InputError):
 @dataclass
 class Event:
     """One token of a request (`token` None: the request ended without a new token, e.g. cancelled), its
-    log-probability (when asked for), and why the request ended (None while it runs)."""
+    log-probability (when asked for), the request's `top_logprobs` most likely tokens at that step as
+    [(token, log-probability)] (when asked for), and why the request ended (None while it runs)."""
 
     request: "Request"
     token: int | None
     logprob: float | None
     finish_reason: str | None
+    top: list | None = None
 
 
 @dataclass(eq=False)
@@ -62,6 +64,7 @@ class Request:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     cancelled: bool = False
+    top_logprobs: int = 0  # the most likely tokens to give with each chosen one (with their log-probabilities)
     _chunks: Iterator | None = None
     _sampler: HostSampler | None = None
     _tracker: StopTracker | None = None
@@ -99,9 +102,10 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------------------------------
 
-    def submit(self, ids, settings: GenerationConfig | None = None, **given) -> Request:
+    def submit(self, ids, settings: GenerationConfig | None = None, *, top_logprobs: int = 0, **given) -> Request:
         """Queue a prompt (token ids) with its settings (a GenerationConfig, or keywords as `generate` takes them,
-        the checkpoint's generation_config.json filling the rest). Checked here: a prompt that is empty, a token
+        the checkpoint's generation_config.json filling the rest); top_logprobs: give each step's that many most
+        likely tokens (needs return_logprobs). Checked here: a prompt that is empty, a token
         outside the vocabulary, a prompt and token limit past the cache (InputError naming both); a limit not
         given is capped at the cache."""
         cfg = settings if settings is not None else self.lm.generation_config(**given)
@@ -115,9 +119,15 @@ class Engine:
         n_new = cfg.new_tokens(len(ids), self.lm.sizes.max_seq_len)  # a limit past the cache: InputError
         if cfg.num_return_sequences != 1:
             raise InputError("Engine: one sequence a request (submit a request for each)")
+        if (
+            not isinstance(top_logprobs, int)
+            or not 0 <= top_logprobs <= 20
+            or (top_logprobs and not cfg.return_logprobs)
+        ):
+            raise InputError(f"top_logprobs={top_logprobs!r}: expected an int in [0, 20], with return_logprobs")
         if len(self.waiting) >= self.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests are waiting already (the engine's max_waiting)")
-        req = Request(ids, cfg, next(self._ids))
+        req = Request(ids, cfg, next(self._ids), top_logprobs=top_logprobs)
         req._tracker = self.lm._tracker(1, n_new, cfg)
         if cfg.path(self.lm.sizes.sample_k, self.lm.config.vocab_size) != "argmax":
             req._sampler = HostSampler(cfg, [0], self.lm._seed(cfg))
@@ -187,8 +197,8 @@ class Engine:
         if self.slots.lengths[req.slot] < len(req.ids):
             return  # more chunks next step
         req._chunks = None
-        token, logprob = self._choose(req, out)
-        self._push(req, token, logprob, events)
+        token, logprob, top = self._choose(req, out)
+        self._push(req, token, logprob, events, top)
         if not req.done:
             req.state = "decode"
 
@@ -206,23 +216,29 @@ class Engine:
         logits = host_copy(out[1], f32) if any(r.on_host for r in rows) else None
         for r in rows:
             if r.on_host:
-                token, logprob = self._sample(r, logits[r.slot])
+                token, logprob, top = self._sample(r, logits[r.slot])
             else:
-                token, logprob = int(argmax[r.slot]), None
-            self._push(r, token, logprob, events)
+                token, logprob, top = int(argmax[r.slot]), None, None
+            self._push(r, token, logprob, events, top)
 
     def _choose(self, req: Request, out) -> tuple:
         """The first token from a prefill's outputs (argmax (1,), last logits (1, vocab))."""
         if req.on_host:
             return self._sample(req, host_copy(out[1], f32)[0])
-        return int(host_copy(out[0], i64)[0]), None
+        return int(host_copy(out[0], i64)[0]), None, None
 
     @staticmethod
     def _sample(req: Request, logits: np.ndarray) -> tuple:
+        """(token, its log-probability or None, the top_logprobs most likely [(token, log-probability)] or None)."""
         toks, lps = req._sampler.choose(logits[None], [req.ids + req.tokens], [req.tokens])
-        return int(toks[0]), float(lps[0]) if req.settings.return_logprobs else None
+        top = None
+        if req.top_logprobs:
+            logp = req._sampler.last_logp[0]
+            best = np.argsort(-logp, kind="stable")[: req.top_logprobs]
+            top = [(int(t), float(logp[t])) for t in best]
+        return int(toks[0]), float(lps[0]) if req.settings.return_logprobs else None, top
 
-    def _push(self, req: Request, token: int, logprob, events: list) -> None:
+    def _push(self, req: Request, token: int, logprob, events: list, top=None) -> None:
         tracker = req._tracker
         tracker.push([token])
         req.tokens.append(token)
@@ -230,7 +246,7 @@ class Engine:
             req.logprobs.append(logprob)
         req._next = token
         reason = tracker.finish_reason[0]
-        events.append(Event(req, token, logprob, reason))
+        events.append(Event(req, token, logprob, reason, top))
         if reason is not None:
             self._finish(req, reason, None)
 

@@ -330,6 +330,7 @@ class HostSampler:
         ids (for the presence and frequency penalties; default: the histories)."""
         x = process(np.asarray(logits)[: len(histories)], histories, self.cfg, generated)
         logp = log_softmax(x)
+        self.last_logp = logp  # (rows, vocab): for the most likely alternatives (top_logprobs)
         if not self.cfg.do_sample:
             toks = np.argmax(x, axis=-1)
         else:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 SEED_LIMIT = 1 << 62
 # Fields the server does not implement yet, with the values that ask for nothing (accepted).
 NOT_YET = {
-    "top_logprobs": (0,),
     "logit_bias": ({},),
     "best_of": (1,),
     "suffix": ("",),
@@ -47,6 +46,7 @@ class Parsed:
     logprobs: bool
     stops: tuple
     include_usage: bool = False
+    top: int = 0  # the most likely alternatives to give with each token (completions' logprobs=N, chat's top_logprobs)
 
 
 def _number(body: dict, name: str, lo: float, hi: float, *, integer: bool = False, lo_open: bool = False):
@@ -131,10 +131,12 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
         if logprobs not in (None, True, False):
             raise ApiError(f"'logprobs' is {logprobs!r}: expected true or false", param="logprobs")
         want_logprobs = bool(logprobs)
+        top = _number(body, "top_logprobs", 0, 20, integer=True) or 0
+        if top and not want_logprobs:
+            raise ApiError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     else:
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs != 0):
-            raise ApiError("'logprobs': only 0 (the chosen tokens' log-probabilities) is supported", param="logprobs")
-        want_logprobs = logprobs is not None
+        top = _number(body, "logprobs", 0, 5, integer=True)
+        want_logprobs, top = top is not None, top or 0
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(f"'stream' is {stream!r}: expected true or false", param="stream")
@@ -156,7 +158,7 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
     }
     if n > 1 and settings["do_sample"] is False:
         raise ApiError("'n' > 1 needs sampling (temperature > 0): greedy choices would all be the same", param="n")
-    return Parsed(ids, settings, n, stream, want_logprobs, stops, bool(options.get("include_usage")))
+    return Parsed(ids, settings, n, stream, want_logprobs, stops, bool(options.get("include_usage")), top)
 
 
 class StopText:
@@ -204,12 +206,15 @@ def envelope(rid: str, chat: bool, model: str, chunk: bool, created: int | None 
     return {"id": rid, "object": obj, "created": created or int(time.time()), "model": model}
 
 
-def choice(index: int, chat: bool, text: str, finish: str | None, logprobs, tokens: list, chunk: bool, first=False):
-    """One choice of an answer (or of a streamed chunk: its new text)."""
+def choice(index: int, chat: bool, text: str, finish, logprobs, tokens: list, chunk: bool, first=False, tops=None):
+    """One choice of an answer (or of a streamed chunk: its new text). logprobs: the chosen tokens' (None: not
+    asked for), tokens: their texts, tops: for each, [(text, log-probability)] of the most likely tokens."""
+    tops = tops if tops is not None else [[] for _ in tokens]
     if chat:
         lp = None if logprobs is None else {
-            "content": [{"token": t, "logprob": p, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, p in zip(tokens, logprobs)]}  # fmt: skip
+            "content": [{"token": t, "logprob": p, "bytes": list(t.encode()),
+                         "top_logprobs": [{"token": a, "logprob": q, "bytes": list(a.encode())} for a, q in alts]}
+                        for t, p, alts in zip(tokens, logprobs, tops)]}  # fmt: skip
         if chunk:
             delta = ({"role": "assistant", "content": text} if first else {"content": text}) if text or first else {}
             return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
@@ -219,8 +224,8 @@ def choice(index: int, chat: bool, text: str, finish: str | None, logprobs, toke
             "logprobs": lp,
             "finish_reason": finish,
         }
-    lp = None if logprobs is None else {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
-                                        "text_offset": None}  # fmt: skip
+    lp = None if logprobs is None else {"tokens": tokens, "token_logprobs": logprobs,
+                                        "top_logprobs": [dict(alts) for alts in tops], "text_offset": None}  # fmt: skip
     return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
 
 

@@ -136,7 +136,9 @@ class Server:
                 cfg = self.lm.generation_config(**{**settings, "top_k": 0})  # the whole vocabulary, as OpenAI's API
         except InputError as e:
             raise api.ApiError(str(e)) from None
-        fut = self.worker.submit(parsed.ids, cfg, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        fut = self.worker.submit(
+            parsed.ids, cfg, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), top_logprobs=parsed.top
+        )
         try:
             req = await asyncio.wrap_future(fut)
         except QueueFull as e:
@@ -230,6 +232,10 @@ class Server:
     def _text(self, parsed: api.Parsed):
         return _Pieces(self.lm.tokenizer), api.StopText(parsed.stops)
 
+    def _alternatives(self, ev) -> list:
+        """[(text, log-probability)] of the event's most likely tokens (empty when not asked for)."""
+        return [(self._token(t), lp) for t, lp in ev.top or ()]
+
     def _token(self, t: int) -> str:
         tok = self.lm.tokenizer
         return tok.decode([t]) if t < tok.vocab_size else ""
@@ -239,10 +245,11 @@ class Server:
         try:
             for i, (req, events) in enumerate(subs):
                 dec, stop = self._text(parsed)
-                finish = None
+                finish, tops = None, []
                 async for ev in self._events(req, events, started):
                     if ev.token is not None:
                         stop.push(dec.push(ev.token))
+                        tops.append(self._alternatives(ev))
                     finish = ev.finish_reason or finish
                 stop.push(dec.flush())
                 if finish == "error":
@@ -250,7 +257,7 @@ class Server:
                 completion += len(req.tokens)
                 toks = [self._token(t) for t in req.tokens] if parsed.logprobs else []
                 lps = list(req.logprobs) if parsed.logprobs else None
-                choices.append(api.choice(i, chat, stop.final, finish, lps, toks, chunk=False))
+                choices.append(api.choice(i, chat, stop.final, finish, lps, toks, chunk=False, tops=tops))
         except asyncio.CancelledError:
             for req, _ in subs:
                 self.worker.cancel(req)
@@ -280,16 +287,16 @@ class Server:
                 i, ev = await merged.get()
                 dec, stop = states[i]
                 text = stop.push(dec.push(ev.token)) if ev.token is not None else ""
-                lps, toks = None, []
+                lps, toks, tops = None, [], []
                 if parsed.logprobs and ev.token is not None:
-                    lps, toks = [ev.logprob], [self._token(ev.token)]
+                    lps, toks, tops = [ev.logprob], [self._token(ev.token)], [self._alternatives(ev)]
                 if ev.finish_reason is not None:
                     text += stop.push(dec.flush()) + stop.finish()
                     done += 1
                     completion += len(subs[i][0].tokens)
                 if text or first[i] or ev.finish_reason is not None or lps is not None:
                     finish = ev.finish_reason if ev.finish_reason in ("stop", "length") else None
-                    yield event([api.choice(i, chat, text, finish, lps, toks, chunk=True, first=first[i])])
+                    yield event([api.choice(i, chat, text, finish, lps, toks, chunk=True, first=first[i], tops=tops)])
                     first[i] = False
             if parsed.include_usage:
                 yield event([], usage=api.usage(len(parsed.ids) * parsed.n, completion))

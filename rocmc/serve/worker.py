@@ -41,11 +41,11 @@ class Worker:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    def submit(self, ids: list, settings, sink: Callable[[Event], None]) -> "Future[Request]":
+    def submit(self, ids: list, settings, sink: Callable[[Event], None], top_logprobs: int = 0) -> "Future[Request]":
         """Queue a prompt; the future gives its Request once the engine has taken it, or the engine's error
         (InputError, QueueFull). `sink(event)` is called on the engine's thread for each of its events."""
         fut: Future = Future()
-        self._inbox.put(("submit", ids, settings, sink, fut))
+        self._inbox.put(("submit", ids, settings, sink, fut, top_logprobs))
         return fut
 
     def cancel(self, req: Request) -> None:
@@ -59,9 +59,9 @@ class Worker:
             return
         while item is not None:
             if item[0] == "submit":
-                _, ids, settings, sink, fut = item
+                _, ids, settings, sink, fut, top = item
                 try:
-                    req = self.engine.submit(ids, settings)
+                    req = self.engine.submit(ids, settings, top_logprobs=top)
                 except InputError as e:
                     fut.set_exception(e)
                 else:

@@ -88,6 +88,8 @@ def test_what_the_engine_refuses(lm):
         engine.submit([5, 99999], max_new_tokens=2)
     with pytest.raises(rocmc.InputError, match="prompt of 60 tokens \\+ max_new_tokens=10 exceeds the cache of 64"):
         engine.submit([5] * 60, max_new_tokens=10)
+    with pytest.raises(rocmc.InputError, match=r"top_logprobs=3: expected an int in \[0, 20\], with return_logprobs"):
+        engine.submit([5, 6], max_new_tokens=2, top_logprobs=3)
     engine.submit([5, 6], max_new_tokens=2)
     with pytest.raises(QueueFull, match="1 requests are waiting already"):
         engine.submit([5, 6], max_new_tokens=2)

@@ -134,6 +134,33 @@ def test_presence_and_frequency_penalties_are_generate_s(served, client):
     assert want != lm.generate([ids], 12, do_sample=False)[0]
 
 
+def test_log_probabilities_with_the_most_likely_alternatives(served, client):
+    """Greedy: each chosen token is the most likely one, so its log-probability is its alternatives' first."""
+    lm, _ = served
+    got = client.completions.create(model="tiny", prompt=[5, 17, 33], max_tokens=5, temperature=0, logprobs=3)
+    lp = got.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    for chosen, alts in zip(lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(alts) <= 3 and max(alts.values()) == pytest.approx(chosen) and chosen <= 0
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob) for c in content)
+    r = httpx.post(
+        served[1] + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+    )
+    assert r.status_code == 400 and "'top_logprobs' needs 'logprobs': true" in r.json()["error"]["message"]
+
+
 def test_sampling_with_a_seed_repeats_and_n_choices_differ(client):
     kw = dict(model="tiny", prompt=[5, 17, 33], max_tokens=10, temperature=1.0, seed=7, n=3, logprobs=0)
     a, b = client.completions.create(**kw), client.completions.create(**kw)
@@ -180,7 +207,8 @@ def test_a_disconnected_stream_frees_its_slot(served):
             400,
             "the prompt's 60 tokens and max_tokens=10 exceed",
         ),
-        ({"model": "tiny", "prompt": "hi", "top_logprobs": 2}, 400, "'top_logprobs' is not supported"),
+        ({"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, 400, "'tools' is not supported"),
+        ({"model": "tiny", "prompt": "hi", "logprobs": 6}, 400, "'logprobs' is 6: expected a value in [0, 5]"),
         ({"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, 400, "'presence_penalty' is 2.5: expected a"),
         ({"model": "tiny", "prompt": [5, 9999]}, 400, "prompt token 9999 is outside the vocabulary"),
         ({"model": "tiny", "prompt": {"a": 1}}, 400, "'prompt' must be a string or a list of token ids"),
