@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.llm_gpu import vmfb_name, write_checkpoint
+from bench.llm_gpu import fill_slots, time_decode, vmfb_name, write_checkpoint
 
 
 def pct(xs, q):
@@ -95,21 +95,9 @@ def run_clients(lm, requests: list, clients: int) -> dict:
 
 def raw_step_ms(lm, vocab: int, steps: int = 24) -> float:
     """Every slot prefilled (prompts of 400 tokens), then decode steps alone: the median step."""
-    from rocmc.llm.runtime import _SlotTable
-
     rng = np.random.default_rng(5)
-    slots = _SlotTable(lm.sizes, lm.config)
-    nxt = np.zeros(lm.sizes.max_batch, np.int64)
-    for r in range(lm.sizes.max_batch):
-        for feeds in slots.prefill(r, [int(t) for t in rng.integers(3, vocab, 400)]):
-            out = lm.module.prefill(**feeds, output="device")
-        nxt[r] = out[0].to_host()[0]
-    times = []
-    for _ in range(steps):
-        f = slots.decode(nxt)
-        t = time.perf_counter()
-        nxt = np.array(lm.module.decode(**f, output="device")[0].to_host())
-        times.append(time.perf_counter() - t)
+    prompts = [[int(t) for t in rng.integers(3, vocab, 400)] for _ in range(lm.sizes.max_batch)]
+    times, _ = time_decode(lm, *fill_slots(lm, prompts), steps)
     return 1e3 * statistics.median(times[4:])
 
 

@@ -503,31 +503,44 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
 BATCH_STEPS = 40  # decode steps timed per batch size
 
 
+def fill_slots(lm, prompts: list) -> tuple:
+    """Prompt r prefilled into slot r of a fresh slot table: (the table, each row's greedy next token)."""
+    from rocmc.llm.runtime import _SlotTable
+
+    slots = _SlotTable(lm.sizes, lm.config)
+    nxt = np.zeros(lm.sizes.max_batch, np.int64)
+    for r, p in enumerate(prompts):
+        for feeds in slots.prefill(r, p):
+            out = lm.module.prefill(**feeds, output="device")
+        nxt[r] = out[0].to_host()[0]
+    return slots, nxt
+
+
+def time_decode(lm, slots, nxt, steps: int) -> tuple:
+    """`steps` decode steps of the filled slots, each timed alone: (the seconds of each, the last tokens)."""
+    times = []
+    for _ in range(steps):
+        f = slots.decode(nxt)
+        t = time.perf_counter()
+        nxt = np.array(lm.module.decode(**f, output="device")[0].to_host())
+        times.append(time.perf_counter() - t)
+    return times, nxt
+
+
 def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: int, bw: dict | None) -> None:
     """n rows at different positions (prompts of PROMPT, PROMPT - 13, ... tokens, each prefilled into its
     slot), then BATCH_STEPS decode steps of all n: tokens/s against the byte bound of a step (the weights
     once plus every row's keys and values up to its position), and a profiled step's timeline."""
     import rocmc
-    from rocmc.llm.runtime import _SlotTable
 
     lm = rocmc.llm.load(Path(a.dir) / vmfb_name(a.target, n), ckpt, device=a.device)
     rng = np.random.default_rng(2)
     lens = [PROMPT - 13 * i for i in range(n)]
     prompts = [[int(x) for x in rng.integers(3, cfg["vocab_size"], m)] for m in lens]
-    slots = _SlotTable(lm.sizes, lm.config)
-    nxt = np.zeros(n, np.int64)
     t = time.perf_counter()
-    for r, p in enumerate(prompts):
-        for feeds in slots.prefill(r, p):
-            out = lm.module.prefill(**feeds, output="device")
-        nxt[r] = out[0].to_host()[0]
+    slots, nxt = fill_slots(lm, prompts)
     prefill_s = time.perf_counter() - t
-    steps = []
-    for _ in range(BATCH_STEPS):
-        f = slots.decode(nxt)
-        t = time.perf_counter()
-        nxt = np.array(lm.module.decode(**f, output="device")[0].to_host())
-        steps.append(time.perf_counter() - t)
+    steps, nxt = time_decode(lm, slots, nxt, BATCH_STEPS)
     med = statistics.median(steps[4:])
     h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     per_position = 2 * L * cfg["num_key_value_heads"] * h // cfg["num_attention_heads"] * 2  # K and V, f16

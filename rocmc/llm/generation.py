@@ -291,9 +291,9 @@ def process(
     `histories`: prompt and generated ids), OpenAI's presence and frequency penalties (over `generated`, each
     row's generated ids; default: the histories), then (sampling only) temperature, top_k and top_p."""
     x = apply_repetition_penalty(logits, histories, cfg.repetition_penalty)
-    x = apply_count_penalties(
-        x, histories if generated is None else generated, cfg.presence_penalty, cfg.frequency_penalty
-    )
+    if cfg.presence_penalty or cfg.frequency_penalty:
+        counted = histories if generated is None else generated
+        x = apply_count_penalties(x, counted, cfg.presence_penalty, cfg.frequency_penalty)
     if cfg.do_sample:
         x = apply_top_p(apply_top_k(apply_temperature(x, cfg.temperature), cfg.top_k), cfg.top_p)
     return x

@@ -21,7 +21,7 @@ from ..dtypes import f32, i64
 from ..lowering import compile as _compile
 from ..runtime.module import host_copy, load as _load
 from . import chat, generation, sharding
-from .config import LlmConfig, default_max_seq_len, load_config, param_names
+from .config import LlmConfig, default_max_seq_len, kv_cache_bytes, load_config, param_names
 from .generation import GenerationConfig, GenerationResult, HostSampler, StopTracker
 from .model import CACHE, FUNCTIONS, Shape, build, cache_shape
 
@@ -738,14 +738,9 @@ def _tokenizer(directory: Path):
 
 
 def serving_summary(lm: "LanguageModel") -> str:
-    """The KV cache a server holds: its slots, positions and device bytes."""
-    import math
-
-    from ..dtypes import dtype as _dt
-
-    shape = cache_shape(lm.config, lm.sizes, lm.plan.degree)
-    size = math.prod(shape) * _dt(lm.sizes.dtype).np.itemsize
+    """The KV cache a server holds: its slots, positions and device bytes (a rank's share of them)."""
+    sizes = lm.sizes
+    size = kv_cache_bytes(lm.config, sizes.max_seq_len, sizes.max_batch, sizes.dtype) // lm.plan.degree
     return (
-        f"KV cache of {lm.sizes.max_batch} slots x {lm.sizes.max_seq_len} positions "
-        f"({size / 2**20:.1f} MiB of device memory)"
+        f"KV cache of {sizes.max_batch} slots x {sizes.max_seq_len} positions ({size / 2**20:.1f} MiB of device memory)"
     )

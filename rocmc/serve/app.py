@@ -130,10 +130,10 @@ class Server:
         settings = dict(parsed.settings)
         if settings["seed"] is not None:
             settings["seed"] += index  # n choices with one seed: each its own draws
+        if settings["top_k"] is None and "top_k" not in self.lm.generation_defaults:
+            settings["top_k"] = 0  # draws from the whole vocabulary, as OpenAI's API (greedy ignores it)
         try:
             cfg = self.lm.generation_config(**settings)
-            if cfg.do_sample and settings["top_k"] is None and "top_k" not in self.lm.generation_defaults:
-                cfg = self.lm.generation_config(**{**settings, "top_k": 0})  # the whole vocabulary, as OpenAI's API
         except InputError as e:
             raise api.ApiError(str(e)) from None
         fut = self.worker.submit(
@@ -240,30 +240,50 @@ class Server:
         tok = self.lm.tokenizer
         return tok.decode([t]) if t < tok.vocab_size else ""
 
-    async def _whole(self, subs, parsed, chat, rid, created, started: float) -> Response:
-        choices, completion = [], 0
+    async def _merged(self, subs, started: float):
+        """(choice index, event) of every choice as they come (each timed for the metrics as it arrives), until
+        all have ended."""
+        merged: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._forward(i, r, q, started, merged)) for i, (r, q) in enumerate(subs)]
         try:
-            for i, (req, events) in enumerate(subs):
-                dec, stop = self._text(parsed)
-                finish, tops = None, []
-                async for ev in self._events(req, events, started):
+            done = 0
+            while done < len(subs):
+                i, ev = await merged.get()
+                done += ev.finish_reason is not None
+                yield i, ev
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _forward(self, i, req, events, started, merged: asyncio.Queue):
+        async for ev in self._events(req, events, started):
+            merged.put_nowait((i, ev))
+
+    async def _whole(self, subs, parsed, chat, rid, created, started: float) -> Response:
+        states = [self._text(parsed) for _ in subs]
+        finish, tops = [None] * len(subs), [[] for _ in subs]
+        try:
+            async with contextlib.aclosing(self._merged(subs, started)) as events:
+                async for i, ev in events:
+                    dec, stop = states[i]
                     if ev.token is not None:
                         stop.push(dec.push(ev.token))
-                        tops.append(self._alternatives(ev))
-                    finish = ev.finish_reason or finish
-                stop.push(dec.flush())
-                if finish == "error":
-                    raise api.ApiError("the engine failed while generating", 500)
-                completion += len(req.tokens)
-                toks = [self._token(t) for t in req.tokens] if parsed.logprobs else []
-                lps = list(req.logprobs) if parsed.logprobs else None
-                choices.append(api.choice(i, chat, stop.final, finish, lps, toks, chunk=False, tops=tops))
+                        tops[i].append(self._alternatives(ev))
+                    finish[i] = ev.finish_reason or finish[i]
         except asyncio.CancelledError:
             for req, _ in subs:
                 self.worker.cancel(req)
             raise
-        except api.ApiError as e:
-            return _error(e)
+        if "error" in finish:
+            return _error(api.ApiError("the engine failed while generating", 500))
+        choices, completion = [], 0
+        for i, (req, _) in enumerate(subs):
+            dec, stop = states[i]
+            stop.push(dec.flush())
+            completion += len(req.tokens)
+            toks = [self._token(t) for t in req.tokens] if parsed.logprobs else []
+            lps = list(req.logprobs) if parsed.logprobs else None
+            choices.append(api.choice(i, chat, stop.final, finish[i], lps, toks, chunk=False, tops=tops[i]))
         out = api.envelope(rid, chat, self.model, False, created)
         out.update(choices=choices, usage=api.usage(len(parsed.ids) * parsed.n, completion))
         return JSONResponse(out)
@@ -277,39 +297,31 @@ class Server:
             out.update(choices=choices, **more)
             return f"data: {json.dumps(out)}\n\n"
 
-        merged: asyncio.Queue = asyncio.Queue()  # (choice, event) of every choice, as they come
-        tasks = [asyncio.ensure_future(self._forward(i, r, q, started, merged)) for i, (r, q) in enumerate(subs)]
         states = [self._text(parsed) for _ in subs]
         first = [True] * len(subs)
-        done = completion = 0
+        completion = 0
         try:
-            while done < len(subs):
-                i, ev = await merged.get()
-                dec, stop = states[i]
-                text = stop.push(dec.push(ev.token)) if ev.token is not None else ""
-                lps, toks, tops = None, [], []
-                if parsed.logprobs and ev.token is not None:
-                    lps, toks, tops = [ev.logprob], [self._token(ev.token)], [self._alternatives(ev)]
-                if ev.finish_reason is not None:
-                    text += stop.push(dec.flush()) + stop.finish()
-                    done += 1
-                    completion += len(subs[i][0].tokens)
-                if text or first[i] or ev.finish_reason is not None or lps is not None:
-                    finish = ev.finish_reason if ev.finish_reason in ("stop", "length") else None
-                    yield event([api.choice(i, chat, text, finish, lps, toks, chunk=True, first=first[i], tops=tops)])
-                    first[i] = False
+            async with contextlib.aclosing(self._merged(subs, started)) as events:
+                async for i, ev in events:
+                    dec, stop = states[i]
+                    text = stop.push(dec.push(ev.token)) if ev.token is not None else ""
+                    lps, toks, tops = None, [], []
+                    if parsed.logprobs and ev.token is not None:
+                        lps, toks, tops = [ev.logprob], [self._token(ev.token)], [self._alternatives(ev)]
+                    if ev.finish_reason is not None:
+                        text += stop.push(dec.flush()) + stop.finish()
+                        completion += len(subs[i][0].tokens)
+                    if text or first[i] or ev.finish_reason is not None or lps is not None:
+                        finish = ev.finish_reason if ev.finish_reason in ("stop", "length") else None
+                        choice = api.choice(i, chat, text, finish, lps, toks, chunk=True, first=first[i], tops=tops)
+                        yield event([choice])
+                        first[i] = False
             if parsed.include_usage:
                 yield event([], usage=api.usage(len(parsed.ids) * parsed.n, completion))
             yield "data: [DONE]\n\n"
         finally:
-            for t in tasks:
-                t.cancel()
             for req, _ in subs:
                 self.worker.cancel(req)
-
-    async def _forward(self, i, req, events, started, merged: asyncio.Queue):
-        async for ev in self._events(req, events, started):
-            merged.put_nowait((i, ev))
 
     def app(self) -> Starlette:
         routes = [

@@ -177,10 +177,10 @@ def _rms_norm_linear_infer(node, types, attrs):
     if norm.shape != x.shape[-1:]:
         want = list(x.shape[-1:])
         raise GraphError(f"{node.describe()}: 'norm_weight' is {norm}, expected shape {want} (x's last dim)")
-    rest = [types[0], *types[2:]]
-    if attrs["gate"] == "none":
+    rest = [x, *types[2:]]
+    if gate == "none":
         return _float_linear(node, rest, attrs)
-    return _gated_linear_infer(node, rest, {"activation": attrs["gate"]})
+    return _gated_linear_infer(node, rest, {"activation": gate})
 
 
 @reference("rms_norm_linear")
