@@ -27,11 +27,12 @@ def pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) if xs else None
 
 
-def mix(n: int, vocab: int, seed: int = 3) -> list:
+def mix(n: int, vocab: int, seed: int = 3, longest: int = 768) -> list:
+    """n (prompt ids, output length) pairs: prompts of 64..longest tokens, outputs of 32..256."""
     rng = np.random.default_rng(seed)
     return [
         ([int(t) for t in rng.integers(3, vocab, int(p))], int(o))
-        for p, o in zip(rng.integers(64, 769, n), rng.integers(32, 257, n))
+        for p, o in zip(rng.integers(64, longest + 1, n), rng.integers(32, 257, n))
     ]
 
 
@@ -101,17 +102,22 @@ def raw_step_ms(lm, vocab: int, steps: int = 24) -> float:
     return 1e3 * statistics.median(times[4:])
 
 
-def main() -> int:
+def arguments(concurrency: str, requests: int) -> argparse.ArgumentParser:
+    """The options of a load benchmark (this one and bench/serve_gpu.py)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
+    ap.add_argument("--dir", required=True, help="where bench.llm_gpu compiled the module (and its config.json)")
     ap.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
     ap.add_argument("--json", required=True)
     ap.add_argument("--target", default="cuda:sm_80")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--max-batch", type=int, default=32)
-    ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--requests", type=int, default=64)
-    a = ap.parse_args()
+    ap.add_argument("--concurrency", default=concurrency, help="clients at once, a run each")
+    ap.add_argument("--requests", type=int, default=requests)
+    return ap
+
+
+def main() -> int:
+    a = arguments("1,8,32", 64).parse_args()
     import rocmc
 
     cfg = json.loads((Path(a.dir) / "config.json").read_text())

@@ -220,6 +220,8 @@ def cmd_serve(args) -> int:
     from pathlib import Path
 
     from . import llm
+    from .artifact import Artifact
+    from .runtime.module import device_for
 
     try:
         import uvicorn
@@ -227,15 +229,25 @@ def cmd_serve(args) -> int:
         from .serve import create_app
     except ImportError as e:
         raise RocmcError(f"rocmc serve needs the serve extra (pip install 'rocmc[serve]'): {e}") from None
-    llm.check_checkpoint(args.checkpoint, tokenizer=True)
+    cfg = llm.check_checkpoint(args.checkpoint, tokenizer=True)
+    # The KV cache and the weights are checked against the device's free memory before anything compiles or loads.
     if args.module:
-        lm = llm.load(args.module, args.checkpoint, device=args.device)
+        art = Artifact.load(args.module)
+        target = art.target
+        sizes = llm.runtime._sizes_of(art, cfg)
     else:
-        kw = dict(device=args.device, max_seq_len=args.max_seq_len, dtype=args.dtype, max_batch=args.max_batch)
-        lm = llm.load_hf(args.checkpoint, args.target, **kw)
+        target = args.target
+        sizes = llm.runtime.model_shape(cfg, target, args.dtype, args.max_seq_len, args.max_batch)
+    device = device_for(target, args.device)
+    memory = llm.serving_memory(cfg, sizes, device)
+    if args.module:
+        lm = llm.load(art, args.checkpoint, device=device)
+    else:
+        kw = dict(dtype=sizes.dtype, max_seq_len=sizes.max_seq_len, max_batch=sizes.max_batch)
+        lm = llm.load_hf(args.checkpoint, target, device=device, **kw)
     name = args.model_name or Path(args.checkpoint).resolve().name
-    print(f"rocmc serve: {name} on {lm.module.device_name}: {llm.serving_summary(lm)}", flush=True)
-    app = create_app(lm, name, api_key=args.api_key, max_waiting=args.max_waiting)
+    print(f"rocmc serve: {name} on {lm.module.device_name}: {memory}", flush=True)
+    app = create_app(lm, name, api_key=args.api_key, max_waiting=args.max_waiting, prefill_chunk=args.prefill_chunk)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30, log_level="info")
     return 0
 
@@ -546,6 +558,8 @@ def main(argv=None) -> int:
         "started by `rocmc launch -n N` (the module compiled with tensor_parallel=N)",
     )
     gn.set_defaults(fn=cmd_generate)
+    from .llm.engine import DEFAULT_PREFILL_CHUNK
+
     sv = sub.add_parser("serve", help="serve a Hugging Face causal LM over the OpenAI HTTP API (continuous batching)")
     sv.add_argument("checkpoint", help="directory with config.json, *.safetensors and tokenizer.json")
     sv.add_argument("-t", "--target", default="cpu", help="compile for this target (cpu, gfx942, cuda:sm_80, ...)")
@@ -557,6 +571,12 @@ def main(argv=None) -> int:
     sv.add_argument("--max-batch", type=int, default=8, help="requests decoded together (KV cache slots)")
     sv.add_argument("--max-seq-len", type=int, help="positions of each slot's KV cache (the context)")
     sv.add_argument("--max-waiting", type=int, default=256, help="requests that may wait for a slot (429 beyond)")
+    sv.add_argument(
+        "--prefill-chunk",
+        type=int,
+        help="prompt tokens prefilled a step while other rows decode (default %d): smaller stalls them less"
+        % DEFAULT_PREFILL_CHUNK,
+    )
     sv.add_argument("--model-name", help="the model's name in the API (default: the checkpoint directory's name)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     sv.set_defaults(fn=cmd_serve)

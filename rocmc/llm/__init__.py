@@ -9,7 +9,7 @@ a checkpoint runs from its safetensors files alone.
 """
 
 from .generation import GenerationConfig, GenerationResult  # noqa: E402
-from .runtime import LanguageModel, check_checkpoint, compile_hf, load, load_hf, serving_summary  # noqa: E402
+from .runtime import LanguageModel, check_checkpoint, compile_hf, load, load_hf, serving_memory  # noqa: E402
 
 __all__ = [
     "GenerationConfig",
@@ -19,5 +19,5 @@ __all__ = [
     "compile_hf",
     "load",
     "load_hf",
-    "serving_summary",
+    "serving_memory",
 ]

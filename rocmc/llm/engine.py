@@ -2,7 +2,7 @@
 
 The engine schedules requests onto the KV cache's slots (rocmc.llm.runtime._SlotTable; a slot is a row of the
 decode step). A request waits until a slot is free; then its prompt is prefilled into that slot one chunk a
-step (at most `PREFILL_CHUNK` tokens, while other rows decode), so a long prompt stalls the running rows by one
+step (at most `prefill_chunk` tokens, while other rows decode), so a long prompt stalls the running rows by one
 chunk's time at a time, never by the whole prompt; its first token comes from the prefill's last logits; after
 that every decode step runs each decoding row at its own position. A row that ends (a stop token or string, its
 token limit) or is cancelled frees its slot at once, for the next waiting request.
@@ -31,6 +31,12 @@ from ..runtime.module import host_copy
 from .generation import GenerationConfig, HostSampler, StopTracker
 
 __all__ = ["Engine", "Request", "Event", "QueueFull"]
+
+
+# Prompt tokens prefilled a step while other rows decode: each such step stalls the decoding rows for a chunk's
+# prefill, so smaller chunks lower the inter-token latency under load and larger ones the time to first token
+# (BENCHMARKS.md, "rocmc serve on an NVIDIA H100").
+DEFAULT_PREFILL_CHUNK = 512
 
 
 class QueueFull(InputError):
@@ -84,21 +90,26 @@ class Engine:
     """Continuous batching over a LanguageModel's slots (see the module docstring).
 
     max_waiting: requests that may wait for a slot (submit raises QueueFull beyond it);
-    prefill_chunk: prompt tokens a prefill call takes at most (default: the runtime's PREFILL_CHUNK)."""
+    prefill_chunk: prompt tokens a prefill call takes at most (default DEFAULT_PREFILL_CHUNK)."""
 
     def __init__(self, lm, *, max_waiting: int = 256, prefill_chunk: int | None = None):
-        from .runtime import PREFILL_CHUNK, _SlotTable
+        from .runtime import _SlotTable
 
+        chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InputError(f"Engine: prefill_chunk={prefill_chunk!r}: expected an int >= 1")
         if lm.group is not None:
             raise InputError("Engine: a tensor-parallel model is not served (one process per GPU would have to follow)")
         self.lm = lm
         self.max_batch = lm.sizes.max_batch
-        self.slots = _SlotTable(lm.sizes, lm.config, chunk=prefill_chunk or PREFILL_CHUNK)
+        self.slots = _SlotTable(lm.sizes, lm.config, chunk=chunk)
         self.max_waiting = max_waiting
         self.waiting: deque = deque()
         self.rows: list = [None] * self.max_batch  # the request in each slot
         self._ids = itertools.count()
         self.steps = 0  # decode steps run
+        # What the last step() ran: its decode step's rows (0: none) and its prefill calls (a server's metrics).
+        self.last_rows = self.last_prefills = 0
 
     # ---- requests --------------------------------------------------------------------------------------
 
@@ -156,6 +167,7 @@ class Engine:
         """One round: cancellations, admissions to free slots, one prefill chunk (all of a prompt when no row
         decodes), then one decode step of the decoding rows. Returns the round's Events in order."""
         events: list = []
+        self.last_rows = self.last_prefills = 0
         self._drop_cancelled(events)
         self._admit()
         self._prefill(events)
@@ -192,6 +204,7 @@ class Engine:
         decoding = any(r.state == "decode" for r in self.running)
         for feeds in req._chunks:
             out = self.lm.module.prefill(**feeds, output="device")
+            self.last_prefills += 1
             if decoding:
                 break
         if self.slots.lengths[req.slot] < len(req.ids):
@@ -211,7 +224,7 @@ class Engine:
         for r in rows:
             tokens[r.slot], mask[r.slot] = r._next, True
         out = self.lm.module.decode(**self.slots.decode(tokens, rows=mask), output="device")
-        self.steps += 1
+        self.steps, self.last_rows = self.steps + 1, len(rows)
         argmax = host_copy(out[0], i64)
         logits = host_copy(out[1], f32) if any(r.on_host for r in rows) else None
         for r in rows:

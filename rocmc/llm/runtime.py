@@ -737,10 +737,44 @@ def _tokenizer(directory: Path):
     return Tokenizer.from_dir(directory)
 
 
-def serving_summary(lm: "LanguageModel") -> str:
-    """The KV cache a server holds: its slots, positions and device bytes (a rank's share of them)."""
-    sizes = lm.sizes
-    size = kv_cache_bytes(lm.config, sizes.max_seq_len, sizes.max_batch, sizes.dtype) // lm.plan.degree
-    return (
-        f"KV cache of {sizes.max_batch} slots x {sizes.max_seq_len} positions ({size / 2**20:.1f} MiB of device memory)"
+# Device memory a server keeps free beyond the weights and the KV cache: a step's activations and IREE's pools.
+SERVING_WORKSPACE = 512 << 20
+
+
+def serving_memory(cfg: LlmConfig, sizes: Shape, device: str, degree: int = 1) -> str:
+    """What serving `sizes` (max_batch slots x max_seq_len positions) takes of `device`'s memory: the KV cache,
+    the weights at the compute dtype (a rank's share of both under tensor parallelism) and SERVING_WORKSPACE,
+    checked against the memory the device has free now (rocmc.runtime.devices.memory; unchecked where its driver
+    can't say). Returns a line saying so; InputError with the numbers, and the slots or positions that would
+    fit, when they do not fit."""
+    from ..dtypes import dtype as rocmc_dtype
+    from ..runtime.devices import memory
+
+    mib = 1 << 20
+    cache = kv_cache_bytes(cfg, sizes.max_seq_len, sizes.max_batch, sizes.dtype) // degree
+    count = sum(int(np.prod(shape)) for _, shape in param_names(cfg))
+    weights = count * (rocmc_dtype(sizes.dtype).bits // 8) // degree
+    line = (
+        f"KV cache of {sizes.max_batch} slots x {sizes.max_seq_len} positions {cache / mib:.1f} MiB, "
+        f"weights {weights / mib:.1f} MiB"
     )
+    info = memory(device)
+    if info is None:
+        return line + f" ({device} does not report its free memory: not checked)"
+    free, total = info
+    room = free - weights - SERVING_WORKSPACE
+    if cache > room:
+        slot = kv_cache_bytes(cfg, sizes.max_seq_len, 1, sizes.dtype) // degree
+        position = kv_cache_bytes(cfg, 1, sizes.max_batch, sizes.dtype) // degree
+        fit = (
+            f"at most {room // slot} slots of {sizes.max_seq_len} positions fit (--max-batch), or "
+            f"{room // position} positions of {sizes.max_batch} slots (--max-seq-len)"
+            if room > 0
+            else "the weights alone do not fit"
+        )
+        need = (cache + weights + SERVING_WORKSPACE) / mib
+        raise InputError(
+            f"{line} and {SERVING_WORKSPACE // mib} MiB of workspace need {need:.1f} MiB, more than the "
+            f"{free / mib:.1f} MiB free of {total / mib:.1f} MiB on {device}: {fit}"
+        )
+    return line + f" of the {free / mib:.1f} MiB free on {device}"

@@ -55,6 +55,53 @@ def get_device(device: str):
         return dev
 
 
+_bound = threading.local()  # .devices: the GPU devices whose context is current on this thread
+_contexts: dict = {}  # device name -> its driver's primary context, retained for the process's life
+
+
+def bind_thread(device: str) -> None:
+    """Make `device`'s GPU context current on the calling thread (once per thread; CPU devices need nothing).
+
+    IREE's CUDA driver makes its context (the device's primary context) current on the thread that created the
+    device only, so a call from another thread (a server's engine thread, a thread pool) fails with
+    CUDA_ERROR_INVALID_CONTEXT; rocmc's modules call this before each call, so they run on any thread."""
+    base, _, index = device.partition(":")
+    if base not in _DRIVER_LIBRARY:
+        return
+    seen = _bound.__dict__.setdefault("devices", set())
+    if device in seen:
+        return
+    ctx, lib = _context(f"{base}:{int(index) if index.isdigit() else 0}"), _driver(base)
+    rc = lib.cuCtxSetCurrent(ctx) if base == "cuda" else lib.hipCtxSetCurrent(ctx)
+    if rc != 0:
+        raise DeviceError(f"device {device!r}: its context could not be made current on this thread (error {rc})")
+    seen.add(device)
+
+
+def _driver(base: str) -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1" if base == "cuda" else "libamdhip64.so")
+
+
+def _context(device: str) -> ctypes.c_void_p:
+    """The primary context of `device` ('cuda:N' or 'hip:N'; the one IREE's drivers use), retained once."""
+    with _lock:
+        ctx = _contexts.get(device)
+        if ctx is not None:
+            return ctx
+        base, _, index = device.partition(":")
+        lib, dev, ctx = _driver(base), ctypes.c_int(), ctypes.c_void_p()
+        p = "cu" if base == "cuda" else "hip"
+        rc = (
+            getattr(lib, p + "Init")(0)
+            or getattr(lib, p + "DeviceGet")(ctypes.byref(dev), int(index))
+            or getattr(lib, p + "DevicePrimaryCtxRetain")(ctypes.byref(ctx), dev)
+        )
+        if rc != 0:
+            raise DeviceError(f"device {device!r}: its primary context could not be retained (error {rc})")
+        _contexts[device] = ctx
+        return ctx
+
+
 def _loadable(lib: str) -> bool:
     try:
         ctypes.CDLL(lib)
@@ -76,3 +123,48 @@ def upload(device, arr, dtype, element_type):
         buffer=raw,
         element_type=element_type,
     )
+
+
+def memory(device: str) -> tuple[int, int] | None:
+    """(free, total) bytes of `device`'s memory as its driver reports them now: for the CPU drivers the host's
+    available and total memory (/proc/meminfo), for cuda/hip the GPU's (cuMemGetInfo / hipMemGetInfo). None
+    where it can't be asked (no driver, another OS); never opens an IREE device."""
+    base, _, index = device.partition(":")
+    if base not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)} (optionally ':<index>')")
+    if base not in _DRIVER_LIBRARY:
+        try:
+            return _host_memory()
+        except OSError:
+            return None
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    try:
+        ctx = _context(f"{base}:{int(index) if index.isdigit() else 0}")
+        lib = _driver(base)
+    except (OSError, DeviceError):
+        return None
+    push, query, pop = (
+        (lib.cuCtxPushCurrent_v2, lib.cuMemGetInfo_v2, lib.cuCtxPopCurrent_v2)
+        if base == "cuda"
+        else (lib.hipCtxPushCurrent, lib.hipMemGetInfo, lib.hipCtxPopCurrent)
+    )
+    if push(ctx) != 0:
+        return None
+    try:
+        ok = query(ctypes.byref(free), ctypes.byref(total)) == 0
+    finally:
+        pop(ctypes.byref(ctypes.c_void_p()))
+    return (free.value, total.value) if ok else None
+
+
+def _host_memory() -> tuple[int, int] | None:
+    fields = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[name] = int(parts[0]) * 1024  # kB
+    if "MemAvailable" not in fields or "MemTotal" not in fields:
+        return None
+    return fields["MemAvailable"], fields["MemTotal"]

@@ -16,7 +16,7 @@ from ..errors import ArtifactError, DeviceError, InputError
 from ..dtypes import ALL as DTYPES, DType
 from ..progress import format_bytes, step
 from ..signature import bind
-from .devices import get_device, upload
+from .devices import bind_thread, get_device, upload
 
 
 class _Entry:
@@ -165,6 +165,7 @@ class Module:
             raise InputError(f"output={output!r}: expected 'numpy' or 'device'")
         if self._ctx is None:
             raise DeviceError("module was closed; load the artifact again to call it")
+        bind_thread(self.device_name)  # a GPU module may be called from any thread
         inputs, sizes = self._validate(entry, args, kwargs)
         fn = entry.fn_long if entry.long and _too_long(entry.long, sizes) else entry.fn
         with self._lock:

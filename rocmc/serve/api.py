@@ -36,10 +36,10 @@ class ApiError(Exception):
 
 @dataclass
 class Parsed:
-    """A checked request: the prompt's ids, settings for LanguageModel.generation_config, choices per prompt,
+    """A checked request: its prompts' ids, settings for LanguageModel.generation_config, choices per prompt,
     whether to stream, log-probabilities asked for, the stop strings (cut from the text)."""
 
-    ids: list
+    prompts: list  # each prompt's token ids (completions take several; chat one conversation)
     settings: dict
     n: int
     stream: bool
@@ -47,6 +47,11 @@ class Parsed:
     stops: tuple
     include_usage: bool = False
     top: int = 0  # the most likely alternatives to give with each token (completions' logprobs=N, chat's top_logprobs)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt tokens the request's usage counts: every prompt once for each of its choices."""
+        return sum(len(p) for p in self.prompts) * self.n
 
 
 def _number(body: dict, name: str, lo: float, hi: float, *, integer: bool = False, lo_open: bool = False):
@@ -72,6 +77,31 @@ def _stops(body: dict) -> tuple:
     return tuple(stops)
 
 
+MAX_PROMPTS = 256  # prompts one completions request may carry
+
+
+def _prompts(prompt, encode) -> list:
+    """A completions request's prompts as token-id lists: OpenAI's four forms (a string, a list of token ids,
+    a list of strings, a list of token-id lists)."""
+
+    def ids(p) -> bool:
+        return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+    if isinstance(prompt, str):
+        return [encode(prompt)]
+    if isinstance(prompt, list) and prompt and ids(prompt):
+        return [list(prompt)]
+    if isinstance(prompt, list) and 0 < len(prompt) <= MAX_PROMPTS:
+        if all(isinstance(p, str) for p in prompt):
+            return [encode(p) for p in prompt]
+        if all(ids(p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise ApiError(
+        f"'prompt' must be a string, a list of token ids, or a list of 1 to {MAX_PROMPTS} of either",
+        param="prompt",
+    )
+
+
 def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> Parsed:
     """Check a /v1/completions (`chat` False) or /v1/chat/completions body. encode(prompt or messages) -> ids."""
     if not isinstance(body, dict):
@@ -93,29 +123,22 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
         )
         if not ok:
             raise ApiError("'messages' must be a non-empty list of {'role': str, 'content': str}", param="messages")
-        ids = encode(msgs)
+        prompts = [encode(msgs)]
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = encode(prompt)
-        elif (
-            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            ids = list(prompt)
-        else:
-            raise ApiError("'prompt' must be a string or a list of token ids (one prompt a request)", param="prompt")
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise ApiError(f"prompt token {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
-    if not ids:
-        raise ApiError("the prompt is empty", param="prompt")
+        prompts = _prompts(body.get("prompt"), encode)
+    for i, ids in enumerate(prompts):
+        where = f"prompt {i}" if len(prompts) > 1 else "the prompt"
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(f"{where}: token {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+        if not ids:
+            raise ApiError(f"{where} is empty", param="prompt")
     limit_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, limit_name, 1, 1 << 31, integer=True)
-    if max_tokens is not None and len(ids) + max_tokens > context:
+    longest = max(len(p) for p in prompts)
+    if max_tokens is not None and longest + max_tokens > context:
         raise ApiError(
-            f"the prompt's {len(ids)} tokens and {limit_name}={max_tokens} exceed the model's context of "
+            f"the prompt's {longest} tokens and {limit_name}={max_tokens} exceed the model's context of "
             f"{context} tokens",
             param=limit_name,
         )
@@ -137,6 +160,9 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
     else:
         top = _number(body, "logprobs", 0, 5, integer=True)
         want_logprobs, top = top is not None, top or 0
+    ignore_eos = body.get("ignore_eos", False)  # vLLM's extension: generate max_tokens whatever comes
+    if not isinstance(ignore_eos, bool):
+        raise ApiError(f"'ignore_eos' is {ignore_eos!r}: expected true or false", param="ignore_eos")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(f"'stream' is {stream!r}: expected true or false", param="stream")
@@ -156,9 +182,11 @@ def parse(body, *, chat: bool, model: str, encode, vocab: int, context: int) -> 
         "presence_penalty": presence,
         "frequency_penalty": frequency,
     }
+    if ignore_eos:
+        settings["stop_tokens"] = ()
     if n > 1 and settings["do_sample"] is False:
         raise ApiError("'n' > 1 needs sampling (temperature > 0): greedy choices would all be the same", param="n")
-    return Parsed(ids, settings, n, stream, want_logprobs, stops, bool(options.get("include_usage")), top)
+    return Parsed(prompts, settings, n, stream, want_logprobs, stops, bool(options.get("include_usage")), top)
 
 
 class StopText:

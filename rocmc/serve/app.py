@@ -48,10 +48,23 @@ class Metrics:
         self.requests: dict = {}  # (endpoint, status) -> count
         self.prompt_tokens = self.generation_tokens = 0
         self.ttft, self.itl = Histogram(), Histogram()
+        # Engine steps by what they ran: "decode" (no prefill: between admissions), "decode+prefill", "prefill";
+        # each kind's count, seconds and decoding rows (rows / seconds of "decode": the decode throughput).
+        self.steps = {kind: [0, 0.0, 0] for kind in ("decode", "decode+prefill", "prefill")}
 
     def request(self, endpoint: str, status: int) -> None:
         with self.lock:
             self.requests[endpoint, status] = self.requests.get((endpoint, status), 0) + 1
+
+    def step(self, engine: Engine, seconds: float) -> None:
+        """Count the engine's last step (the worker's on_step hook, on the engine's thread)."""
+        rows, prefills = engine.last_rows, engine.last_prefills
+        if not rows and not prefills:
+            return
+        kind = "prefill" if not rows else "decode+prefill" if prefills else "decode"
+        with self.lock:
+            entry = self.steps[kind]
+            entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + seconds, entry[2] + rows
 
     def text(self, engine: Engine) -> str:
         with self.lock:
@@ -64,6 +77,9 @@ class Metrics:
             ]
             lines += ["# TYPE rocmc_running_requests gauge", f"rocmc_running_requests {len(engine.running)}"]
             lines += ["# TYPE rocmc_waiting_requests gauge", f"rocmc_waiting_requests {len(engine.waiting)}"]
+            for name, i in (("steps", 0), ("step_seconds", 1), ("step_rows", 2)):
+                lines += [f"# TYPE rocmc_{name}_total counter"]
+                lines += [f'rocmc_{name}_total{{kind="{k}"}} {v[i]}' for k, v in self.steps.items()]
             lines += ["# TYPE rocmc_time_to_first_token_seconds histogram"]
             lines += self.ttft.lines("rocmc_time_to_first_token_seconds")
             lines += ["# TYPE rocmc_inter_token_latency_seconds histogram"]
@@ -85,6 +101,12 @@ class _Pieces:
         return self._dec.flush()
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes its connection (the ASGI server's http.disconnect; the body is read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _error(e: api.ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
@@ -92,13 +114,14 @@ def _error(e: api.ApiError) -> JSONResponse:
 class Server:
     """The application's state: the model, its engine's thread, the metrics."""
 
-    def __init__(self, lm, model_name: str, *, api_key: str | None = None, max_waiting: int = 256):
+    def __init__(self, lm, model_name: str, *, api_key: str | None = None, max_waiting: int = 256, prefill_chunk=None):
         if lm.tokenizer is None:
             raise InputError(f"checkpoint {str(lm.checkpoint)!r} has no tokenizer.json: the server speaks text")
         self.lm, self.model, self.api_key = lm, model_name, api_key
-        self.engine = Engine(lm, max_waiting=max_waiting)
+        self.engine = Engine(lm, max_waiting=max_waiting, prefill_chunk=prefill_chunk)
         self.worker = Worker(self.engine)
         self.metrics = Metrics()
+        self.worker.on_step = lambda events, seconds: self.metrics.step(self.engine, seconds)
         self.created = int(time.time())
 
     # ---- helpers ---------------------------------------------------------------------------------------
@@ -124,9 +147,9 @@ class Server:
 
         return encode
 
-    async def _submit(self, parsed: api.Parsed, index: int):
-        """Queue choice `index`; returns (engine Request, asyncio queue of its events)."""
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    async def _submit(self, parsed: api.Parsed, ids: list, index: int):
+        """Queue choice `index` (of prompt `ids`); returns (engine Request, asyncio queue of its events)."""
+        events: asyncio.Queue = asyncio.Queue()
         settings = dict(parsed.settings)
         if settings["seed"] is not None:
             settings["seed"] += index  # n choices with one seed: each its own draws
@@ -136,9 +159,7 @@ class Server:
             cfg = self.lm.generation_config(**settings)
         except InputError as e:
             raise api.ApiError(str(e)) from None
-        fut = self.worker.submit(
-            parsed.ids, cfg, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), top_logprobs=parsed.top
-        )
+        fut = self.worker.submit(ids, cfg, events.put_nowait, top_logprobs=parsed.top)  # called on this loop
         try:
             req = await asyncio.wrap_future(fut)
         except QueueFull as e:
@@ -148,10 +169,12 @@ class Server:
         return req, events
 
     async def _choices(self, parsed: api.Parsed):
+        """Each prompt's n choices, queued in the answer's order (choice p * n + j is prompt p's j-th)."""
         subs = []
         try:
-            for i in range(parsed.n):
-                subs.append(await self._submit(parsed, i))
+            for ids in parsed.prompts:
+                for _ in range(parsed.n):
+                    subs.append(await self._submit(parsed, ids, len(subs)))
         except api.ApiError:
             for req, _ in subs:
                 self.worker.cancel(req)
@@ -204,12 +227,12 @@ class Server:
             return _error(e)
         self.metrics.request(endpoint, 200)
         with self.metrics.lock:
-            self.metrics.prompt_tokens += len(parsed.ids) * parsed.n
+            self.metrics.prompt_tokens += parsed.prompt_tokens
         rid, created = api.new_id(chat), int(time.time())
         if parsed.stream:
             gen = self._stream(subs, parsed, chat, rid, created, started)
             return StreamingResponse(gen, media_type="text/event-stream")
-        return await self._whole(subs, parsed, chat, rid, created, started)
+        return await self._whole(request, subs, parsed, chat, rid, created, started)
 
     async def _events(self, req, events: asyncio.Queue, started: float):
         """A choice's events until it ends, timing them for the metrics."""
@@ -259,10 +282,13 @@ class Server:
         async for ev in self._events(req, events, started):
             merged.put_nowait((i, ev))
 
-    async def _whole(self, subs, parsed, chat, rid, created, started: float) -> Response:
+    async def _whole(self, request: Request, subs, parsed, chat, rid, created, started: float) -> Response:
+        """The whole answer once every choice has ended; a client that disconnects before cancels its choices
+        (their slots freed at the next step)."""
         states = [self._text(parsed) for _ in subs]
         finish, tops = [None] * len(subs), [[] for _ in subs]
-        try:
+
+        async def collect():
             async with contextlib.aclosing(self._merged(subs, started)) as events:
                 async for i, ev in events:
                     dec, stop = states[i]
@@ -270,10 +296,19 @@ class Server:
                         stop.push(dec.push(ev.token))
                         tops[i].append(self._alternatives(ev))
                     finish[i] = ev.finish_reason or finish[i]
-        except asyncio.CancelledError:
-            for req, _ in subs:
-                self.worker.cancel(req)
-            raise
+
+        work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():  # the client left (or the server stops): nobody reads the answer
+                work.cancel()
+                for req, _ in subs:
+                    self.worker.cancel(req)
+            gone.cancel()
+        if not work.done() or work.cancelled():
+            return Response(status_code=499)  # the client's connection is closed: this goes nowhere
+        work.result()
         if "error" in finish:
             return _error(api.ApiError("the engine failed while generating", 500))
         choices, completion = [], 0
@@ -285,7 +320,7 @@ class Server:
             lps = list(req.logprobs) if parsed.logprobs else None
             choices.append(api.choice(i, chat, stop.final, finish[i], lps, toks, chunk=False, tops=tops[i]))
         out = api.envelope(rid, chat, self.model, False, created)
-        out.update(choices=choices, usage=api.usage(len(parsed.ids) * parsed.n, completion))
+        out.update(choices=choices, usage=api.usage(parsed.prompt_tokens, completion))
         return JSONResponse(out)
 
     async def _stream(self, subs, parsed, chat, rid, created, started: float):
@@ -317,7 +352,7 @@ class Server:
                         yield event([choice])
                         first[i] = False
             if parsed.include_usage:
-                yield event([], usage=api.usage(len(parsed.ids) * parsed.n, completion))
+                yield event([], usage=api.usage(parsed.prompt_tokens, completion))
             yield "data: [DONE]\n\n"
         finally:
             for req, _ in subs:
@@ -335,6 +370,7 @@ class Server:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
+        self.worker.post = asyncio.get_running_loop().call_soon_threadsafe  # the sinks are this loop's queues
         self.worker.start()
         try:
             yield

@@ -1,6 +1,7 @@
 """The engine's thread: it owns a rocmc.llm.engine.Engine, takes requests and cancellations from other threads,
 steps the engine while anything runs or waits, and hands each request's events to the request's sink (a
-callable the HTTP layer gives: it moves them onto its event loop)."""
+callable the HTTP layer gives). With `post` (the event loop's call_soon_threadsafe) a step's events reach their
+sinks in one call on the loop's thread: one wake-up of the loop a step, not one a token."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ LOG = "rocmc.serve"
 class Worker:
     """Runs `engine` on a thread of its own (start / stop). submit() and cancel() may be called from any thread."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, post: Callable | None = None):
         self.engine = engine
+        self.post = post  # post(fn, arg) runs fn(arg) where the sinks live; None: on the engine's thread
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[int, Callable[[Event], None]] = {}
         self._stop = threading.Event()
@@ -68,7 +70,7 @@ class Worker:
                     self._sinks[req.id] = sink
                     fut.set_result(req)
                     if req.done:  # nothing to generate (a zero token limit)
-                        sink(Event(req, None, None, req.finish_reason))
+                        self._deliver([(sink, Event(req, None, None, req.finish_reason))])
                         self._sinks.pop(req.id, None)
             else:
                 self.engine.cancel(item[1])
@@ -87,15 +89,32 @@ class Worker:
                 events = self.engine.step()
                 if self.on_step is not None:
                     self.on_step(events, time.perf_counter() - t)
+                calls = []
                 for ev in events:
                     sink = self._sinks.get(ev.request.id)
                     if sink is not None:
-                        sink(ev)
+                        calls.append((sink, ev))
                     if ev.finish_reason is not None:
                         self._sinks.pop(ev.request.id, None)
+                self._deliver(calls)
         except BaseException as e:  # noqa: BLE001 - reported to every waiting request, then to /health
             self.error = e
             logging.getLogger(LOG).exception("the engine stopped")
-            for req_id, sink in list(self._sinks.items()):
-                sink(Event(Request([], None, req_id), None, None, "error"))
+            self._deliver(
+                [(sink, Event(Request([], None, rid), None, None, "error")) for rid, sink in self._sinks.items()]
+            )
             self._sinks.clear()
+
+    def _deliver(self, calls: list) -> None:
+        """Hand [(sink, event)] to their sinks (through `post` when given: one call for all)."""
+        if not calls:
+            return
+        if self.post is None:
+            _call_each(calls)
+        else:
+            self.post(_call_each, calls)
+
+
+def _call_each(calls: list) -> None:
+    for sink, ev in calls:
+        sink(ev)

@@ -83,3 +83,42 @@ def test_rows_at_their_own_positions(gpu_step, family):
     for k in (1, 7, n_new - 1):
         full = lm.logits(prompts[1] + toks[:k])[0, -1]
         assert rel_l2(logits[k], full) < 2e-2
+
+
+@pytest.mark.gpu
+def test_the_engine_runs_on_a_thread_of_its_own(gpu_step):
+    """rocmc serve loads the model on the main thread and steps its engine on another: IREE's CUDA driver makes
+    its context current on the thread that created the device only (before rocmc.runtime.devices.bind_thread, a
+    7B engine step there failed with CUDA_ERROR_INVALID_CONTEXT). Three requests on the engine's thread give the
+    greedy tokens each gives alone on the main thread."""
+    import threading
+
+    from rocmc.llm.engine import Engine
+
+    d = _dir(gpu_step, "llama3")
+    if isinstance(gpu_step, Compiler):
+        pytest.skip("the module is test_rows_at_their_own_positions[llama3]'s")
+    lm = rocmc.llm.load(d / "m.vmfb", d / "ckpt", device="cuda")
+    rng = np.random.default_rng(8)
+    prompts = [[int(t) for t in rng.integers(3, lm.config.vocab_size, n)] for n in (7, 30, 12)]
+    engine, got, errors = Engine(lm, prefill_chunk=8), {}, []
+    reqs = [engine.submit(p, max_new_tokens=10, stop_tokens=()) for p in prompts]
+
+    def run():
+        try:
+            for ev in engine.run():
+                if ev.token is not None:
+                    got.setdefault(ev.request.id, []).append(ev.token)
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(120)
+    assert not errors and not thread.is_alive(), errors
+    for req, p in zip(reqs, prompts):
+        want, logits = greedy_alone(lm, p, 10)
+        for t, w, lg in zip(got[req.id], want, logits):
+            if np.diff(np.sort(lg)[-2:])[0] < 0.05:
+                break  # a top-2 tie within f16 rounding: from here the tokens may part
+            assert t == w

@@ -96,3 +96,42 @@ def test_what_the_engine_refuses(lm):
     # a limit not given is capped at the cache
     r = Engine(lm).submit([5] * 60, stop_tokens=())
     assert r._tracker.max_new == 4
+
+
+def test_a_prefill_chunk_that_is_not_a_positive_int_is_refused(lm):
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(rocmc.InputError, match="prefill_chunk"):
+            Engine(lm, prefill_chunk=bad)
+
+
+def test_serving_memory_refuses_a_cache_that_does_not_fit(lm, monkeypatch):
+    """The KV cache and weights against the device's free memory: said when they fit; refused with the numbers
+    and what would fit when they do not; unchecked (and said so) where the driver can't tell."""
+    from rocmc.llm.runtime import SERVING_WORKSPACE, kv_cache_bytes, serving_memory
+    from rocmc.runtime import devices
+
+    cfg, sizes = lm.config, lm.sizes
+    cache = kv_cache_bytes(cfg, sizes.max_seq_len, sizes.max_batch, sizes.dtype)
+    weights = sum(int(np.prod(s)) for _, s in rocmc.llm.config.param_names(cfg)) * 4  # f32 on the CPU
+    line = serving_memory(cfg, sizes, "local-task")  # this machine's /proc/meminfo
+    assert f"{sizes.max_batch} slots x {sizes.max_seq_len} positions {cache / 2**20:.1f} MiB" in line
+    assert f"weights {weights / 2**20:.1f} MiB" in line and "MiB free on local-task" in line
+    # Room for the weights, the workspace and 1.5 slots' cache: 2 slots are refused, 1 slot would fit.
+    free = weights + SERVING_WORKSPACE + cache * 3 // 4
+    monkeypatch.setattr(devices, "memory", lambda device: (free, 2 * free))
+    with pytest.raises(rocmc.InputError, match=r"at most 1 slots of 64 positions fit \(--max-batch\), or 48 positions"):
+        serving_memory(cfg, sizes, "cuda:1")
+    monkeypatch.setattr(devices, "memory", lambda device: (weights, 2 * weights))
+    with pytest.raises(rocmc.InputError, match="on hip: the weights alone do not fit"):
+        serving_memory(cfg, sizes, "hip")
+    monkeypatch.setattr(devices, "memory", lambda device: None)
+    assert "does not report its free memory: not checked" in serving_memory(cfg, sizes, "cuda")
+
+
+def test_device_memory_is_the_host_s_for_the_cpu_drivers():
+    from rocmc.runtime.devices import memory
+
+    free, total = memory("local-task")
+    assert 0 < free <= total
+    with pytest.raises(rocmc.DeviceError, match="unknown device 'tpu'"):
+        memory("tpu")

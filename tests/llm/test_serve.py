@@ -170,27 +170,59 @@ def test_sampling_with_a_seed_repeats_and_n_choices_differ(client):
     assert lps and all(lp <= 0 for lp in lps)
 
 
-def test_a_disconnected_stream_frees_its_slot(served):
+def test_several_prompts_in_one_request(served, client, rng):
+    """OpenAI's list forms of `prompt`: choice p * n + j is prompt p's j-th, each prompt's greedy text its own."""
+    lm, _ = served
+    prompts = [[int(t) for t in rng.integers(4, 250, size=int(n))] for n in (3, 11, 6)]
+    want = [_decode(lm, _alone(lm, p, 5)[0]) for p in prompts]
+    got = client.completions.create(model="tiny", prompt=prompts, max_tokens=5, temperature=0)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == want
+    assert got.usage.prompt_tokens == sum(len(p) for p in prompts)
+    texts = ["hello world", "the cat"]
+    enc = [lm.tokenizer.encode(t) for t in texts]
+    kw = dict(model="tiny", max_tokens=4, temperature=1.0, seed=3, n=2)
+    got = client.completions.create(prompt=texts, **kw)
+    assert len(got.choices) == 4 and got.usage.prompt_tokens == 2 * sum(len(e) for e in enc)
+    # Each choice as the same prompt's choice of the same index gives it alone (its seed: the request's + index).
+    alone = [client.completions.create(prompt=enc[i // 2], **{**kw, "seed": 3 + i - i % 2}) for i in (0, 2)]
+    assert [c.text for c in got.choices] == [c.text for a in alone for c in a.choices]
+
+
+def _running(url) -> float:
+    metrics = httpx.get(url + "/metrics").text
+    return float(next(ln for ln in metrics.splitlines() if ln.startswith("rocmc_running_requests ")).split()[1])
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_frees_its_slot(served, stream):
+    """A client gone mid-answer (streamed: it closes the stream; whole: it stops waiting) ends its request at the
+    next step. Each decode step is slowed to 50 ms here, so the request's 55 tokens would hold the slot ~3 s."""
     lm, url = served
-    engine_gauge = re_gauge = None
-    with httpx.stream(
-        "POST",
-        url + "/v1/completions",
-        headers={"Authorization": f"Bearer {KEY}"},
-        json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 50, "temperature": 0, "stream": True},
-        timeout=60,
-    ) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                break  # the first token: close the connection
-    for _ in range(200):
-        metrics = httpx.get(url + "/metrics").text
-        re_gauge = next(ln for ln in metrics.splitlines() if ln.startswith("rocmc_running_requests "))
-        engine_gauge = float(re_gauge.split()[1])
-        if engine_gauge == 0:
-            break
+    real = lm.module.decode
+
+    def slow(**kw):
         time.sleep(0.05)
-    assert engine_gauge == 0, re_gauge
+        return real(**kw)
+
+    lm.module.decode = slow
+    try:
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 55, "temperature": 0, "stream": stream}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        if stream:
+            with httpx.stream("POST", url + "/v1/completions", headers=headers, json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        break  # the first token: close the connection
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url + "/v1/completions", headers=headers, json=body, timeout=0.5)
+        left = time.perf_counter()
+        while _running(url) != 0 and time.perf_counter() - left < 10:
+            time.sleep(0.02)
+        assert _running(url) == 0 and time.perf_counter() - left < 1.0
+    finally:
+        lm.module.decode = real
 
 
 @pytest.mark.parametrize(
@@ -210,8 +242,12 @@ def test_a_disconnected_stream_frees_its_slot(served):
         ({"model": "tiny", "prompt": "hi", "tools": [{"type": "function"}]}, 400, "'tools' is not supported"),
         ({"model": "tiny", "prompt": "hi", "logprobs": 6}, 400, "'logprobs' is 6: expected a value in [0, 5]"),
         ({"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, 400, "'presence_penalty' is 2.5: expected a"),
-        ({"model": "tiny", "prompt": [5, 9999]}, 400, "prompt token 9999 is outside the vocabulary"),
-        ({"model": "tiny", "prompt": {"a": 1}}, 400, "'prompt' must be a string or a list of token ids"),
+        ({"model": "tiny", "prompt": [5, 9999]}, 400, "the prompt: token 9999 is outside the vocabulary"),
+        ({"model": "tiny", "prompt": [[5], [6, 9999]]}, 400, "prompt 1: token 9999 is outside the vocabulary"),
+        ({"model": "tiny", "prompt": [[5, 6], []]}, 400, "prompt 1 is empty"),
+        ({"model": "tiny", "prompt": {"a": 1}}, 400, "'prompt' must be a string, a list of token ids, or a list"),
+        ({"model": "tiny", "prompt": ["a", [5]]}, 400, "'prompt' must be a string, a list of token ids, or a list"),
+        ({"model": "tiny", "prompt": "hi", "ignore_eos": 1}, 400, "'ignore_eos' is 1: expected true or false"),
         ({"model": "tiny", "prompt": "hi", "n": 2, "temperature": 0}, 400, "'n' > 1 needs sampling"),
     ],
 )
@@ -230,11 +266,17 @@ def test_malformed_json_a_missing_key_health_and_metrics(served):
     assert httpx.get(url + "/health").status_code == 200
     models = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
+    body = {"model": "tiny", "prompt": [5, 6], "max_tokens": 4, "temperature": 0}
+    assert httpx.post(url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body).status_code == 200
     text = httpx.get(url + "/metrics").text
     samples = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert all(len(ln.rsplit(" ", 1)) == 2 and np.isfinite(float(ln.rsplit(" ", 1)[1])) for ln in samples)
     names = {ln.split("{")[0].split(" ")[0] for ln in samples}
     assert {"rocmc_requests_total", "rocmc_time_to_first_token_seconds_bucket", "rocmc_waiting_requests"} <= names
+    # The request's decode steps (no prefill beside them: between admissions) counted, with their rows and time.
+    steps = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in samples if ln.startswith("rocmc_step")}
+    assert steps['rocmc_steps_total{kind="decode"}'] > 0 and steps['rocmc_step_seconds_total{kind="decode"}'] > 0
+    assert steps['rocmc_step_rows_total{kind="decode"}'] >= steps['rocmc_steps_total{kind="decode"}']
 
 
 def test_the_command_serves_and_stops_on_sigterm(served, tmp_path):
@@ -273,3 +315,27 @@ def test_the_command_serves_and_stops_on_sigterm(served, tmp_path):
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_the_command_refuses_a_cache_past_the_device_s_memory(served):
+    """Checked before anything compiles: the numbers, and how many slots would fit."""
+    import subprocess
+    import sys
+
+    lm, _ = served
+    cmd = [sys.executable, "-m", "rocmc.cli", "serve", str(lm.checkpoint), "--max-batch", str(1 << 40)]
+    proc = subprocess.run(cmd + ["--max-seq-len", "64"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"KV cache of {1 << 40} slots x 64 positions" in proc.stderr and "MiB free of" in proc.stderr
+    assert "slots of 64 positions fit (--max-batch)" in proc.stderr
+
+
+def test_ignore_eos_generates_past_the_stop_tokens():
+    """vLLM's `ignore_eos`: no stop token (a benchmark's fixed output lengths)."""
+    from rocmc.serve import api
+
+    def parse(**more):
+        body = {"model": "m", "prompt": [1, 2], **more}
+        return api.parse(body, chat=False, model="m", encode=None, vocab=10, context=32).settings
+
+    assert parse(ignore_eos=True)["stop_tokens"] == () and "stop_tokens" not in parse()
