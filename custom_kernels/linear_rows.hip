@@ -413,7 +413,6 @@ template <typename T, bool GATED, bool NORM>
 DEVICE void linear_vec_mb(const T* x, const T* w, const T* bias, const T* res, const T* norm, T* y,
                           const LinShape& s) {
   if (s.M <= 1) linear_vec<T, 1, GATED, NORM>(x, w, bias, res, norm, y, s);
-  else if (s.M <= 2) linear_vec<T, 2, GATED, NORM>(x, w, bias, res, norm, y, s);
   else linear_vec<T, VMAX_M, GATED, NORM>(x, w, bias, res, norm, y, s);  // the host admits M <= VMAX_M
 }
 
