@@ -207,6 +207,15 @@ def cmd_kernels(args) -> int:
     return 0
 
 
+def cmd_quantize(args) -> int:
+    """Write a GPTQ checkpoint of a float one (round-to-nearest; rocmc.llm.quantize)."""
+    from . import llm
+
+    out = llm.quantize(args.src, args.dst, bits=args.bits, group_size=args.group_size, sym=not args.asym)
+    print(f"wrote {out}: GPTQ {args.bits}-bit, group size {args.group_size}")
+    return 0
+
+
 def cmd_targets(args) -> int:
     from .lowering.target import known_targets
 
@@ -580,6 +589,13 @@ def main(argv=None) -> int:
     sv.add_argument("--model-name", help="the model's name in the API (default: the checkpoint directory's name)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     sv.set_defaults(fn=cmd_serve)
+    qz = sub.add_parser("quantize", help="write a GPTQ int4/int8 checkpoint of a float Hugging Face checkpoint")
+    qz.add_argument("src", help="the float checkpoint directory (config.json, *.safetensors)")
+    qz.add_argument("dst", help="the directory to write (new or empty)")
+    qz.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    qz.add_argument("--group-size", type=int, default=128, help="input features a scale covers (-1: a whole row)")
+    qz.add_argument("--asym", action="store_true", help="a zero point per group (default: symmetric)")
+    qz.set_defaults(fn=cmd_quantize)
     la = sub.add_parser(
         "launch",
         help="run a command as N ranks of a tensor-parallel run, one process per GPU "

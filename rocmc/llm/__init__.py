@@ -4,11 +4,13 @@
 builder needs (parameter names, RoPE tables, KV-cache sizes); `rocmc.llm.tokenizer` encodes and
 decodes text with the checkpoint's tokenizer.json; `rocmc.llm.generation` holds the generation settings
 (with the checkpoint's generation_config.json defaults), the host-side logits processors and the stop
-conditions; `rocmc.llm.chat` renders the checkpoint's chat template. None imports torch or transformers:
-a checkpoint runs from its safetensors files alone.
+conditions; `rocmc.llm.chat` renders the checkpoint's chat template; `rocmc.llm.quant` reads GPTQ and AWQ
+checkpoints and writes GPTQ ones (`quantize`). None imports torch or transformers: a checkpoint runs from its
+safetensors files alone.
 """
 
 from .generation import GenerationConfig, GenerationResult  # noqa: E402
+from .quant import quantize  # noqa: E402
 from .runtime import LanguageModel, check_checkpoint, compile_hf, load, load_hf, serving_memory  # noqa: E402
 
 __all__ = [
@@ -19,5 +21,6 @@ __all__ = [
     "compile_hf",
     "load",
     "load_hf",
+    "quantize",
     "serving_memory",
 ]

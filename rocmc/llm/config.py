@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ModelImportError, RocmcError
 from ..dtypes import dtype as _rocmc_dtype
+from . import quant as _quant
 
 # The KV cache `default_max_seq_len` sizes for: 4 GiB holds, e.g., a batch of one at 8192 positions of
 # Llama-3-8B in f16 (128 KiB a position), and leaves the rest of a 16 GiB+ GPU for weights and activations.
@@ -153,7 +154,6 @@ _FAMILIES: dict[str, _Family] = {
 
 # Features of related architectures that change the model when set (to anything but null or false).
 _FOREIGN_FEATURES = (
-    "quantization_config",
     "attn_logit_softcapping",
     "final_logit_softcapping",
     "use_qk_norm",
@@ -199,6 +199,7 @@ class LlmConfig:
     eos_token_ids: tuple[int, ...]  # generation stops at any of these
     pad_token_id: int | None
     dtype: str  # the checkpoint's dtype: "float32", "float16" or "bfloat16"
+    quant: Any = None  # a rocmc.llm.quant.QuantConfig: the decoder's linear layers stored quantized (GPTQ, AWQ)
 
     @property
     def q_dim(self) -> int:
@@ -355,6 +356,7 @@ def _parse(raw: dict, source: str) -> LlmConfig:
         eos_token_ids=eos,
         pad_token_id=r.int("pad_token_id", minimum=0, optional=True),
         dtype=_checkpoint_dtype(r),
+        quant=None if r.raw.get("quantization_config") is None else _quant.parse(r.raw["quantization_config"], source),
     )
 
 
@@ -581,22 +583,55 @@ def param_names(cfg: LlmConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _layer_params(cfg: LlmConfig, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    linears = [  # (name, out, in, has bias)
-        ("self_attn.q_proj", cfg.q_dim, h, cfg.attention_bias),
-        ("self_attn.k_proj", cfg.kv_dim, h, cfg.attention_bias),
-        ("self_attn.v_proj", cfg.kv_dim, h, cfg.attention_bias),
-        ("self_attn.o_proj", h, cfg.q_dim, cfg.o_proj_bias),
-        ("mlp.gate_proj", inter, h, cfg.mlp_bias),
-        ("mlp.up_proj", inter, h, cfg.mlp_bias),
-        ("mlp.down_proj", h, inter, cfg.mlp_bias),
-    ]
+    h = cfg.hidden_size
     names = [(prefix + "input_layernorm.weight", (h,)), (prefix + "post_attention_layernorm.weight", (h,))]
-    for name, out, inp, bias in linears:
-        names.append((f"{prefix}{name}.weight", (out, inp)))
-        if bias:
-            names.append((f"{prefix}{name}.bias", (out,)))
+    for module, out, inp in linear_layers(cfg, prefix):
+        if quantized(cfg, module):
+            names += [(n, shape) for n, shape, _ in _quant.checkpoint_tensors(cfg.quant, module, out, inp, "")]
+        else:
+            names.append((f"{module}.weight", (out, inp)))
+        if has_bias(cfg, module):
+            names.append((f"{module}.bias", (out,)))
     return names
+
+
+def has_bias(cfg: LlmConfig, module: str) -> bool:
+    """Whether a decoder linear layer carries a bias (by the config's switches)."""
+    kind = module.rsplit(".", 1)[-1]
+    return {"q_proj": cfg.attention_bias, "k_proj": cfg.attention_bias, "v_proj": cfg.attention_bias,
+            "o_proj": cfg.o_proj_bias}.get(kind, cfg.mlp_bias)  # fmt: skip
+
+
+def quantized(cfg: LlmConfig, module: str) -> bool:
+    """Whether the checkpoint stores linear layer `module` quantized (cfg.quant)."""
+    return cfg.quant is not None and cfg.quant.quantized(module)
+
+
+def param_dtypes(cfg: LlmConfig) -> dict:
+    """{tensor name: rocmc dtype} of the checkpoint tensors not in its float dtype (a quantized layer's packed
+    integers); every other tensor of param_names has the checkpoint's dtype."""
+    if cfg.quant is None:
+        return {}
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        for name, n, k in linear_layers(cfg, f"model.layers.{i}."):
+            if quantized(cfg, name):
+                out.update({t: d for t, _, d in _quant.checkpoint_tensors(cfg.quant, name, n, k, "") if d})
+    return out
+
+
+def linear_layers(cfg: LlmConfig, prefix: str) -> list:
+    """[(module, out_features, in_features)] of a decoder layer's linear layers."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    return [
+        (prefix + "self_attn.q_proj", cfg.q_dim, h),
+        (prefix + "self_attn.k_proj", cfg.kv_dim, h),
+        (prefix + "self_attn.v_proj", cfg.kv_dim, h),
+        (prefix + "self_attn.o_proj", h, cfg.q_dim),
+        (prefix + "mlp.gate_proj", inter, h),
+        (prefix + "mlp.up_proj", inter, h),
+        (prefix + "mlp.down_proj", h, inter),
+    ]
 
 
 # ---- KV cache --------------------------------------------------------------------------------------

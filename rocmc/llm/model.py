@@ -129,6 +129,7 @@ class _Weights:
         self.shapes = {k: s.local(self.n) for k, s in plan.shards.items()}
         self.values: dict = {}
         self.positions = positions  # the most tokens per row a call takes
+        self.quant = cfg.quant
 
     def most(self, x: Value) -> int:
         """The most elements of an activation (b, t, k) of a call: what a collective is padded to on a GPU
@@ -138,8 +139,23 @@ class _Weights:
 
     def __call__(self, name: str) -> Value:
         if name not in self.values:  # a tied embedding is read twice, as one parameter
-            self.values[name] = self.g.parameter(name, self.shapes[name], self.dtype)
+            dtype = self.plan.shards[name].dtype or self.dtype
+            self.values[name] = self.g.parameter(name, self.shapes[name], dtype)
         return self.values[name]
+
+    def product(self, x: Value, name: str, b: Value | None) -> Value:
+        """x @ W^T + b of projection `name`: linear over its weight, or quantized_linear over its packed weight
+        (a quantized checkpoint's; the act-order permutation of x where it has one)."""
+        if name + ".weight_q" not in self.shapes:
+            return ops.linear(x, self(name + ".weight"), b)
+        perm = self(name + ".perm") if name + ".perm" in self.shapes else None
+        bits = self.quant.bits
+        return ops.quantized_linear(
+            x, self(name + ".weight_q"), self(name + ".scales"), self(name + ".zeros"), b, perm, bits=bits
+        )
+
+    def quantized(self, name: str) -> bool:
+        return name + ".weight_q" in self.shapes
 
 
 def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
@@ -259,6 +275,13 @@ class _Normed:
     def project(self, cfg: LlmConfig, w: "_Weights", name: str, bias: bool, gate: str = "none") -> Value:
         b = w(name + ".bias") if bias else None
         weight = _norm_weight(cfg, self.weight)
+        if w.quantized(name):  # the norm, the product of the packed weight, then the gate as elementwise ops
+            y = w.product(ops.rms_norm(self.h, weight, eps=cfg.rms_norm_eps), name, b)
+            if gate == "none":
+                return y
+            n = y.shape[-1] // 2
+            g, up = ops.narrow(y, -1, 0, n), ops.narrow(y, -1, n, n)
+            return (ops.silu(g) if gate == "silu" else ops.gelu(g, approximate="tanh")) * up
         if self.fused:
             return ops.rms_norm_linear(self.h, weight, w(name + ".weight"), b, eps=cfg.rms_norm_eps, gate=gate)
         x = ops.rms_norm(self.h, weight, eps=cfg.rms_norm_eps)
@@ -272,6 +295,9 @@ def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False, res
     split along its input features) gives each rank a partial sum: the ranks' partials are added (all_reduce)
     before the bias, which is added once, and the residual."""
     b = w(name + ".bias") if bias else None
+    if w.quantized(name):
+        y = w.product(x, name, b)
+        return y if residual is None else residual + y
     if row and w.n > 1:
         y = ops.linear(x, w(name + ".weight"))
         y = ops.all_reduce(y, w.n, max_size=w.most(y))

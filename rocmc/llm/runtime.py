@@ -21,7 +21,7 @@ from ..dtypes import f32, i64
 from ..lowering import compile as _compile
 from ..runtime.module import host_copy, load as _load
 from . import chat, generation, sharding
-from .config import LlmConfig, default_max_seq_len, kv_cache_bytes, load_config, param_names
+from .config import LlmConfig, default_max_seq_len, kv_cache_bytes, load_config, param_dtypes, param_names
 from .generation import GenerationConfig, GenerationResult, HostSampler, StopTracker
 from .model import CACHE, FUNCTIONS, Shape, build, cache_shape
 
@@ -156,7 +156,7 @@ class LanguageModel:
             self.group, params = _rank_setup(artifact, source, self.plan, parameters)
             self.rank = self.group.rank
         else:
-            params = self.plan.parameters(checkpoint if parameters is None else parameters)
+            params = self.plan.parameters(checkpoint if parameters is None else parameters, quant=self.config.quant)
         self.module = _load(artifact, device, parameters=params)
         self.checkpoint = checkpoint
         self.tokenizer = _tokenizer(checkpoint)
@@ -170,6 +170,12 @@ class LanguageModel:
             f"{self.config.family} model, {self.sizes.max_batch} x {self.sizes.max_seq_len} positions of KV "
             f"cache, checkpoint tensors " + (f"converted at load ({len(notes)}):" if notes else "used as stored")
         )
+        if self.config.quant is not None:
+            packed = sum(s.name.endswith(".weight_q") for s in self.plan.shards.values())
+            head += (
+                f"\n  quantized: {self.config.quant.describe()}; {packed} projections converted at load to "
+                "quantized_linear's packed layout (their integers stay packed on the device)"
+            )
         joined = sum(len(s.sources) > 1 for s in self.plan.shards.values() if s.name.endswith(".weight"))
         if joined:
             head += (
@@ -577,7 +583,8 @@ def check_checkpoint(directory, *, tokenizer: bool = False, chat_template: bool 
 
     params = Parameters.open(directory)
     dtype = _CHECKPOINT_DTYPES[cfg.dtype]
-    params.check([(name, shape, dtype) for name, shape in param_names(cfg)])
+    dtypes = param_dtypes(cfg)
+    params.check([(name, shape, dtypes.get(name, dtype)) for name, shape in param_names(cfg)])
     if tokenizer or chat_template:
         if not (directory / "tokenizer.json").is_file():
             raise InputError(
@@ -737,6 +744,17 @@ def _tokenizer(directory: Path):
     return Tokenizer.from_dir(directory)
 
 
+def weight_bytes(cfg: LlmConfig, dtype: str) -> int:
+    """Device bytes of the model's weights with `dtype` the compute dtype (a quantized projection: its packed
+    weight, scales, zeros and act-order permutation, as quantized_linear holds them)."""
+    from ..dtypes import dtype as rocmc_dtype
+
+    total = 0
+    for shard in sharding.plan(cfg, 1).shards.values():
+        total += int(np.prod(shard.shape)) * rocmc_dtype(shard.dtype or dtype).bits // 8
+    return total
+
+
 # Device memory a server keeps free beyond the weights and the KV cache: a step's activations and IREE's pools.
 SERVING_WORKSPACE = 512 << 20
 
@@ -747,13 +765,11 @@ def serving_memory(cfg: LlmConfig, sizes: Shape, device: str, degree: int = 1) -
     checked against the memory the device has free now (rocmc.runtime.devices.memory; unchecked where its driver
     can't say). Returns a line saying so; InputError with the numbers, and the slots or positions that would
     fit, when they do not fit."""
-    from ..dtypes import dtype as rocmc_dtype
     from ..runtime.devices import memory
 
     mib = 1 << 20
     cache = kv_cache_bytes(cfg, sizes.max_seq_len, sizes.max_batch, sizes.dtype) // degree
-    count = sum(int(np.prod(shape)) for _, shape in param_names(cfg))
-    weights = count * (rocmc_dtype(sizes.dtype).bits // 8) // degree
+    weights = weight_bytes(cfg, sizes.dtype) // degree
     line = (
         f"KV cache of {sizes.max_batch} slots x {sizes.max_seq_len} positions {cache / mib:.1f} MiB, "
         f"weights {weights / mib:.1f} MiB"

@@ -56,6 +56,7 @@ class Shard:
     shape: tuple
     axis: int | None
     role: str
+    dtype: str | None = None  # None: the compute dtype (a quantized projection's packed weight: u8; perm: i64)
 
     def local(self, degree: int) -> tuple:
         if self.axis is None:
@@ -75,16 +76,20 @@ class Plan:
         """{graph parameter: (checkpoint tensors, axis)}, what Parameters.shard reads a rank's tensors by."""
         return {n: (s.sources, s.axis) for n, s in self.shards.items()}
 
-    def parameters(self, checkpoint, rank: int = 0):
+    def parameters(self, checkpoint, rank: int = 0, quant=None):
         """Rank `rank`'s graph parameters from the checkpoint's tensors (a rocmc.parameters.Parameters, or
-        what Parameters.open takes): its slices, and the joined projections joined. A source that already
+        what Parameters.open takes): its slices, and the joined projections joined; with `quant` (the config's
+        QuantConfig), quantized projections converted to quantized_linear's layout. A source that already
         holds every graph parameter under its own name (a rank's tensors made elsewhere) is served as it is."""
         from ..parameters import Parameters
 
         source = Parameters.open(checkpoint)
         if all(n in source for n in self.shards):
             return source
-        return source.shard(self.sources(), rank, self.degree)
+        plain = {n: (s.sources, s.axis) for n, s in self.shards.items() if s.role != QUANTIZED}
+        served = source.shard(plain, rank, self.degree)
+        converted = _converted(self, source, quant) if quant is not None else {}
+        return Parameters.open([served, converted]) if converted else served
 
     def describe(self) -> list[str]:
         """Summary lines: how many tensors each role splits, and where the ranks combine."""
@@ -97,6 +102,7 @@ class Plan:
         ]
 
 
+QUANTIZED = "quantized (converted at load to quantized_linear's layout)"
 ROLES = (
     "column-split (axis 0): q/k/v, gate/up (joined)",
     "row-split (axis 1) then all_reduce: o/down",
@@ -129,7 +135,16 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
             f"tensor_parallel={degree} does not divide the model's {k} ({v}): every rank holds "
             f"whole heads and equal slices; this model splits over {', '.join(map(str, ok))} GPUs"
         )
+    if cfg.quant is not None and degree > 1:
+        raise InputError(
+            f"tensor_parallel={degree}: a quantized checkpoint ({cfg.quant.describe()}) runs on one GPU for now"
+        )
     shapes = dict(param_names(cfg))
+    quantized = _quantized_shards(cfg)
+    for shard in quantized.values():
+        for module in shard.sources:
+            for n in [n for n in shapes if n.startswith(module + ".") and not n.endswith(".bias")]:
+                del shapes[n]  # read by the conversion, not served as they are
     parts = {
         f"{p}{m}.{kind}": f"{p}{joined}.{kind}"
         for p in layer_prefixes(cfg)
@@ -148,7 +163,51 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
         shards[name] = _shard(name, tuple(sources), shape)
     if cfg.tie_word_embeddings:
         shards[LM_HEAD] = Shard(LM_HEAD, (EMBED,), (cfg.vocab_size, cfg.hidden_size), 0, ROLES[4])
+    shards.update(quantized)
     return Plan(degree, shards)
+
+
+def _quantized_shards(cfg: LlmConfig) -> dict:
+    """The graph parameters of the quantized projections (their sources: the checkpoint modules converted)."""
+    from . import quant
+    from .config import linear_layers, quantized
+
+    out = {}
+    for p in layer_prefixes(cfg):
+        layers = {m: (n, k) for m, n, k in linear_layers(cfg, p)}
+        groups = [(p + j, tuple(p + m for m in members)) for j, members in JOINED.items()]
+        groups += [(p + m, (p + m,)) for m in ("self_attn.o_proj", "mlp.down_proj")]
+        for name, modules in groups:
+            flags = {quantized(cfg, m) for m in modules}
+            if flags == {False}:
+                continue
+            if len(flags) > 1:
+                raise InputError(f"{', '.join(modules)}: some are quantized and some not; they must be alike")
+            k = layers[modules[0]][1]
+            for m in modules:
+                quant.check_sizes(cfg.quant, m, layers[m][0], k)
+            n = sum(layers[m][0] for m in modules)
+            for t, shape, dtype in quant.graph_tensors(cfg.quant, name, n, k, None):
+                out[t] = Shard(t, modules, shape, None, QUANTIZED, dtype)
+    return out
+
+
+def _converted(plan: Plan, source, q) -> dict:
+    """{graph parameter: array} of every quantized projection, converted from the checkpoint's tensors."""
+    from . import quant
+
+    out: dict = {}
+    done = set()
+    for shard in plan.shards.values():
+        if shard.role != QUANTIZED or shard.sources in done:
+            continue
+        done.add(shard.sources)
+        name = shard.name.rsplit(".", 1)[0]
+        kinds = ("qweight", "qzeros", "scales") + (("g_idx",) if q.method == "gptq" else ())
+        tensors = [(m, {kind: source.array(f"{m}.{kind}") for kind in kinds}) for m in shard.sources]
+        k = plan.shards[f"{name}.weight_q"].shape[1] * 8 // q.bits
+        out.update(quant.convert(q, tensors, name, k, tensors[0][1]["scales"].dtype))
+    return out
 
 
 def layer_prefixes(cfg: LlmConfig) -> list[str]:

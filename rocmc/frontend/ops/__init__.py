@@ -19,6 +19,7 @@ FAMILIES = (
     "index",
     "linalg",
     "norm",
+    "quant",
     "random",
     "reduce",
     "resize",

@@ -22,6 +22,7 @@ MODULES = (
     "index",
     "linalg",
     "norm",
+    "quant",
     "random",
     "reduce",
     "resize",

@@ -1,0 +1,118 @@
+"""Quantized weights: a linear layer whose weight is stored as 4- or 8-bit integers with a scale and a zero point
+per group of input features (the weight-only quantization of GPTQ and AWQ checkpoints, in one layout of rocmc's
+own; rocmc.llm.quant converts theirs at load).
+
+quantized_linear(x, weight, scales, zeros, bias, perm, bits) computes
+
+    y = x[..., perm] @ W^T + bias,   W[n, k] = (q[n, k] - zeros[n, k // gs]) * scales[n, k // gs]
+
+where q[n, k] is the unsigned `bits`-bit integer k of row n of `weight` (uint8 (N, K * bits / 8): 8-bit values a
+byte each, 4-bit values two a byte, k even in the low nibble), scales and zeros are (N, G) floats and
+gs = K / G the group size (G = 1: one group a row). `perm` (optional, int (K,)) orders x's features first, which
+turns GPTQ's act-order (`desc_act`, whose groups are scattered over the input features by `g_idx`) into
+contiguous groups of a permuted weight. The weight is what streams from memory: a lowering dequantizes it
+on its way into the product, never to a tensor of its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...dtypes import u8
+from ...errors import GraphError
+from ..graph import TensorType
+from ..opdef import as_value, builder, defop, graph_of, reference, require_dtype
+
+__all__ = ["quantized_linear"]
+
+BITS = (4, 8)
+
+
+def unpack(weight: np.ndarray, bits: int) -> np.ndarray:
+    """q (N, K) of a packed (N, K * bits / 8) uint8 weight (see the module docstring)."""
+    w = np.asarray(weight, np.uint8)
+    if bits == 8:
+        return w.copy()
+    q = np.empty(w.shape[:-1] + (w.shape[-1] * 2,), np.uint8)
+    q[..., 0::2], q[..., 1::2] = w & 0xF, w >> 4
+    return q
+
+
+def pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """The packed uint8 weight of q (N, K) values in [0, 2**bits); unpack's inverse."""
+    q = np.asarray(q)
+    if q.size and (q.min() < 0 or q.max() >= 1 << bits):
+        raise GraphError(f"quantized values must lie in [0, {1 << bits}) for {bits} bits")
+    q = q.astype(np.uint8)
+    if bits == 8:
+        return np.ascontiguousarray(q)
+    if q.shape[-1] % 2:
+        raise GraphError(f"4-bit rows of {q.shape[-1]} values do not fill whole bytes: expected an even count")
+    return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4))
+
+
+def dequantize(weight, scales, zeros, bits: int) -> np.ndarray:
+    """W (N, K) in float64 of the packed weight and its (N, G) scales and zeros."""
+    q = unpack(weight, bits).astype(np.float64)
+    gs = q.shape[-1] // scales.shape[-1]
+    s = np.repeat(np.asarray(scales, np.float64), gs, axis=-1)
+    z = np.repeat(np.asarray(zeros, np.float64), gs, axis=-1)
+    return (q - z) * s
+
+
+@defop("quantized_linear", attrs=("bits",))
+def _quantized_linear_infer(node, types, attrs):
+    x, w, scales, zeros, bias, perm = types
+    desc, bits = node.describe(), attrs.get("bits")
+    if bits not in BITS:
+        raise GraphError(f"{desc}: attribute bits={bits!r}, expected 4 or 8")
+    require_dtype(desc, "x", x)
+    if x.rank < 1 or not isinstance(x.shape[-1], int):
+        raise GraphError(f"{desc}: 'x' is {x}, expected (..., in_features) with a static in_features")
+    k = x.shape[-1]
+    if w.dtype != u8 or w.rank != 2 or not all(isinstance(d, int) for d in w.shape):
+        raise GraphError(f"{desc}: 'weight' is {w}, expected a static u8 (out_features, in_features * bits / 8)")
+    n = w.shape[0]
+    if w.shape[1] * 8 != k * bits:
+        raise GraphError(
+            f"{desc}: 'weight' is {w}: {k} input features of {bits} bits pack into {k * bits / 8:g} bytes a row, "
+            f"not {w.shape[1]}"
+        )
+    require_dtype(desc, "scales", scales)
+    if scales.rank != 2 or scales.shape[0] != n or not isinstance(scales.shape[1], int):
+        raise GraphError(f"{desc}: 'scales' is {scales}, expected ({n}, groups)")
+    groups = scales.shape[1]
+    if groups < 1 or k % groups or (k // groups * bits) % 8:
+        raise GraphError(
+            f"{desc}: {groups} groups of {k} input features: expected a group count dividing {k} into groups "
+            f"of whole bytes of {bits}-bit values"
+        )
+    if zeros != scales:
+        raise GraphError(f"{desc}: 'zeros' is {zeros}, expected the scales' type {scales}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise GraphError(f"{desc}: 'bias' is {bias}, expected [{n}] {x.dtype}")
+    if perm is not None and (perm.dtype.kind != "int" or perm.shape != (k,)):
+        raise GraphError(f"{desc}: 'perm' is {perm}, expected an integer [{k}] (an order of x's features)")
+    return TensorType(x.shape[:-1] + (n,), x.dtype)
+
+
+@reference("quantized_linear")
+def _quantized_linear_ref(node, ins, attrs):
+    x, w, scales, zeros, bias, perm = ins
+    if perm is not None:
+        x = x[..., np.asarray(perm, np.int64)]
+    y = x @ dequantize(w, scales, zeros, attrs["bits"]).T
+    return [y if bias is None else y + bias]
+
+
+@builder
+def quantized_linear(x, weight, scales, zeros, bias=None, perm=None, *, bits=4):
+    """x[..., perm] @ W^T + bias with W dequantized from the packed `weight` group by group (see this module's
+    docstring for the layout; rocmc.frontend.ops.quant.pack makes it from integer values)."""
+    g = graph_of("quantized_linear", x)
+    x = as_value("quantized_linear", "x", x, g)
+    operands = [x, as_value("quantized_linear", "weight", weight, g)]
+    operands += [as_value("quantized_linear", name, v, g, x) for name, v in (("scales", scales), ("zeros", zeros))]
+    operands.append(None if bias is None else as_value("quantized_linear", "bias", bias, g, x))
+    operands.append(None if perm is None else as_value("quantized_linear", "perm", perm, g))
+    return g.apply("quantized_linear", operands, {"bits": bits})[0]

@@ -1,0 +1,332 @@
+"""Quantized Hugging Face checkpoints: GPTQ and AWQ weight-only int4/int8 linear layers, read in their published
+formats and converted once at load, in host memory, to quantized_linear's packed layout (rocmc.frontend.ops.quant:
+uint8 (N, K * bits / 8), (N, G) scales and zeros, act-order's permutation of the input features).
+
+The formats, as their writers define them (K input features, N output features, G groups of gs = group_size
+features; group_size -1: one group):
+- GPTQ (`quant_method: gptq`, bits 4 or 8): `qweight` int32 (K * bits / 32, N), value k of column n in bits
+  bits * (k % (32 / bits)) of word k // (32 / bits); `qzeros` int32 (G, N * bits / 32), packed the same way along
+  N; `scales` (G, N); `g_idx` int32 (K), each input feature's group (act-order, `desc_act`, scatters them). The
+  weight is (q - zero) * scale. `checkpoint_format` "gptq" (v1, the default) stores each zero minus one (its
+  packed value + 1 is the zero, per value, so a stored 2**bits - 1 reads 2**bits), "gptq_v2" the zero itself.
+- AWQ (`quant_method: awq`, version "gemm", 4 bits): `qweight` int32 (K, N / 8) and `qzeros` int32 (G, N / 8),
+  both packed along N in the order [0, 2, 4, 6, 1, 3, 5, 7] (bits 4i of word c hold column 8c + order[i]);
+  `scales` (G, N); the weight is (q - zero) * scale.
+
+Every linear layer of the decoder is quantized, except those `modules_to_not_convert` names; embeddings and
+lm_head stay as stored. q/k/v and gate/up are joined at load as for float checkpoints: their packed rows
+concatenated (a GPTQ act-order join needs one order for all of them, which a shared input gives them).
+Tensor parallelism over quantized checkpoints is refused for now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError, ModelImportError
+from ..frontend.ops.quant import pack
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# The graph parameters of a quantized projection (suffixes of its module name) and their dtypes.
+GRAPH_SUFFIXES = ("weight_q", "scales", "zeros", "perm")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """A checkpoint's `quantization_config`, as rocmc reads it."""
+
+    method: str  # "gptq" or "awq"
+    bits: int
+    group_size: int  # -1: one group a row
+    desc_act: bool  # GPTQ act-order: g_idx scatters the groups
+    zero_offset: int  # added to each stored zero (GPTQ v1: 1)
+    skip: tuple  # modules_to_not_convert
+
+    def groups(self, k: int) -> int:
+        return 1 if self.group_size == -1 else -(-k // self.group_size)
+
+    def quantized(self, module: str) -> bool:
+        """Whether a decoder linear layer (its full name) is stored quantized."""
+        return not any(s in module for s in self.skip)
+
+    def describe(self) -> str:
+        gs = "one group a row" if self.group_size == -1 else f"groups of {self.group_size}"
+        act = ", act-order" if self.desc_act else ""
+        return f"{self.method.upper()} {self.bits}-bit, {gs}{act}"
+
+
+def parse(raw, source: str) -> QuantConfig:
+    """A config.json's `quantization_config`; ModelImportError naming the field for what rocmc does not read."""
+
+    def fail(key, value, expected):
+        raise ModelImportError(f"{source}: quantization_config.{key} = {value!r}: {expected}")
+
+    if not isinstance(raw, dict):
+        fail("", raw, "expected an object")
+    method = raw.get("quant_method")
+    if method not in ("gptq", "awq"):
+        fail("quant_method", method, "supported: 'gptq', 'awq' (rocmc reads their published formats)")
+    bits = raw.get("bits", raw.get("w_bit"))
+    if bits not in ((4, 8) if method == "gptq" else (4,)):
+        fail("bits", bits, "supported: 4 and 8 for gptq, 4 for awq")
+    gs = raw.get("group_size", raw.get("q_group_size", -1 if method == "gptq" else 128))
+    if isinstance(gs, bool) or not isinstance(gs, int) or not (gs == -1 or gs >= 1):
+        fail("group_size", gs, "expected -1 (one group) or a positive integer")
+    desc_act = raw.get("desc_act", False) if method == "gptq" else False
+    if not isinstance(desc_act, bool):
+        fail("desc_act", desc_act, "expected true or false")
+    fmt = raw.get("checkpoint_format", "gptq") if method == "gptq" else None
+    if method == "gptq" and fmt not in ("gptq", "gptq_v2"):
+        fail("checkpoint_format", fmt, "supported: 'gptq' (v1) and 'gptq_v2'")
+    if method == "awq" and str(raw.get("version", "gemm")).lower() != "gemm":
+        fail("version", raw.get("version"), "supported: 'gemm' (the packing of AutoAWQ's GEMM kernels)")
+    if raw.get("zero_point", True) is not True and method == "awq":
+        fail("zero_point", raw.get("zero_point"), "supported: true")
+    for key in ("dynamic", "lm_head"):
+        if raw.get(key):
+            fail(key, raw.get(key), "not supported yet (every decoder linear layer quantized alike, lm_head not)")
+    skip = raw.get("modules_to_not_convert") or ()
+    if not isinstance(skip, (list, tuple)) or not all(isinstance(s, str) for s in skip):
+        fail("modules_to_not_convert", skip, "expected a list of module names")
+    return QuantConfig(method, bits, gs, desc_act, 1 if fmt == "gptq" else 0, tuple(skip))
+
+
+def checkpoint_tensors(q: QuantConfig, module: str, n: int, k: int, dtype: str) -> list:
+    """[(name, shape, dtype)] a quantized linear layer `module` (n outputs, k inputs) stores; dtype: the
+    checkpoint's float dtype (the scales')."""
+    pack_n = 32 // q.bits
+    g = q.groups(k)
+    if q.method == "gptq":
+        return [
+            (f"{module}.qweight", (k // pack_n, n), "i32"),
+            (f"{module}.qzeros", (g, n // pack_n), "i32"),
+            (f"{module}.scales", (g, n), dtype),
+            (f"{module}.g_idx", (k,), "i32"),
+        ]
+    return [
+        (f"{module}.qweight", (k, n // pack_n), "i32"),
+        (f"{module}.qzeros", (g, n // pack_n), "i32"),
+        (f"{module}.scales", (g, n), dtype),
+    ]
+
+
+def check_sizes(q: QuantConfig, module: str, n: int, k: int) -> None:
+    """The layer's sizes must pack: InputError naming the layer otherwise."""
+    pack_n = 32 // q.bits
+    problems = []
+    if k % pack_n if q.method == "gptq" else n % pack_n:
+        problems.append(f"{'in' if q.method == 'gptq' else 'out'}_features a multiple of {pack_n}")
+    if n % pack_n:
+        problems.append(f"out_features a multiple of {pack_n} (the zeros' packing)")
+    if q.group_size != -1 and k % q.group_size:
+        problems.append(f"in_features ({k}) a multiple of group_size {q.group_size}")
+    if problems:
+        raise InputError(f"{module} ({n} x {k}): {q.method} {q.bits}-bit needs {' and '.join(problems)}")
+
+
+def graph_tensors(q: QuantConfig, name: str, n: int, k: int, dtype: str) -> list:
+    """[(graph parameter, shape, dtype)] of a (maybe joined) quantized projection `name` in rocmc's layout."""
+    out = [
+        (f"{name}.weight_q", (n, k * q.bits // 8), "u8"),
+        (f"{name}.scales", (n, q.groups(k)), dtype),
+        (f"{name}.zeros", (n, q.groups(k)), dtype),
+    ]
+    return out + ([(f"{name}.perm", (k,), "i64")] if q.desc_act else [])
+
+
+def _unpack_words(words: np.ndarray, bits: int, order=None) -> np.ndarray:
+    """The values packed in int32 words along their last axis (value i at bits * i, or at bits * order[i])."""
+    w = np.ascontiguousarray(words).view(np.uint32)
+    per = 32 // bits
+    out = np.empty(w.shape[:-1] + (w.shape[-1] * per,), np.uint8)
+    mask = (1 << bits) - 1
+    for i in range(per):
+        out[..., (order[i] if order else i) :: per] = (w >> (bits * i)) & mask
+    return out
+
+
+def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
+    """rocmc's graph parameters of projection `name` from the checkpoint tensors of its modules (one, or the
+    joined ones in order): each a dict {"qweight", "qzeros", "scales"[, "g_idx"]} of arrays. Checks what it
+    reads (shapes, group indices, finite non-zero scales), naming the tensor."""
+    qs, scales, zeros, perms = [], [], [], []
+    for module, t in tensors:
+        s = np.asarray(t["scales"])
+        _check_shapes(q, module, t, k)
+        bad = ~np.isfinite(s.astype(np.float32)) | (s == 0)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"{module}.scales{list(at)} is {s[at]}: expected a finite non-zero scale")
+        if q.method == "gptq":
+            values = _unpack_words(np.asarray(t["qweight"]).T, q.bits).T  # (k, n)
+            z = _unpack_words(np.asarray(t["qzeros"]), q.bits).astype(np.float32) + q.zero_offset  # (g, n)
+            g_idx = np.asarray(t["g_idx"]).astype(np.int64)
+            perm = _order(q, module, g_idx, k, s.shape[0])
+            if perm is not None:
+                values = values[perm]
+            perms.append(perm)
+        else:
+            values = _unpack_words(np.asarray(t["qweight"]), q.bits, AWQ_ORDER)  # (k, n)
+            z = _unpack_words(np.asarray(t["qzeros"]), q.bits, AWQ_ORDER).astype(np.float32)
+        qs.append(pack(values.T, q.bits))
+        scales.append(np.ascontiguousarray(s.T).astype(dtype))
+        zeros.append(np.ascontiguousarray(z.T).astype(dtype))
+    out = {
+        f"{name}.weight_q": np.concatenate(qs, axis=0),
+        f"{name}.scales": np.concatenate(scales, axis=0),
+        f"{name}.zeros": np.concatenate(zeros, axis=0),
+    }
+    if q.desc_act:
+        first = perms[0]
+        if any((p is None) != (first is None) or (p is not None and not np.array_equal(p, first)) for p in perms):
+            names = ", ".join(m for m, _ in tensors)
+            raise InputError(f"{names}: their g_idx orders differ, so they can't be joined into one projection")
+        out[f"{name}.perm"] = np.arange(k, dtype=np.int64) if first is None else first
+    return out
+
+
+def _check_shapes(q: QuantConfig, module: str, t: dict, k: int) -> None:
+    """Each packed tensor of a layer against the layer's k input features and its scales' n outputs."""
+    s = np.shape(t["scales"])
+    if len(s) != 2 or s[0] != q.groups(k):
+        raise InputError(f"{module}.scales is {list(s)}: expected [{q.groups(k)}, out_features]")
+    want = dict((name.rsplit(".", 1)[1], shape) for name, shape, _ in checkpoint_tensors(q, module, s[1], k, ""))
+    for kind, shape in want.items():
+        if tuple(np.shape(t[kind])) != tuple(shape):
+            raise InputError(
+                f"{module}.{kind} is {list(np.shape(t[kind]))}: expected {list(shape)} for {s[1]} x {k} "
+                f"{q.method} {q.bits}-bit"
+            )
+
+
+def _order(q: QuantConfig, module: str, g_idx: np.ndarray, k: int, groups: int):
+    """The permutation of the input features that makes GPTQ's groups contiguous (None: they are already);
+    InputError when g_idx is not `groups` groups of group_size features."""
+    gs = k if q.group_size == -1 else q.group_size
+    if g_idx.shape != (k,) or g_idx.min() < 0 or g_idx.max() >= groups:
+        raise InputError(f"{module}.g_idx: expected {k} group indices in [0, {groups})")
+    if np.array_equal(g_idx, np.arange(k) // gs):
+        return None
+    if not q.desc_act:
+        raise InputError(f"{module}.g_idx scatters the groups but the config says desc_act: false")
+    perm = np.argsort(g_idx, kind="stable")
+    if not np.array_equal(g_idx[perm], np.arange(k) // gs):
+        raise InputError(f"{module}.g_idx: its groups are not {groups} groups of {gs} input features")
+    return perm
+
+
+# ---- writing: rocmc.llm.quantize ---------------------------------------------------------------------------
+
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "int64": "I64", "uint8": "U8"}
+
+
+def quantize(src, dst, *, bits: int = 4, group_size: int = 128, sym: bool = True):
+    """Write checkpoint `src` (a float Hugging Face checkpoint directory) to `dst` as a GPTQ checkpoint of its
+    decoder's linear layers, by round-to-nearest: per output feature and group of `group_size` input features
+    (-1: one group), scale = the group's range / (2**bits - 1) (symmetric: twice its largest magnitude, zero
+    2**(bits - 1)), values round(w / scale) + zero clipped to [0, 2**bits). The format is GPTQ's v1
+    (`checkpoint_format` "gptq", zeros stored minus one, so an asymmetric zero is at least 1), which
+    transformers' GPTQ integrations, vLLM and rocmc read; the other tensors and files are copied as they are.
+    Returns dst."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from ..parameters import Parameters
+    from .config import linear_layers, load_config
+
+    src, dst = Path(src), Path(dst)
+    if bits not in (4, 8):
+        raise InputError(f"quantize: bits={bits!r}: expected 4 or 8")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or not (group_size == -1 or group_size >= 1):
+        raise InputError(f"quantize: group_size={group_size!r}: expected -1 (one group) or a positive integer")
+    cfg = load_config(src)
+    if cfg.quant is not None:
+        raise InputError(f"quantize: {src} is quantized already ({cfg.quant.describe()})")
+    if dst.exists() and any(dst.iterdir()):
+        raise InputError(f"quantize: {dst} exists and is not empty")
+    q = QuantConfig("gptq", bits, group_size, False, 1, ())
+    params = Parameters.open(src)
+    layers = {m: (n, k) for i in range(cfg.num_hidden_layers) for m, n, k in linear_layers(cfg, f"model.layers.{i}.")}
+    for module, (n, k) in layers.items():
+        check_sizes(q, module, n, k)
+    out = {}
+    for name in params.names():
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and module in layers:
+            out.update(_gptq_tensors(q, module, params.array(name), sym))
+        else:
+            out[name] = params.array(name)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if (
+            f.is_file()
+            and not f.name.endswith(".safetensors")
+            and f.name not in ("config.json", "model.safetensors.index.json")
+        ):
+            shutil.copy2(f, dst / f.name)
+    raw = json.loads((src / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": False,
+                                  "sym": sym, "checkpoint_format": "gptq", "true_sequential": True}  # fmt: skip
+    (dst / "config.json").write_text(json.dumps(raw, indent=2))
+    write_safetensors(dst / "model.safetensors", out)
+    return dst
+
+
+def _gptq_tensors(q: QuantConfig, module: str, weight: np.ndarray, sym: bool) -> dict:
+    w = np.asarray(weight, np.float32)
+    n, k = w.shape
+    gs = k if q.group_size == -1 else q.group_size
+    top = (1 << q.bits) - 1
+    g = w.reshape(n, k // gs, gs)
+    if sym:
+        scale = np.abs(g).max(-1) * 2 / top
+        zero = np.full(scale.shape, (top + 1) // 2, np.float32)
+    else:
+        lo, hi = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
+        scale = (hi - lo) / top
+        zero = np.clip(np.round(-lo / np.where(scale == 0, 1, scale)), 1, top)  # v1 stores zero - 1
+    scale = scale.astype(np.float16)
+    scale[scale == 0] = 1.0  # a group of zeros (or below f16's range): any scale serves
+    s32 = scale.astype(np.float32)
+    vals = np.clip(np.round(g / s32[..., None]) + zero[..., None], 0, top).astype(np.uint32).reshape(n, k)
+    return {
+        f"{module}.qweight": _pack_words(vals.T, q.bits),  # (k * bits / 32, n)
+        f"{module}.qzeros": np.ascontiguousarray(_pack_words(zero.astype(np.uint32) - 1, q.bits).T),  # (G, n / per)
+        f"{module}.scales": np.ascontiguousarray(scale.T),
+        f"{module}.g_idx": (np.arange(k) // gs).astype(np.int32),
+    }
+
+
+def _pack_words(v: np.ndarray, bits: int) -> np.ndarray:
+    """uint values (R, C) packed into int32 words along R: (R * bits / 32, C), value i of a word at bits * i."""
+    per = 32 // bits
+    out = np.zeros((v.shape[0] // per,) + v.shape[1:], np.uint32)
+    for i in range(per):
+        out |= (v[i::per].astype(np.uint32) & ((1 << bits) - 1)) << np.uint32(bits * i)
+    return out.view(np.int32)
+
+
+def write_safetensors(path, tensors: dict) -> None:
+    """A .safetensors file of numpy arrays (the format: an 8-byte little-endian header length, the JSON header
+    of each tensor's dtype, shape and byte range, then the bytes)."""
+    import json
+
+    header, offset, arrays = {}, 0, []
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        kind = "bfloat16" if a.dtype.name == "bfloat16" else a.dtype.name
+        if kind not in _ST_DTYPES:
+            raise InputError(f"write_safetensors: tensor {name!r} has dtype {a.dtype}, which it does not write")
+        header[name] = {"dtype": _ST_DTYPES[kind], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        arrays.append(a)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for a in arrays:
+            f.write(a.tobytes())
