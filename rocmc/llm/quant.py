@@ -140,11 +140,20 @@ def _unpack_words(words: np.ndarray, bits: int, order=None) -> np.ndarray:
     """The values packed in int32 words along their last axis (value i at bits * i, or at bits * order[i])."""
     w = np.ascontiguousarray(words).view(np.uint32)
     per = 32 // bits
-    out = np.empty(w.shape[:-1] + (w.shape[-1] * per,), np.uint8)
-    mask = (1 << bits) - 1
-    for i in range(per):
-        out[..., (order[i] if order else i) :: per] = (w >> (bits * i)) & mask
-    return out
+    shifts = np.arange(per, dtype=np.uint32) * np.uint32(bits)
+    vals = ((w[..., None] >> shifts) & np.uint32((1 << bits) - 1)).astype(np.uint8)  # (..., C, per)
+    if order is not None:
+        vals = vals[..., np.argsort(order)]  # value at position j of the word's group is at bits * order^-1[j]
+    return vals.reshape(w.shape[:-1] + (w.shape[-1] * per,))
+
+
+def _gptq_packed(qweight: np.ndarray, bits: int) -> np.ndarray:
+    """GPTQ's qweight (K * bits / 32, N) as quantized_linear's packed (N, K * bits / 8): the same bytes in another
+    order (a word's values, little-endian, are its bytes' values in order; 4-bit: the even one low), no unpacking."""
+    words, n = qweight.shape
+    return np.ascontiguousarray(
+        np.ascontiguousarray(qweight).view(np.uint8).reshape(words, n, 4).transpose(1, 0, 2)
+    ).reshape(n, words * 4)
 
 
 def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
@@ -160,17 +169,19 @@ def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             raise InputError(f"{module}.scales{list(at)} is {s[at]}: expected a finite non-zero scale")
         if q.method == "gptq":
-            values = _unpack_words(np.asarray(t["qweight"]).T, q.bits).T  # (k, n)
             z = _unpack_words(np.asarray(t["qzeros"]), q.bits).astype(np.float32) + q.zero_offset  # (g, n)
             g_idx = np.asarray(t["g_idx"]).astype(np.int64)
             perm = _order(q, module, g_idx, k, s.shape[0])
-            if perm is not None:
-                values = values[perm]
+            if perm is None:
+                qs.append(_gptq_packed(np.asarray(t["qweight"]), q.bits))
+            else:  # act-order: the input features permuted, value by value
+                values = _unpack_words(np.asarray(t["qweight"]).T, q.bits).T[perm]  # (k, n)
+                qs.append(pack(values.T, q.bits))
             perms.append(perm)
         else:
             values = _unpack_words(np.asarray(t["qweight"]), q.bits, AWQ_ORDER)  # (k, n)
             z = _unpack_words(np.asarray(t["qzeros"]), q.bits, AWQ_ORDER).astype(np.float32)
-        qs.append(pack(values.T, q.bits))
+            qs.append(pack(values.T, q.bits))
         scales.append(np.ascontiguousarray(s.T).astype(dtype))
         zeros.append(np.ascontiguousarray(z.T).astype(dtype))
     out = {

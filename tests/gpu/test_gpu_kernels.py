@@ -259,6 +259,47 @@ def _linear_cases() -> list[Case]:
     ]
 
 
+def quantized_case(name, dtype, lead, n, k, bits, groups, perm=False, bias=False, sizes=(None,)) -> Case:
+    """quantized_linear (generated code: the dequantization fused into the product's dispatch) of x (*lead, k)
+    against float64: packed random integers, scales, zeros at any integer of the range."""
+
+    def graph():
+        g = rocmc.Graph("qlin")
+        x = g.input("x", (*lead, k), dtype)
+        w, s, z = (
+            g.input("w", (n, k * bits // 8), "u8"),
+            g.input("s", (n, groups), dtype),
+            g.input("z", (n, groups), dtype),
+        )
+        b = g.input("b", (n,), dtype) if bias else None
+        p = g.input("p", (k,), "i64") if perm else None
+        g.output(ops.quantized_linear(x, w, s, z, b, p, bits=bits))
+        return g
+
+    def inputs(rng, t):
+        shape = tuple(t if isinstance(d, str) else d for d in lead)
+        step = 2.0 / ((1 << bits) * np.sqrt(k))  # outputs of order 1
+        out = [_rand(rng, (*shape, k), dtype), rng.integers(0, 256, (n, k * bits // 8)).astype(np.uint8)]
+        out += [_rand(rng, (n, groups), dtype, 0.5 * step, 1.5 * step)]
+        out += [rng.integers(0, 1 << bits, (n, groups)).astype(rocmc.dtype(dtype).np)]
+        if bias:
+            out.append(_rand(rng, (n,), dtype))
+        if perm:
+            out.append(rng.permutation(k).astype(np.int64))
+        return out
+
+    return Case(name, graph, inputs, TOL[dtype], rel_l2, sizes=sizes, poison=True)
+
+
+def _quantized_cases() -> list[Case]:
+    return [
+        quantized_case("q4_f16_1x4096x4096_g128", "f16", (1, 1), 4096, 4096, 4, 32),
+        quantized_case("q4_f16_rows_perm_odd", "f16", ("t", 1), 37, 96, 4, 3, perm=True, bias=True, sizes=(1, 7, 33)),
+        quantized_case("q8_bf16_one_group", "bf16", (3, 1), 300, 1000, 8, 1, bias=True),
+        quantized_case("q4_bf16_8_k11008", "bf16", (8, 1), 256, 11008, 4, 86),
+    ]
+
+
 def _cases() -> list[Case]:
     out = []
     for dt in DTYPES:
@@ -294,7 +335,7 @@ def _cases() -> list[Case]:
                 rope_case(f"{v}_pair", dt, 2, 1, 3, 2, interleaved=inter, table="one"),
                 rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6),
             ]
-    out += _store_cases() + _attention_cases() + _linear_cases()
+    out += _store_cases() + _attention_cases() + _linear_cases() + _quantized_cases()
     return [replace(c, name=f"kernel.{c.name}") for c in out]
 
 
