@@ -147,6 +147,22 @@ def _unpack_words(words: np.ndarray, bits: int, order=None) -> np.ndarray:
     return vals.reshape(w.shape[:-1] + (w.shape[-1] * per,))
 
 
+# AWQ's word, as little-endian bytes: byte j holds the values at bits 8j (low nibble) and 8j + 4 (high), which
+# are the columns AWQ_ORDER[2j] and AWQ_ORDER[2j + 1] of the word's 8.
+_AWQ_LOW = [AWQ_ORDER[2 * j] for j in range(4)]
+_AWQ_HIGH = [AWQ_ORDER[2 * j + 1] for j in range(4)]
+
+
+def _awq_packed(qweight: np.ndarray) -> np.ndarray:
+    """AWQ's 4-bit qweight (K, N / 8) as quantized_linear's packed (N, K / 2), in byte-wide steps."""
+    k, words = qweight.shape
+    b = np.ascontiguousarray(qweight).view(np.uint8).reshape(k, words, 4)
+    vals = np.empty((k, words, 8), np.uint8)
+    vals[..., _AWQ_LOW], vals[..., _AWQ_HIGH] = b & 0xF, b >> 4
+    q = vals.reshape(k, words * 8).T  # (N, K)
+    return np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4))
+
+
 def _gptq_packed(qweight: np.ndarray, bits: int) -> np.ndarray:
     """GPTQ's qweight (K * bits / 32, N) as quantized_linear's packed (N, K * bits / 8): the same bytes in another
     order (a word's values, little-endian, are its bytes' values in order; 4-bit: the even one low), no unpacking."""
@@ -179,9 +195,8 @@ def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
                 qs.append(pack(values.T, q.bits))
             perms.append(perm)
         else:
-            values = _unpack_words(np.asarray(t["qweight"]), q.bits, AWQ_ORDER)  # (k, n)
+            qs.append(_awq_packed(np.asarray(t["qweight"])))
             z = _unpack_words(np.asarray(t["qzeros"]), q.bits, AWQ_ORDER).astype(np.float32)
-            qs.append(pack(values.T, q.bits))
         scales.append(np.ascontiguousarray(s.T).astype(dtype))
         zeros.append(np.ascontiguousarray(z.T).astype(dtype))
     out = {
