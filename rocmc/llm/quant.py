@@ -116,8 +116,8 @@ def check_sizes(q: QuantConfig, module: str, n: int, k: int) -> None:
     """The layer's sizes must pack: InputError naming the layer otherwise."""
     pack_n = 32 // q.bits
     problems = []
-    if k % pack_n if q.method == "gptq" else n % pack_n:
-        problems.append(f"{'in' if q.method == 'gptq' else 'out'}_features a multiple of {pack_n}")
+    if q.method == "gptq" and k % pack_n:
+        problems.append(f"in_features a multiple of {pack_n} (the weight's packing)")
     if n % pack_n:
         problems.append(f"out_features a multiple of {pack_n} (the zeros' packing)")
     if q.group_size != -1 and k % q.group_size:

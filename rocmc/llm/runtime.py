@@ -156,7 +156,7 @@ class LanguageModel:
             self.group, params = _rank_setup(artifact, source, self.plan, parameters)
             self.rank = self.group.rank
         else:
-            params = self.plan.parameters(checkpoint if parameters is None else parameters, quant=self.config.quant)
+            params = self.plan.parameters(checkpoint if parameters is None else parameters)
         self.module = _load(artifact, device, parameters=params)
         self.checkpoint = checkpoint
         self.tokenizer = _tokenizer(checkpoint)

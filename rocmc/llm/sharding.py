@@ -68,6 +68,7 @@ class Shard:
 class Plan:
     degree: int
     shards: dict  # graph parameter name -> Shard
+    quant: object = None  # the config's QuantConfig: how the QUANTIZED shards are converted from the checkpoint
 
     def to_json(self) -> dict:
         return {"degree": self.degree, "shards": {n: [list(s.sources), s.axis] for n, s in self.shards.items()}}
@@ -76,10 +77,10 @@ class Plan:
         """{graph parameter: (checkpoint tensors, axis)}, what Parameters.shard reads a rank's tensors by."""
         return {n: (s.sources, s.axis) for n, s in self.shards.items()}
 
-    def parameters(self, checkpoint, rank: int = 0, quant=None):
+    def parameters(self, checkpoint, rank: int = 0):
         """Rank `rank`'s graph parameters from the checkpoint's tensors (a rocmc.parameters.Parameters, or
-        what Parameters.open takes): its slices, and the joined projections joined; with `quant` (the config's
-        QuantConfig), quantized projections converted to quantized_linear's layout. A source that already
+        what Parameters.open takes): its slices, the joined projections joined, and quantized projections
+        converted to quantized_linear's layout. A source that already
         holds every graph parameter under its own name (a rank's tensors made elsewhere) is served as it is."""
         from ..parameters import Parameters
 
@@ -88,7 +89,7 @@ class Plan:
             return source
         plain = {n: (s.sources, s.axis) for n, s in self.shards.items() if s.role != QUANTIZED}
         served = source.shard(plain, rank, self.degree)
-        converted = _converted(self, source, quant) if quant is not None else {}
+        converted = _converted(self, source) if self.quant is not None else {}
         return Parameters.open([served, converted]) if converted else served
 
     def describe(self) -> list[str]:
@@ -164,7 +165,7 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
     if cfg.tie_word_embeddings:
         shards[LM_HEAD] = Shard(LM_HEAD, (EMBED,), (cfg.vocab_size, cfg.hidden_size), 0, ROLES[4])
     shards.update(quantized)
-    return Plan(degree, shards)
+    return Plan(degree, shards, cfg.quant)
 
 
 def _quantized_shards(cfg: LlmConfig) -> dict:
@@ -192,11 +193,11 @@ def _quantized_shards(cfg: LlmConfig) -> dict:
     return out
 
 
-def _converted(plan: Plan, source, q) -> dict:
+def _converted(plan: Plan, source) -> dict:
     """{graph parameter: array} of every quantized projection, converted from the checkpoint's tensors."""
     from . import quant
 
-    out: dict = {}
+    q, out = plan.quant, {}
     done = set()
     for shard in plan.shards.values():
         if shard.role != QUANTIZED or shard.sources in done:
