@@ -6,24 +6,26 @@ projections, plus the row's keys and values) at the device's copy bandwidth (ben
 The checkpoints are made on the GPU machine from seeded random numbers: bench/llm_gpu.py's f16 one, and a GPTQ
 one of the same config whose packed integers, zeros and scales are random (weights of the f16 one's spread).
 
-    python -m bench.quant_gpu compile --dir out/quant --targets cuda:sm_80          # here (both modules)
-    python3 -m bench.quant_gpu run --dir out/quant --json out.json                  # GPU machine
+    python -m bench.quant_gpu compile --dir out/quant --targets cuda:sm_80 [--batches 1,8]   # here
+    python3 -m bench.quant_gpu run --dir out/quant --json out.json [--profile]      # GPU machine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.llm_gpu import SHAPES, fill_slots, time_decode, write_checkpoint
+from bench.llm_gpu import SHAPES, fill_slots, kernel_profile, time_decode, write_checkpoint
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
         "checkpoint_format": "gptq"}  # fmt: skip
+MODULES = {"gptq4": {**GPTQ, "bits": 4}, "gptq8": {**GPTQ, "bits": 8}}
 PROMPT, STEPS = 512, 64
 
 
@@ -36,80 +38,106 @@ def config(shape: str = "7b") -> dict:
     }  # fmt: skip
 
 
-def write_gptq(cfg: dict, d: Path, seed: int = 1) -> None:
-    """A GPTQ 4-bit checkpoint of `cfg`: values round(N(8, 3)) clipped to [0, 15] about the symmetric zero 8 (v1
-    stores 7), scales giving weights of std ~0.02 with no per-group bias (uniform values and zeros drift the
-    activations of 32 layers past f16's range)."""
+def write_gptq(cfg: dict, d: Path, seed: int = 1, bits: int = 4) -> None:
+    """A GPTQ checkpoint of `cfg`: 4-bit values round(N(8, 3)) clipped to [0, 15] about the symmetric zero 8 (v1
+    stores 7), or 8-bit ones round(N(128, 48)) in [0, 255] about 128; scales giving weights of std ~0.02 with no
+    per-group bias (uniform values and zeros drift the activations of 32 layers past f16's range). The layers share
+    one draw of each packed tensor (drawing 6.5e9 values took 3 minutes): the speed is the same."""
+    gptq = MODULES[f"gptq{bits}"]
+    mid, top = 1 << (bits - 1), (1 << bits) - 1
     import rocmc
     from rocmc.llm.quant import _pack_words, write_safetensors
 
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": GPTQ}))
-    lc = rocmc.llm.config.LlmConfig.from_json({**cfg, "quantization_config": GPTQ})
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": gptq}))
+    lc = rocmc.llm.config.LlmConfig.from_json({**cfg, "quantization_config": gptq})
     rng = np.random.default_rng(seed)
-    out = {}
+    out, drawn = {}, {}
     for name, shape in rocmc.llm.config.param_names(lc):
         kind = name.rsplit(".", 1)[1]
         if kind == "qweight":
-            values = np.clip(np.round(rng.normal(8.0, 3.0, (shape[0] * 8, shape[1]))), 0, 15).astype(np.uint8)
-            out[name] = _pack_words(values, 4)
+            if (name.rsplit(".", 2)[1], shape) not in drawn:
+                spread = rng.normal(mid, 3.0 * mid / 8, (shape[0] * 32 // bits, shape[1]))
+                drawn[name.rsplit(".", 2)[1], shape] = _pack_words(
+                    np.clip(np.round(spread), 0, top).astype(np.uint8), bits
+                )
+            out[name] = drawn[name.rsplit(".", 2)[1], shape]
         elif kind == "qzeros":
-            out[name] = np.full(shape, 0x77777777, np.int32)
+            word = sum((mid - 1) << (bits * i) for i in range(32 // bits))  # v1 stores zero - 1 in every field
+            out[name] = np.full(shape, word, np.uint32).view(np.int32)
         elif kind == "g_idx":
             out[name] = (np.arange(shape[0]) // 128).astype(np.int32)
         elif kind == "scales":
-            out[name] = np.full(shape, 0.02 / 3.0, np.float16)
+            out[name] = np.full(shape, 0.02 / (3.0 * mid / 8), np.float16)
         else:
             x = rng.standard_normal(shape, dtype=np.float32) * (0.02 if len(shape) > 1 else 0.01)
             out[name] = (x + (1.0 if len(shape) == 1 else 0.0)).astype(np.float16)
     write_safetensors(d / "model.safetensors", out)
 
 
-def compile_modules(directory: Path, target: str, cfg: dict) -> None:
+def compile_modules(directory: Path, target: str, cfg: dict, batches=(1,)) -> None:
     import rocmc
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(cfg))
-    for name, c in (("f16", cfg), ("gptq4", {**cfg, "quantization_config": GPTQ})):
+    for name, c in (("f16", cfg), *((n, {**cfg, "quantization_config": q}) for n, q in MODULES.items())):
         lc = rocmc.llm.config.LlmConfig.from_json(c)
-        t = time.perf_counter()
-        art = rocmc.llm.compile_hf(lc, target, max_seq_len=1024, dtype="f16")
-        art.save(directory / f"{name}.vmfb")
-        print(name, f"{time.perf_counter() - t:.1f} s", art.call_structure()["decode"].describe(), flush=True)
+        for b in batches:
+            t = time.perf_counter()
+            art = rocmc.llm.compile_hf(lc, target, max_seq_len=1024, dtype="f16", max_batch=b)
+            art.save(directory / module_name(name, b))
+            print(name, b, f"{time.perf_counter() - t:.1f} s", art.call_structure()["decode"].describe(), flush=True)
 
 
-def step_bytes(lm, position: int) -> int:
-    """What a decode step reads: the weights as the device holds them, and the row's keys and values."""
+def module_name(name: str, batch: int) -> str:
+    return f"{name}.vmfb" if batch == 1 else f"{name}_b{batch}.vmfb"
+
+
+def step_bytes(lm, positions) -> int:
+    """What a decode step reads: the weights as the device holds them, and each row's keys and values."""
     from rocmc.llm.runtime import weight_bytes
 
     cfg = lm.config
-    kv = 2 * cfg.num_hidden_layers * position * cfg.kv_dim * 2
+    kv = 2 * cfg.num_hidden_layers * sum(positions) * cfg.kv_dim * 2
     return weight_bytes(cfg, "f16") + kv
 
 
-def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str = "cuda") -> dict:
+def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str = "cuda", profile: bool = False) -> dict:
     import rocmc
 
     t = time.perf_counter()
     lm = rocmc.llm.load(module, ckpt, device=device)
     load_s = time.perf_counter() - t
     rng = np.random.default_rng(5)
-    prompt = [int(x) for x in rng.integers(3, lm.config.vocab_size, PROMPT)]
-    times, last = time_decode(lm, *fill_slots(lm, [prompt]), STEPS)
+    rows = lm.sizes.max_batch  # every slot a prompt, PROMPT - 13 i tokens long
+    prompts = [[int(x) for x in rng.integers(3, lm.config.vocab_size, PROMPT - 13 * i)] for i in range(rows)]
+    prompt = prompts[0]
+    slots, nxt = fill_slots(lm, prompts)
+    times, last = time_decode(lm, slots, nxt, STEPS)
     step = statistics.median(times[4:])
-    bytes_ = step_bytes(lm, PROMPT + STEPS // 2)
+    bytes_ = step_bytes(lm, [len(p) + STEPS // 2 for p in prompts])
     out = {
+        "rows": rows,
         "load_s": load_s,
         "step_ms": 1e3 * step,
-        "tok_s": 1 / step,
+        "tok_s": rows / step,
         "step_bytes": bytes_,
         "bound_tok_s": bandwidth / bytes_,
         "of_bound": bytes_ / bandwidth / step,
         "last_token": int(last[0]),
         "finite": bool(np.isfinite(lm.logits(prompt[:16])).all()),
     }
+    if profile:  # a step's kernels (CUPTI through torch.profiler) and its timeline
+        import torch
+
+        state = {"nxt": last}
+
+        def step_once():
+            state["nxt"] = np.array(lm.module.decode(**slots.decode(state["nxt"]), output="device")[0].to_host())
+
+        out["profile"] = kernel_profile(torch, step_once, 4)
     print(name, json.dumps(out), flush=True)
-    del lm
+    lm.module.close()  # its device memory back before the next module loads
     return out
 
 
@@ -135,27 +163,41 @@ def main() -> int:
     c = sub.add_parser("compile")
     c.add_argument("--dir", required=True)
     c.add_argument("--targets", default="cuda:sm_80")
+    c.add_argument("--batches", default="1", help="the modules' max_batch values, comma-separated")
     r = sub.add_parser("run")
     r.add_argument("--dir", required=True)
     r.add_argument("--json", required=True)
     r.add_argument("--ckpt", default="/tmp/quant_ckpt")
+    r.add_argument("--modules", default="gptq4,gptq8,f16", help="which modules, in this order")
+    r.add_argument("--profile", action="store_true", help="also profile a decode step's kernels (torch.profiler)")
     a = ap.parse_args()
     if a.cmd == "compile":
         for target in a.targets.split(","):
-            compile_modules(Path(a.dir), target, config())
+            compile_modules(Path(a.dir), target, config(), [int(b) for b in a.batches.split(",")])
         return 0
     cfg = json.loads((Path(a.dir) / "config.json").read_text())
     bw = copy_bandwidth()
     out = {"copy_bandwidth_GBs": bw / 1e9}
-    for name, write in (("gptq4", write_gptq), ("f16", write_checkpoint)):
+    writers = {"gptq4": lambda c, d: write_gptq(c, d, bits=4), "gptq8": lambda c, d: write_gptq(c, d, bits=8),
+               "f16": write_checkpoint}  # fmt: skip
+    # A module name is its checkpoint's (gptq4, gptq8, f16), a variant after "_" (gptq4_qm), "_bN" for N rows.
+    files = {m.stem: m for m in Path(a.dir).glob("*.vmfb")}
+    for kind in a.modules.split(","):
         t = time.perf_counter()
-        write(cfg, Path(a.ckpt) / name)
-        out[name + "_checkpoint_s"] = time.perf_counter() - t
-        out[name] = measure(name, Path(a.dir) / f"{name}.vmfb", Path(a.ckpt) / name, bw)
-        Path(a.json).write_text(json.dumps(out, indent=1))
-    out["speedup"] = out["gptq4"]["tok_s"] / out["f16"]["tok_s"]
+        writers[kind](cfg, Path(a.ckpt) / kind)
+        out[kind + "_checkpoint_s"] = time.perf_counter() - t
+        for name in sorted(n for n in files if n == kind or n.startswith(kind + "_")):
+            profile = a.profile and name == kind
+            out[name] = measure(name, files[name], Path(a.ckpt) / kind, bw, profile=profile)
+            Path(a.json).write_text(json.dumps(out, indent=1))
+        shutil.rmtree(Path(a.ckpt) / kind)  # the disk holds one checkpoint at a time
+    for key in [k for k in out if k.startswith("gptq") and isinstance(out[k], dict)]:
+        rows = out[key]["rows"]
+        base = "f16" if rows == 1 else f"f16_b{rows}"
+        if base in out:
+            out[key + "_speedup"] = out[key]["tok_s"] / out[base]["tok_s"]
     Path(a.json).write_text(json.dumps(out, indent=1))
-    print(json.dumps({k: out[k] for k in ("copy_bandwidth_GBs", "speedup")}), flush=True)
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}), flush=True)
     return 0
 
 

@@ -25,13 +25,8 @@
 // linear_rows, ceil(N / VOUT) for linear_vec (VOUT: VROWS, or VROWS / 2 when gated).
 // linear_vec builds for every architecture. linear_rows elsewhere (gfx1100's WMMA, sm < 80) is an entry point that
 // traps: the lowering never dispatches it there (kernel/linear.py says why and IREE's code takes the op).
-#include "rocmc_gpu.h"
-#include "kernel_abi.h"
+#include "linear.h"
 
-#define NW (BLOCK / WAVE)
-#define TILE 16   // rows of w a workgroup: one matrix-instruction tile
-#define KC 32     // k of a chunk: two matrix instructions of k 16
-#define MAX_M 32  // rows of x
 #define VROWS 8   // linear_vec: rows of w a workgroup (gated: VROWS / 2 gate rows and their up rows)
 #define VMAX_M 2  // linear_vec: rows of x
 #if WAVE == 64
@@ -64,158 +59,9 @@
 #define ROCMC_LIN_CONTIG 0
 #endif
 
-#if defined(__NVPTX__) && __CUDA_ARCH__ >= 800
-#define HAS_MMA 1
-#define MT 8  // x rows one matrix instruction takes
-#elif defined(__AMDGCN__) && (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
-#define HAS_MMA 1
-#define MT 16
-#else
-#define HAS_MMA 0
-#define MT 8
-#endif
-// w vectors (16 bytes) a lane loads per tile and chunk: TILE x KC elements over a wave's lanes.
-#define WV (TILE * KC * 2 / (WAVE * 16))
 
-typedef RawBytes<16>::type U4;
-
-struct LinShape {
-  u32 M, N, K, flags;
-  float eps;
-};
-
-// The first n (< 8 or unaligned) elements at p one by one, zeros after them: an out-of-line call, so the unrolled
-// loops below carry one call instruction for it instead of eight guarded loads at every piece.
-template <typename T> __attribute__((device, noinline)) static U4 load8_edge(const T* p, u32 n) {
-  u32 h[8];
-#pragma unroll
-  for (u32 e = 0; e < 8; ++e) h[e] = e < n ? (u32)__builtin_bit_cast(u16, p[e]) : 0u;
-  U4 r;
-  r.x = h[0] | h[1] << 16;
-  r.y = h[2] | h[3] << 16;
-  r.z = h[4] | h[5] << 16;
-  r.w = h[6] | h[7] << 16;
-  return r;
-}
-
-// 8 elements of row `row` (of `rows`, K apart) from k on, as raw bits; zeros past the rows or K.
-template <typename T>
-DEVICE U4 load8(const T* base, u32 row, u32 rows, u32 k, u32 K, bool wide, bool stream) {
-  if (row >= rows || k >= K) return U4{0u, 0u, 0u, 0u};
-  const T* p = base + (u64)row * K + k;
-  if (wide && k + 8 <= K) return stream ? load_cs<U4>((const U4*)p) : *(const U4*)p;
-  return load8_edge(p, K - k < 8 ? K - k : 8);
-}
-
-// ---- the matrix instructions: acc (this lane's 4 of the 16 x MT tile) += w (16 x 32) . x (32 x MT) ----------
-#if HAS_MMA && defined(__NVPTX__)
-// Lane (g = lane / 4, t = lane % 4) holds w rows g and g + 8 (w[0], w[1]) and x row g, each at k = 8t .. 8t + 7;
-// logical k (2t, 2t+1, 2t+8, 2t+9) of the first instruction are its elements 0..3, of the second 4..7. acc[i]:
-// w row g + 8 (i / 2), x row 2t + i % 2.
-template <typename T> DEVICE void mma16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  if constexpr (__is_same(T, _Float16)) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-template <typename T> DEVICE void mma_chunk(float (&c)[4], const U4 (&w)[WV], const U4& x) {
-  mma16<T>(c, w[0].x, w[1].x, w[0].y, w[1].y, x.x, x.y);
-  mma16<T>(c, w[0].z, w[1].z, w[0].w, w[1].w, x.z, x.w);
-}
-DEVICE u32 w_row(u32 lane, int i) { return (lane >> 2) + 8 * i; }
-DEVICE u32 x_row(u32 lane) { return lane >> 2; }
-DEVICE u32 lane_k(u32 lane) { return (lane & 3) * 8; }
-DEVICE u32 acc_n(u32 lane, int i) { return (lane >> 2) + 8 * (i >> 1); }
-DEVICE u32 acc_m(u32 lane, int i) { return (lane & 3) * 2 + (i & 1); }
-#elif HAS_MMA
-// Lane (r = lane % 16, q = lane / 16) holds w row r and x row r at k = 8q .. 8q + 7; logical k 4q .. 4q + 3 of the
-// first instruction are its elements 0..3, of the second 4..7. acc[i]: w row 4q + i, x row r.
-typedef _Float16 half4_t __attribute__((ext_vector_type(4)));
-typedef short short4_t __attribute__((ext_vector_type(4)));
-typedef float float4_t __attribute__((ext_vector_type(4)));
-typedef u32 u32x2_t __attribute__((ext_vector_type(2)));
-template <typename T> DEVICE void mfma16(float (&c)[4], u32 a0, u32 a1, u32 b0, u32 b1) {
-  u32x2_t a = {a0, a1}, b = {b0, b1};
-  float4_t acc = {c[0], c[1], c[2], c[3]};
-  if constexpr (__is_same(T, _Float16)) {
-    acc = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(half4_t, a), __builtin_bit_cast(half4_t, b), acc,
-                                                0, 0, 0);
-  } else {
-    acc = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(short4_t, a), __builtin_bit_cast(short4_t, b),
-                                                    acc, 0, 0, 0);
-  }
-  c[0] = acc.x, c[1] = acc.y, c[2] = acc.z, c[3] = acc.w;
-}
-template <typename T> DEVICE void mma_chunk(float (&c)[4], const U4 (&w)[WV], const U4& x) {
-  mfma16<T>(c, w[0].x, w[0].y, x.x, x.y);
-  mfma16<T>(c, w[0].z, w[0].w, x.z, x.w);
-}
-DEVICE u32 w_row(u32 lane, int) { return lane & 15; }
-DEVICE u32 x_row(u32 lane) { return lane & 15; }
-DEVICE u32 lane_k(u32 lane) { return (lane >> 4) * 8; }
-DEVICE u32 acc_n(u32 lane, int i) { return (lane >> 4) * 4 + i; }
-DEVICE u32 acc_m(u32 lane, int) { return lane & 15; }
-#endif
-
-// ---- the epilogue's activations, in f32 -------------------------------------------------------------------
-DEVICE float tanh_f32(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
-DEVICE float activate(float v, u32 flags) {
-  if (flags & FLAG_RELU) return v > 0.0f ? v : 0.0f;
-  if (flags & FLAG_SILU) return v / (1.0f + exp_f32(-v));
-  if (flags & FLAG_GELU_TANH) return 0.5f * v * (1.0f + tanh_f32(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-  return v;
-}
-template <typename T> DEVICE float rounded(float v) { return to_f32(from_f32<T>(v)); }
-
-// The 8 elements of a 16-byte piece as f32.
-template <typename T> DEVICE void unpack8(const U4& v, float (&f)[8]) {
-  const u32 h[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = to_f32(__builtin_bit_cast(T, (u16)(h[e / 2] >> (16 * (e % 2)))));
-}
-// FLAG_NORM's prologue on 8 elements of an x row (f, in f32): their squares added to ss, then f = round(f * norm).
-template <typename T> DEVICE void normalize8(float (&f)[8], const U4& norm, float& ss) {
-  float g[8];
-  unpack8<T>(norm, g);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    ss += f[e] * f[e];
-    f[e] = rounded<T>(f[e] * g[e]);
-  }
-}
-
-// y[m, n] from the f32 sums of its dot product (and of the up row's, gated), as the separate ops would round them.
-template <typename T>
-DEVICE void store_out(float v, float up, bool gated, float rs, u32 m, u32 n, const T* bias, const T* res, T* y,
-                      const LinShape& s) {
-  if (s.flags & FLAG_NORM) v *= rs, up *= rs;
-  if (s.flags & FLAG_BIAS) v += to_f32(bias[n]);
-  v = rounded<T>(v);  // linear's result
-  if (gated) {
-    if (s.flags & FLAG_BIAS) up += to_f32(bias[s.N + n]);
-    v = rounded<T>(activate(v, s.flags)) * rounded<T>(up);
-  } else {
-    if (s.flags & FLAG_RESIDUAL) v += to_f32(res[(u64)m * s.N + n]);
-    v = activate(v, s.flags);
-  }
-  y[(u64)m * s.N + n] = from_f32<T>(v);
-}
-
-// 1 / rms of a row from the sum of its squares (FLAG_NORM).
-DEVICE float inv_rms(float ss, const LinShape& s) { return rsqrt_f32(ss / (float)s.K + s.eps); }
 
 #if HAS_MMA
-// Partial sums of the waves: [wave][tile][row of w * MAX_M + row of x].
-struct Partials {
-  float v[NW][2][TILE * MAX_M];
-};
 
 template <typename T, int TILES, int MB>
 DEVICE void linear_rows(const T* x, const T* w, const T* bias, const T* res, T* y, const LinShape& s, Partials& part) {
@@ -338,11 +184,6 @@ DEVICE void linear_rows_entry(const T*, const T*, const T*, const T*, const T*, 
 // A wave's lanes read 16 contiguous bytes each of every row it has, so a load instruction reads 32 (64 on AMD)
 // pieces one after another of one row; VU such loads of each row in flight a lane. x (and the norm) come
 // through the caches: every wave reads them whole, so with FLAG_NORM each wave has its rows' sums of squares.
-DEVICE float wave_sum(float v) {
-#pragma unroll
-  for (u32 o = WAVE / 2; o >= 1; o /= 2) v += shfl_xor(v, o);
-  return v;
-}
 
 template <typename T, int MB, bool GATED, bool NORM>
 DEVICE void linear_vec(const T* x, const T* w, const T* bias, const T* res, const T* norm, T* y, const LinShape& s) {

@@ -143,16 +143,13 @@ class _Weights:
             self.values[name] = self.g.parameter(name, self.shapes[name], dtype)
         return self.values[name]
 
-    def product(self, x: Value, name: str, b: Value | None) -> Value:
-        """x @ W^T + b of projection `name`: linear over its weight, or quantized_linear over its packed weight
-        (a quantized checkpoint's; the act-order permutation of x where it has one)."""
-        if name + ".weight_q" not in self.shapes:
-            return ops.linear(x, self(name + ".weight"), b)
+    def quantized_product(self, x: Value, name: str, b: Value | None, **fused) -> Value:
+        """x @ W^T + b of the quantized projection `name` (a quantized checkpoint's packed weight, the act-order
+        permutation of x where it has one) as one quantized_linear, with its `fused` neighbours (norm, gate,
+        residual: see the op)."""
         perm = self(name + ".perm") if name + ".perm" in self.shapes else None
-        bits = self.quant.bits
-        return ops.quantized_linear(
-            x, self(name + ".weight_q"), self(name + ".scales"), self(name + ".zeros"), b, perm, bits=bits
-        )
+        q, s, z = (self(name + suffix) for suffix in (".weight_q", ".scales", ".zeros"))
+        return ops.quantized_linear(x, q, s, z, b, perm, bits=self.quant.bits, **fused)
 
     def quantized(self, name: str) -> bool:
         return name + ".weight_q" in self.shapes
@@ -275,13 +272,8 @@ class _Normed:
     def project(self, cfg: LlmConfig, w: "_Weights", name: str, bias: bool, gate: str = "none") -> Value:
         b = w(name + ".bias") if bias else None
         weight = _norm_weight(cfg, self.weight)
-        if w.quantized(name):  # the norm, the product of the packed weight, then the gate as elementwise ops
-            y = w.product(ops.rms_norm(self.h, weight, eps=cfg.rms_norm_eps), name, b)
-            if gate == "none":
-                return y
-            n = y.shape[-1] // 2
-            g, up = ops.narrow(y, -1, 0, n), ops.narrow(y, -1, n, n)
-            return (ops.silu(g) if gate == "silu" else ops.gelu(g, approximate="tanh")) * up
+        if w.quantized(name):  # the norm, the product of the packed weight and the gate as one op
+            return w.quantized_product(self.h, name, b, norm=weight, eps=cfg.rms_norm_eps, gate=gate)
         if self.fused:
             return ops.rms_norm_linear(self.h, weight, w(name + ".weight"), b, eps=cfg.rms_norm_eps, gate=gate)
         x = ops.rms_norm(self.h, weight, eps=cfg.rms_norm_eps)
@@ -296,8 +288,7 @@ def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False, res
     before the bias, which is added once, and the residual."""
     b = w(name + ".bias") if bias else None
     if w.quantized(name):
-        y = w.product(x, name, b)
-        return y if residual is None else residual + y
+        return w.quantized_product(x, name, b, residual=residual)
     if row and w.n > 1:
         y = ops.linear(x, w(name + ".weight"))
         y = ops.all_reduce(y, w.n, max_size=w.most(y))

@@ -101,6 +101,47 @@ _NORM_X = Binding("x", False, "rows x cols, row-major")
 _NORM_Y = Binding("y", True, "rows x cols, x's element type")
 _VARIANTS = tuple(f"{dt}{sfx}" for dt in DTYPES for sfx in ("", "_short"))
 
+# The flags of the linear-layer kernels (linear.h's epilogue reads them by these names).
+_LINEAR_FLAGS = (
+    ("bias", "bias present"),
+    ("residual", "residual present (not with FLAG_GATED)"),
+    ("gated", "y = act(x @ gate^T + b) * (x @ up^T + b)"),
+    ("relu", "the activation is relu"),
+    ("silu", "the activation is silu"),
+    ("gelu_tanh", "the activation is gelu, tanh approximation (none of the three: no activation)"),
+    ("norm", "x is RMSNorm(x, norm, eps) first (rms_norm_linear)"),
+)
+
+# The linear-layer kernels' bindings after x and the weight (linear.h's epilogue and norm).
+_EPILOGUE_BINDINGS = (
+    Binding("bias", False, "(N,) or (2N,) (a placeholder when absent)"),
+    Binding("residual", False, "(M, N) (a placeholder when absent)"),
+    Binding("norm", False, "(K,): RMSNorm's weight, with FLAG_NORM (a placeholder when absent)"),
+    Binding("y", True, "(M, N)"),
+)
+
+# The quantized linear kernels' bindings and constants (linear_q.hip, linear_qm.hip: custom_kernels/quant.h).
+_QUANT_ABI = (
+    (
+        Binding("x", False, "(M, K), M <= 2 (linear_qm: M <= 32)"),
+        Binding(
+            "w", False, "(N, K * bits / 8) bytes, or (2N, ...) with FLAG_GATED: the gate's rows, then the up's", "void"
+        ),
+        Binding("scales", False, "(N, G) (2N with FLAG_GATED), x's type"),
+        Binding("zeros", False, "(N, G) as scales"),
+        *_EPILOGUE_BINDINGS,
+    ),
+    (
+        ("M", "rows of x"),
+        ("N", "outputs a row"),
+        ("K", "inputs a row: a multiple of 128 / bits"),
+        ("G", "groups a row: K / G a multiple of 128 / bits"),
+        ("bits", "4 or 8"),
+        ("flags", "FLAG_* bits"),
+        ("eps", "f32 bits: RMSNorm's epsilon (FLAG_NORM)"),
+    ),
+)
+
 FAMILIES: dict[str, KernelFamily] = {
     "rms_norm": KernelFamily(
         "rms_norm.hip",
@@ -215,10 +256,7 @@ FAMILIES: dict[str, KernelFamily] = {
         (
             Binding("x", False, "(M, K), M <= 32 (linear_vec: M <= 2)"),
             Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
-            Binding("bias", False, "(N,) or (2N,) (a placeholder when absent)"),
-            Binding("residual", False, "(M, N) (a placeholder when absent)"),
-            Binding("norm", False, "(K,): RMSNorm's weight, with FLAG_NORM (a placeholder when absent)"),
-            Binding("y", True, "(M, N)"),
+            *_EPILOGUE_BINDINGS,
         ),
         (
             ("M", "rows of x"),
@@ -230,15 +268,13 @@ FAMILIES: dict[str, KernelFamily] = {
         # 128 threads: on an H100 (bench/linear_sweep.py, BENCHMARKS.md) a 7B layer's four projections took
         # 185 / 186 / 229 us at 1 / 8 / 32 rows against 193 / 196 / 276 with 256.
         block=128,
-        flags=(
-            ("bias", "bias present"),
-            ("residual", "residual present (not with FLAG_GATED)"),
-            ("gated", "y = act(x @ gate^T + b) * (x @ up^T + b)"),
-            ("relu", "the activation is relu"),
-            ("silu", "the activation is silu"),
-            ("gelu_tanh", "the activation is gelu, tanh approximation (none of the three: no activation)"),
-            ("norm", "x is RMSNorm(x, norm, eps) first (rms_norm_linear)"),
-        ),
+        flags=_LINEAR_FLAGS,
+    ),
+    "linear_q": KernelFamily(
+        "linear_q.hip", ("linear_q_f16", "linear_q_bf16"), *_QUANT_ABI, block=128, flags=_LINEAR_FLAGS
+    ),
+    "linear_qm": KernelFamily(
+        "linear_qm.hip", ("linear_qm_f16", "linear_qm_bf16"), *_QUANT_ABI, block=256, flags=_LINEAR_FLAGS
     ),
 }
 

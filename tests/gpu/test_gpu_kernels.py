@@ -259,9 +259,26 @@ def _linear_cases() -> list[Case]:
     ]
 
 
-def quantized_case(name, dtype, lead, n, k, bits, groups, perm=False, bias=False, sizes=(None,)) -> Case:
-    """quantized_linear (generated code: the dequantization fused into the product's dispatch) of x (*lead, k)
-    against float64: packed random integers, scales, zeros at any integer of the range."""
+def quantized_case(
+    name,
+    dtype,
+    lead,
+    n,
+    k,
+    bits,
+    groups,
+    perm=False,
+    bias=False,
+    sizes=(None,),
+    norm=False,
+    gate="none",
+    residual=False,
+) -> Case:
+    """quantized_linear of x (*lead, k) against float64: packed random integers, scales, zeros at any integer of
+    the range; with `norm` (RMSNorm first), `gate` (n rows: the gate's n / 2, then the up's) or `residual`. A few
+    static rows take the linear_q kernel; the rest is generated code (the dequantization fused into the
+    product's dispatch)."""
+    n_out = n // 2 if gate != "none" else n
 
     def graph():
         g = rocmc.Graph("qlin")
@@ -273,7 +290,9 @@ def quantized_case(name, dtype, lead, n, k, bits, groups, perm=False, bias=False
         )
         b = g.input("b", (n,), dtype) if bias else None
         p = g.input("p", (k,), "i64") if perm else None
-        g.output(ops.quantized_linear(x, w, s, z, b, p, bits=bits))
+        r = g.input("r", (*lead, n_out), dtype) if residual else None
+        nw = g.input("nw", (k,), dtype) if norm else None
+        g.output(ops.quantized_linear(x, w, s, z, b, p, bits=bits, norm=nw, eps=1e-5, gate=gate, residual=r))
         return g
 
     def inputs(rng, t):
@@ -286,6 +305,10 @@ def quantized_case(name, dtype, lead, n, k, bits, groups, perm=False, bias=False
             out.append(_rand(rng, (n,), dtype))
         if perm:
             out.append(rng.permutation(k).astype(np.int64))
+        if residual:
+            out.append(_rand(rng, (*shape, n_out), dtype))
+        if norm:
+            out.append(_rand(rng, (k,), dtype, 0.5, 1.5))
         return out
 
     return Case(name, graph, inputs, TOL[dtype], rel_l2, sizes=sizes, poison=True)
@@ -297,6 +320,19 @@ def _quantized_cases() -> list[Case]:
         quantized_case("q4_f16_rows_perm_odd", "f16", ("t", 1), 37, 96, 4, 3, perm=True, bias=True, sizes=(1, 7, 33)),
         quantized_case("q8_bf16_one_group", "bf16", (3, 1), 300, 1000, 8, 1, bias=True),
         quantized_case("q4_bf16_8_k11008", "bf16", (8, 1), 256, 11008, 4, 86),
+        # The linear_q kernel (1 or 2 static rows): its norm, gate, residual, bias and act-order forms.
+        quantized_case("q4k_f16_1_norm_silu", "f16", (1, 1), 600, 4096, 4, 32, norm=True, gate="silu", bias=True),
+        quantized_case("q4k_f16_2_residual_odd", "f16", (2, 1), 37, 96, 4, 3, bias=True, residual=True),
+        quantized_case("q4k_f16_1_down", "f16", (1, 1), 4096, 11008, 4, 86, residual=True),
+        quantized_case("q8k_bf16_1_norm", "bf16", (1, 1), 129, 1008, 8, 7, norm=True),
+        quantized_case("q8k_f16_2_one_group", "f16", (2,), 300, 4096, 8, 1),
+        quantized_case("q4k_f16_1_perm_norm", "f16", (1, 1), 64, 256, 4, 2, perm=True, norm=True),
+        quantized_case("q8k_bf16_2_gelu", "bf16", (2,), 100, 11008, 8, 86, norm=True, gate="gelu_tanh"),
+        # linear_qm's row blocks (NVIDIA: 8 rows a block; AMD: 16).
+        quantized_case("q4k_f16_8_norm_gated", "f16", (8, 1), 2 * 688, 4096, 4, 32, norm=True, gate="silu", bias=True),
+        quantized_case("q4k_f16_17_residual", "f16", (17,), 4096, 11008, 4, 86, residual=True),
+        quantized_case("q8k_bf16_32_odd", "bf16", (32, 1), 77, 1008, 8, 7, bias=True),
+        quantized_case("q4k_bf16_5_perm", "bf16", (5,), 48, 384, 4, 3, perm=True, norm=True),
     ]
 
 

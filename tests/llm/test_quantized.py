@@ -255,19 +255,22 @@ def test_rocmc_generate_runs_a_quantized_checkpoint(quantized, tmp_path, capsys)
 
 @pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942"])
 def test_on_the_gpus_each_projection_reads_its_packed_weight_in_its_own_product(quantized, target):
-    """Compiled here (compile-only for ROCm): a decode step's four projections a layer are each one dispatch
-    whose product reads the packed weight by group (N x groups x group size), with no dispatch of its own
-    unpacking a weight."""
+    """Compiled here (compile-only for ROCm). decode (one row): each of a layer's four projections is one
+    linear_q kernel (the norm, the gate and the residual in it); prefill (symbolic rows): each is one
+    generated dispatch whose product reads the packed weight by group (N x groups x group size), with no
+    dispatch of its own unpacking a weight."""
     path, _ = quantized("gptq4_g32")
-    art = rocmc.llm.compile_hf(path, target, max_seq_len=64, dtype="f16")
-    names = [d["name"] for d in art.dispatches() if d["name"].startswith("decode")]
+    art = rocmc.llm.compile_hf(path, target, max_seq_len=64, dtype="f16", max_batch=1)
     cfg = rocmc.llm.config.load_config(path)
-    products = {n.split("matvec_like_")[1].split("_")[0] for n in names if "matvec_like" in n}
+    decode = [k["symbol"] for k in art.metadata["kernels"] if k["op"] == "quantized_linear"]
+    assert decode == ["linear_q_f16"] * 4 * cfg.num_hidden_layers, decode
+    names = [d["name"] for d in art.dispatches() if d["name"].startswith("prefill")]
+    products = {n.split("matmul_like_")[1].split("_")[0] for n in names if "matmul_like" in n}
     h, inter, gs = cfg.hidden_size, cfg.intermediate_size, 32
     want = {f"{cfg.q_dim + 2 * cfg.kv_dim}x{h // gs}x{gs}", f"{h}x{cfg.q_dim // gs}x{gs}",
             f"{2 * inter}x{h // gs}x{gs}", f"{h}x{inter // gs}x{gs}"}  # fmt: skip
-    assert want <= products, names  # (the distinct executables: the layers share them)
-    assert not [n for n in names if "i4" in n or "i8" in n], names
+    assert want <= {p.split("x", 1)[1] for p in products}, names  # (after the rows; the layers share them)
+    assert not [n for n in names if "i4" in n or ("matmul" not in n and any(w in n for w in want))], names
 
 
 def _read_gptq(directory, module):

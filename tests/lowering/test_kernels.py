@@ -137,14 +137,29 @@ def test_tuning_switches_build(arch, switches):
 # ---- the ABI: one KernelFamily per source, the kernels' parameters and block generated from it ------------------
 
 
+def _with_headers(path) -> str:
+    """A source's text and that of the kernel headers of custom_kernels/ it includes (their includes too; the
+    generated kernel_abi.h is not a file there; rocmc_gpu.h, the platform's, is checked on its own)."""
+    text, seen, todo = "", set(), [path]
+    while todo:
+        p = todo.pop()
+        if p.name in seen or p.name == "rocmc_gpu.h" or not p.is_file():
+            continue
+        seen.add(p.name)
+        t = p.read_text()
+        text += t
+        todo += [p.parent / h for h in re.findall(r'#include "([^"]+)"', t)]
+    return text
+
+
 def test_entry_points_take_their_parameters_from_the_family():
     """No source spells its own parameter list, block size or flag masks: all come from kernel_abi.h."""
     for source in kernels.SOURCES:
-        text = (kernels.KERNEL_DIR / source).read_text()
+        text = _with_headers(kernels.KERNEL_DIR / source)
         entries = re.findall(r"KERNEL(?:_OCC)?\([^)]*\)\)? void name\(([^)]*)\)", text)
         assert entries == ["KERNEL_PARAMS(T"], (source, entries)
         assert not re.search(r"#define BLOCK|flags & \d", text), source
-    for header in ("rows.h", "rocmc_gpu.h"):
+    for header in ("rows.h", "rocmc_gpu.h", "linear.h", "quant.h"):
         assert "#define BLOCK" not in (kernels.KERNEL_DIR / header).read_text()
 
 

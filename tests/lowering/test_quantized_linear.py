@@ -70,10 +70,10 @@ def test_the_packed_layout(rng):
 @pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942"])
 @pytest.mark.parametrize("lead", [(1,), ("rows",)])
 def test_the_dequantization_is_in_the_product_s_dispatch(target, lead):
-    """The packed weight is what the product reads: one dispatch, no dequantized weight stored (on the CPU
-    IREE 3.13 keeps it a dispatch of its own, a buffer of the call)."""
+    """The packed weight is what the generated product reads: one dispatch, no dequantized weight stored (on
+    the CPU IREE 3.13 keeps it a dispatch of its own, a buffer of the call)."""
     g = _graph("f16", 4, 4096, 32, True, False, lead)
-    names = [d["name"] for d in rocmc.compile(g, target).dispatches()]
+    names = [d["name"] for d in rocmc.compile(g, target, impl={"quantized_linear": "generated"}).dispatches()]
     assert len(names) == 1 and f"{N}x32x128" in names[0], names
 
 
@@ -100,3 +100,118 @@ def test_bad_input_is_a_typed_error_naming_the_argument(change, needle):
     ins = {k: g.input(k, *v) for k, v in spec.items()}
     with pytest.raises(rocmc.GraphError, match=needle.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         ops.quantized_linear(x, ins["w"], ins["s"], ins["z"], ins["b"], ins["p"], bits=change.get("bits", 4))
+
+
+def _fused_graph(dtype, bits, k, groups, n, lead, norm, gate, residual, perm=False):
+    g = rocmc.Graph("qfused")
+    x = g.input("x", (*lead, k), dtype)
+    w = g.input("w", (n, k * bits // 8), "u8")
+    s, z = g.input("s", (n, groups), dtype), g.input("z", (n, groups), dtype)
+    b = g.input("b", (n,), dtype)
+    p = g.input("p", (k,), "i64") if perm else None
+    r = g.input("r", (*lead, n // 2 if gate != "none" else n), dtype) if residual else None
+    nw = g.input("nw", (k,), dtype) if norm else None
+    g.output(ops.quantized_linear(x, w, s, z, b, p, bits=bits, norm=nw, eps=1e-5, gate=gate, residual=r))
+    return g
+
+
+@pytest.mark.parametrize(
+    "norm,gate,residual,perm",
+    [
+        (True, "silu", False, False),
+        (True, "none", False, True),
+        (False, "none", True, False),
+        (True, "gelu_tanh", False, True),
+    ],  # fmt: skip
+)
+def test_fused_forms_against_float64(rng, norm, gate, residual, perm):
+    """norm (RMSNorm of x first, before act-order's permutation), gate (act(gate) * up of the joined rows) and
+    residual, as the separate ops compute them, symbolic rows."""
+    k, groups, n, bits = 64, 2, 2 * N, 4
+    g = _fused_graph("f32", bits, k, groups, n, ("batch", "seq"), norm, gate, residual, perm)
+    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    for lead in ((1, 1), (2, 5)):
+        q = rng.integers(0, 16, (n, k))
+        s = rng.uniform(0.01, 0.05, (n, groups)).astype(np.float32)
+        z = rng.integers(0, 16, (n, groups)).astype(np.float32)
+        x, b = rand(rng, (*lead, k), "f32"), rand(rng, (n,), "f32")
+        p = rng.permutation(k) if perm else None
+        r = rand(rng, (*lead, n // 2 if gate != "none" else n), "f32") if residual else None
+        nw = rng.uniform(0.5, 1.5, (k,)).astype(np.float32) if norm else None
+        h = x.astype(np.float64)
+        if norm:
+            h = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + 1e-5) * nw
+        if perm:
+            h = h[..., p]
+        y = h @ ((q - np.repeat(z, k // groups, -1)) * np.repeat(s, k // groups, -1)).T.astype(np.float64) + b
+        if gate == "silu":
+            y = y[..., :N] / (1 + np.exp(-y[..., :N])) * y[..., N:]
+        elif gate == "gelu_tanh":
+            a = y[..., :N]
+            y = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3))) * y[..., N:]
+        if residual:
+            y = y + r
+        args = [x, pack(q, bits), s, z, b] + [a for a in (p, r, nw) if a is not None]
+        for got in (mod(*args), rocmc.evaluate(g, *args)):
+            np.testing.assert_allclose(np.asarray(got, np.float64), y, rtol=1e-4, atol=1e-4)
+
+
+def _symbols(art):
+    return [k["symbol"] for k in art.metadata["kernels"]]
+
+
+@pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942", "gfx90a"])
+def test_the_kernels_take_a_few_static_rows(target):
+    """linear_q (vector units) for one or two rows with the norm, gate or residual in the dispatch; linear_qm
+    (matrix units) for 3 to 32 rows, after rms_norm's kernel; act-order's permutation after the norm."""
+    for lead, norm, gate, residual, perm, want in [
+        ((1, 1), True, "silu", False, False, ["linear_q_f16"]),
+        ((2,), False, "none", True, False, ["linear_q_f16"]),
+        ((1,), True, "none", False, True, ["rms_norm_f16_short", "linear_q_f16"]),
+        ((3,), True, "silu", False, False, ["rms_norm_f16_short", "linear_qm_f16"]),
+        ((32,), False, "none", True, False, ["linear_qm_f16"]),
+        ((33,), False, "none", True, False, []),
+    ]:
+        art = rocmc.compile(_fused_graph("f16", 4, 256, 2, 96, lead, norm, gate, residual, perm), target)
+        assert _symbols(art) == want, (lead, art.summary())
+    art = rocmc.compile(_fused_graph("bf16", 8, 256, 1, 96, (4,), True, "gelu_tanh", False), target)
+    assert _symbols(art) == ["rms_norm_bf16_short", "linear_qm_bf16"]
+
+
+def test_without_matrix_instructions_one_or_two_rows_take_the_vector_kernel():
+    for lead, want in [((1,), ["linear_q_f16"]), ((2,), ["linear_q_f16"]), ((3,), [])]:
+        art = rocmc.compile(_fused_graph("f16", 4, 256, 2, 96, lead, True, "silu", False), "gfx1100")
+        assert _symbols(art) == want, art.summary()
+    assert "3 rows of x; the kernel takes 1 to 2 (gfx1100: the kernel uses the MFMA instructions" in art.summary()
+
+
+def test_what_the_kernel_passes_over():
+    for dtype, bits, k, groups, lead, why in [
+        ("f16", 4, 256, 2, (33,), "33 rows of x; the kernel takes 1 to 32"),
+        ("f16", 4, 256, 2, ("t",), "the kernels take a static few rows"),
+        ("f32", 4, 256, 2, (1,), "x is f32; the kernels take f16, bf16"),
+        ("f16", 4, 256, 16, (1,), "groups of 16 values; the kernels take multiples of 32"),
+        ("f16", 8, 120, 15, (1,), "groups of 8 values; the kernels take multiples of 16"),
+    ]:
+        art = rocmc.compile(_fused_graph(dtype, bits, k, groups, 96, lead, True, "silu", False), "cuda:sm_80")
+        assert not _symbols(art) and why in art.summary(), art.summary()
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"gate": "relu"}, "gate='relu', expected one of 'none', 'silu', 'gelu_tanh'"),
+        ({"gate": "silu", "residual": ((2, 18), "f32"), "w": ((36, 48), "u8")}, "'residual' with gate='silu'"),
+        ({"residual": ((2, 36), "f32")}, "'residual' is f32[2,36], expected the result's type f32[2,37]"),
+        ({"norm": ((95,), "f32")}, "'norm' is f32[95], expected [96] f32"),
+        ({"gate": "silu"}, "'weight' has 37 rows, expected an even count with a gate"),
+    ],
+)
+def test_bad_fused_operands_are_typed_errors(kw, needle):
+    g = rocmc.Graph("bad")
+    x = g.input("x", (2, 96), "f32")
+    n = kw["w"][0][0] if "w" in kw else N
+    w, s, z = g.input("w", (n, 48), "u8"), g.input("s", (n, 3), "f32"), g.input("z", (n, 3), "f32")
+    kw = {k: g.input(k, *v) if isinstance(v, tuple) else v for k, v in kw.items() if k != "w"}
+    with pytest.raises(rocmc.GraphError, match=needle.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        ops.quantized_linear(x, w, s, z, **kw)

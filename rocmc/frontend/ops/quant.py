@@ -12,6 +12,12 @@ gs = K / G the group size (G = 1: one group a row). `perm` (optional, int (K,)) 
 turns GPTQ's act-order (`desc_act`, whose groups are scattered over the input features by `g_idx`) into
 contiguous groups of a permuted weight. The weight is what streams from memory: a lowering dequantizes it
 on its way into the product, never to a tensor of its own.
+
+Like linear's fused forms (rocmc.frontend.ops.fused), it takes a decoder layer's neighbours of the product, so
+one kernel can do them on the way: `norm` (with `eps`) makes x rms_norm(x, norm, eps) first (rms_norm_linear's
+prologue); `gate` "silu" / "gelu_tanh" reads the weight as the gate's rows then the up's and gives
+act(gate) * up (gated_linear's epilogue); `residual` is added to the result (fused_linear's). Each is
+computed as the separate ops would.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from ...dtypes import u8
 from ...errors import GraphError
 from ..graph import TensorType
 from ..opdef import as_value, builder, defop, graph_of, reference, require_dtype
+from ..registry import OPS
+from .fused import GATE_ACTIVATIONS, NORM_GATES, activate
+from .norm import _check_eps, _eps_attr
 
 __all__ = ["quantized_linear"]
 
@@ -60,10 +69,10 @@ def dequantize(weight, scales, zeros, bits: int) -> np.ndarray:
     return (q - z) * s
 
 
-@defop("quantized_linear", attrs=("bits",))
+@defop("quantized_linear", attrs=("bits", "eps", "gate"))
 def _quantized_linear_infer(node, types, attrs):
-    x, w, scales, zeros, bias, perm = types
-    desc, bits = node.describe(), attrs.get("bits")
+    x, w, scales, zeros, bias, perm, residual, norm = types
+    desc, bits, gate = node.describe(), attrs.get("bits"), attrs.get("gate", "none")
     if bits not in BITS:
         raise GraphError(f"{desc}: attribute bits={bits!r}, expected 4 or 8")
     require_dtype(desc, "x", x)
@@ -93,26 +102,59 @@ def _quantized_linear_infer(node, types, attrs):
         raise GraphError(f"{desc}: 'bias' is {bias}, expected [{n}] {x.dtype}")
     if perm is not None and (perm.dtype.kind != "int" or perm.shape != (k,)):
         raise GraphError(f"{desc}: 'perm' is {perm}, expected an integer [{k}] (an order of x's features)")
-    return TensorType(x.shape[:-1] + (n,), x.dtype)
+    if gate not in NORM_GATES:
+        names = ", ".join(map(repr, NORM_GATES))
+        raise GraphError(f"{desc}: attribute gate={gate!r}, expected one of {names}")
+    if gate != "none" and n % 2:
+        raise GraphError(
+            f"{desc}: 'weight' has {n} rows, expected an even count with a gate (the gate's, then the up's)"
+        )
+    out = TensorType(x.shape[:-1] + (n // 2 if gate != "none" else n,), x.dtype)
+    if norm is not None:
+        _check_eps(node, attrs)
+        if norm.shape != (k,) or norm.dtype != x.dtype:
+            raise GraphError(f"{desc}: 'norm' is {norm}, expected [{k}] {x.dtype} (RMSNorm's weight over x's features)")
+    if residual is not None:
+        if gate != "none":
+            raise GraphError(f"{desc}: 'residual' with gate={gate!r}: expected one or the other")
+        if residual != out:
+            raise GraphError(f"{desc}: 'residual' is {residual}, expected the result's type {out}")
+    return out
 
 
 @reference("quantized_linear")
 def _quantized_linear_ref(node, ins, attrs):
-    x, w, scales, zeros, bias, perm = ins
+    x, w, scales, zeros, bias, perm, residual, norm = ins
+    if norm is not None:
+        x = OPS["rms_norm"].reference(node, [x, norm], {"eps": attrs["eps"], "axis": x.ndim - 1})[0]
     if perm is not None:
         x = x[..., np.asarray(perm, np.int64)]
     y = x @ dequantize(w, scales, zeros, attrs["bits"]).T
-    return [y if bias is None else y + bias]
+    y = y if bias is None else y + bias
+    gate = attrs.get("gate", "none")
+    if gate != "none":
+        n = y.shape[-1] // 2
+        y = activate(node, y[..., :n], GATE_ACTIVATIONS, gate) * y[..., n:]
+    return [y if residual is None else y + residual]
 
 
 @builder
-def quantized_linear(x, weight, scales, zeros, bias=None, perm=None, *, bits=4):
+def quantized_linear(
+    x, weight, scales, zeros, bias=None, perm=None, *, bits=4, norm=None, eps=1e-6, gate="none", residual=None
+):
     """x[..., perm] @ W^T + bias with W dequantized from the packed `weight` group by group (see this module's
-    docstring for the layout; rocmc.frontend.ops.quant.pack makes it from integer values)."""
+    docstring for the layout; rocmc.frontend.ops.quant.pack makes it from integer values). `norm` (K,):
+    rms_norm(x, norm, eps) first; `gate` "silu" / "gelu_tanh": act(gate) * up of the joined rows; `residual`
+    (the result's shape): added last."""
     g = graph_of("quantized_linear", x)
     x = as_value("quantized_linear", "x", x, g)
     operands = [x, as_value("quantized_linear", "weight", weight, g)]
     operands += [as_value("quantized_linear", name, v, g, x) for name, v in (("scales", scales), ("zeros", zeros))]
     operands.append(None if bias is None else as_value("quantized_linear", "bias", bias, g, x))
     operands.append(None if perm is None else as_value("quantized_linear", "perm", perm, g))
-    return g.apply("quantized_linear", operands, {"bits": bits})[0]
+    operands += [None if v is None else as_value("quantized_linear", name, v, g, x)
+                 for name, v in (("residual", residual), ("norm", norm))]  # fmt: skip
+    attrs = {"bits": bits, "gate": gate}
+    if norm is not None:
+        attrs["eps"] = _eps_attr("quantized_linear", eps)
+    return g.apply("quantized_linear", operands, attrs)[0]

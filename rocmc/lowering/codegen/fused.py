@@ -35,7 +35,12 @@ def _activation(name: str):
 
 def _epilogue(E: Emitter, node, y: T, residual: T | None) -> T:
     """activation(y + residual) elementwise, in the compute type of y's storage type, rounded once."""
-    act = _activation(node.attrs["activation"])
+    return epilogue(E, y, residual, node.attrs["activation"], node.outputs[0].type)
+
+
+def epilogue(E: Emitter, y: T, residual: T | None, activation: str, out: TensorType) -> T:
+    """activation(y + residual) of result type `out` (fused_linear's activation names)."""
+    act = _activation(activation)
     if residual is None and act is None:
         return y
     storage = y.mlir_elt
@@ -49,7 +54,7 @@ def _epilogue(E: Emitter, node, y: T, residual: T | None) -> T:
             v = act(E, v, t)
         return E.cast_scalar(v, t, storage)
 
-    return E.map([y] + ([residual] if residual is not None else []), node.outputs[0].type, body)
+    return E.map([y] + ([residual] if residual is not None else []), out, body)
 
 
 def _with_epilogue(conv_lowering):
@@ -87,7 +92,12 @@ def _gated(E: Emitter, node, ins, ctx, activation: str):
     IREE fuses into the contraction's dispatch where it can."""
     out = node.outputs[0].type
     joined = TensorType(out.shape[:-1] + (2 * out.shape[-1],), out.dtype)
-    both = lower_linear(E, node, ins, ctx, joined)[0]
+    return [gate_halves(E, lower_linear(E, node, ins, ctx, joined)[0], activation, out)]
+
+
+def gate_halves(E: Emitter, both: T, activation: str, out: TensorType) -> T:
+    """act(gate) * up of `both` (..., 2n): its first n features the gate's, the rest the up's; result type
+    `out`."""
     n, sizes = out.shape[-1], E.dims(both)[:-1]
 
     def half(start: int) -> T:
@@ -107,7 +117,7 @@ def _gated(E: Emitter, node, ins, ctx, activation: str):
         v = BINARY["mul"](E, E.cast_scalar(g, storage, t), E.cast_scalar(a[1], storage, t), t)
         return E.cast_scalar(v, t, storage)
 
-    return [E.map([gate, up], out, body)]
+    return E.map([gate, up], out, body)
 
 
 @lowering("rms_norm_linear")

@@ -1,5 +1,5 @@
 """Generated lowering of quantized_linear: the weight dequantized by one elementwise linalg.generic, then
-linear's contraction over it.
+linear's contraction over it (after rms_norm's code with a norm; before the gate's or the residual's epilogue).
 
 The dequantization iterates (n, group, byte in group[, nibble]) over the packed uint8 weight viewed as
 (N, G, bytes a group): every indexing map is a projected permutation (no floordiv), so IREE's dispatch
@@ -17,10 +17,12 @@ from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 from ...dtypes import acc_mlir
 from .linalg import _bias_init, _mac, _padded
+from .fused import epilogue, gate_halves
+from .norm import rms_norm_of
 from .shape import _clamp, _gather_generic
 
 
-def _permuted(E: Emitter, x: T, perm: T) -> T:
+def permuted(E: Emitter, x: T, perm: T) -> T:
     """x[..., perm] (perm's entries clamped into range: a graph's perm is checked where it is made)."""
     sizes = E.dims(x)
     last = x.rank - 1
@@ -68,13 +70,27 @@ def dequantized(E: Emitter, w: T, scales: T, zeros: T, bits: int, like: T) -> T:
 
 @lowering("quantized_linear")
 def _lower_quantized_linear(E: Emitter, node, ins, ctx):
-    """The contraction reads x by group, (..., G, K / G), against the dequantized (N, G, K / G) weight, both
-    groups and their features reduced: the weight's producer then has the contraction's own loops over it,
-    which IREE fuses (as its dequantized-GEMV tests are written); rows symbolic on a GPU padded as linear's."""
-    x, w, scales, zeros, bias, perm = ins
+    """rms_norm's code (with `norm`), the product, then the gate's or the residual's elementwise epilogue (IREE
+    fuses it into the product's dispatch), as the separate ops compute them."""
+    x, w, scales, zeros, bias, perm, residual, norm = ins
     out = node.outputs[0].type
+    if norm is not None:
+        x = rms_norm_of(E, x, norm, node.attrs["eps"], x.rank - 1)
+    gate = node.attrs.get("gate", "none")
+    joined = TensorType(out.shape[:-1] + (w.shape[0],), out.dtype)
+    y = product(E, node, x, w, scales, zeros, bias, perm, joined, ctx)
+    if gate != "none":
+        return [gate_halves(E, y, gate, out)]
+    return [y if residual is None else epilogue(E, y, residual, "none", out)]
+
+
+def product(E: Emitter, node, x: T, w: T, scales: T, zeros: T, bias, perm, out: TensorType, ctx) -> T:
+    """x[..., perm] @ W^T + bias, rounded to x's type. The contraction reads x by group, (..., G, K / G),
+    against the dequantized (N, G, K / G) weight, both groups and their features reduced: the weight's
+    producer then has the contraction's own loops over it, which IREE fuses (as its dequantized-GEMV tests are
+    written); rows symbolic on a GPU padded as linear's."""
     if perm is not None:
-        x = _permuted(E, x, perm)
+        x = permuted(E, x, perm)
     weight = dequantized(E, w, scales, zeros, node.attrs["bits"], x)
     lead = x.rank - 1
     rows = next((i for i in reversed(range(lead)) if not isinstance(x.shape[i], int)), None)
@@ -104,4 +120,4 @@ def _lower_quantized_linear(E: Emitter, node, ins, ctx):
         ["parallel"] * (lead + 1) + ["reduction"] * 2,
         _mac(storage, acc),
     )[0]
-    return [E.convert(finish(T(r, out_c, acc)), storage)]
+    return E.convert(finish(T(r, out_c, acc)), storage)
