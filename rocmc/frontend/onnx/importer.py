@@ -58,6 +58,8 @@ NEWER_COMPATIBLE = {
 }
 NEWER_COMPATIBLE["Range"] = 27
 NEWER_COMPATIBLE["TopK"] = 24  # TopK-24 only added bfloat16 inputs
+# QuantizeLinear/DequantizeLinear-24 and -25 only added float8e8m0 scales and int2/uint2 values.
+NEWER_COMPATIBLE.update({"QuantizeLinear": 25, "DequantizeLinear": 25})
 
 
 @lru_cache(maxsize=None)

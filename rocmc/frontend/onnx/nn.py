@@ -138,8 +138,11 @@ def _lrn(n: Node):
 
 @converts("MatMul")
 def _matmul(n: Node):
-    R = _ops()
-    a, b = n.value(0), n.value(1)
+    return numpy_matmul(_ops(), n.value(0), n.value(1))
+
+
+def numpy_matmul(R, a: Value, b: Value) -> Value:
+    """numpy's matmul (ONNX's MatMul, MatMulInteger): 1-D operands promoted, then their dim dropped."""
     a1, b1 = a.rank == 1, b.rank == 1  # numpy's matmul promotes 1-D operands, then drops the dim
     if a1:
         a = R.unsqueeze(a, 0)

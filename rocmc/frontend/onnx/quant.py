@@ -1,0 +1,157 @@
+"""ONNX's quantization operators as rocmc ops: QuantizeLinear, DequantizeLinear (per tensor, per axis and blocked
+scales and zero points), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul, computed as ONNX's reference
+does (onnx.reference: x / scale in x's type, rounded half to even, the zero point added, saturated to the
+integer type; products of integers in int32; QLinearMatMul's rescale in float64).
+
+rocmc quantizes to the integer types of its dtype table (int8, uint8, int16, uint16; int32 dequantizes). The
+4-bit, 2-bit, float8 and float4 types ONNX also has are not in it: such a model is reported with the type
+(the importer's element-type check). ConvInteger and QLinearConv are not converted.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph import Value
+from .importer import converts
+from .nn import numpy_matmul
+from .values import Node, Unsupported, _axis, _ops, _rocmc_dtype, _static
+
+RANGES = {"u8": (0, 255), "i8": (-128, 127), "u16": (0, 65535), "i16": (-32768, 32767)}
+
+
+def _along(R, n: Node, i: int, what: str, x: Value, axis_attr: str = "axis") -> Value | None:
+    """Input i (a scale or a zero point) made to broadcast against x: a scalar (or one element) as it is; a 1-D
+    tensor along `axis` (per axis); with block_size, x's rank with ceil(size / block_size) along `axis`, each
+    entry repeated block_size times (the last block cut to x's size)."""
+    v = n.value(i)
+    if v is None:
+        return None
+    block = int(n.attr("block_size", 0) or 0)
+    if v.rank == 0 or (v.rank == 1 and v.shape[0] == 1 and not block):
+        return R.reshape(v, ()) if v.rank else v
+    axis = _axis(n, n.attr(axis_attr, 1), x.rank)
+    size = _static(x.shape, f"x of a per-axis {what}")[axis]
+    if not block:
+        if v.rank != 1 or v.shape[0] != size:
+            raise Unsupported(f"{what} is {v.type}: expected a scalar or {size} values along axis {axis} of x {x.type}")
+        return R.reshape(v, [1] * axis + [size] + [1] * (x.rank - axis - 1))
+    blocks = math.ceil(size / block)
+    want = list(x.shape[:axis]) + [blocks] + list(x.shape[axis + 1 :])
+    if list(v.shape) != want:
+        raise Unsupported(
+            f"{what} is {v.type}: expected shape {want} for blocks of {block} along axis {axis} of x {x.type}"
+        )
+    grown = R.broadcast_to(R.unsqueeze(v, axis + 1), want[: axis + 1] + [block] + want[axis + 1 :])
+    v = R.reshape(grown, want[:axis] + [blocks * block] + want[axis + 1 :])
+    return v if blocks * block == size else R.narrow(v, axis, 0, size)
+
+
+def _saturate(R, q: Value, dtype: str) -> Value:
+    lo, hi = RANGES[dtype]
+    return R.cast(R.minimum(R.maximum(q, float(lo)), float(hi)), dtype)
+
+
+def _quant_type(n: Node, i: int, attr: str, default: str) -> str:
+    """The integer type of a quantized value: input i's (a zero point) if given, else attribute `attr`'s."""
+    if n.has(i):
+        t = n.inputs[i].dtype_name()
+    elif n.attr(attr):
+        t = _rocmc_dtype(n.attr(attr), f"attribute {attr}")
+    else:
+        t = default
+    if t not in RANGES:
+        raise Unsupported(f"quantized type {t}: rocmc quantizes to {', '.join(RANGES)}")
+    return t
+
+
+@converts("QuantizeLinear")
+def _quantize_linear(n: Node):
+    R = _ops()
+    x = n.value(0)
+    out = _quant_type(n, 2, "output_dtype", "u8")
+    if n.attr("precision"):
+        x = R.cast(x, _rocmc_dtype(n.attr("precision"), "attribute precision"))
+    scale = _along(R, n, 1, "y_scale", x)
+    q = R.div(x, R.cast(scale, x.dtype.name) if scale.dtype != x.dtype else scale)  # in x's type, as ONNX
+    wide = "f64" if x.dtype.name == "f64" else "f32"  # integers of 16 bits and their sums, exactly
+    q = R.round(R.cast(q, wide))
+    zero = _along(R, n, 2, "y_zero_point", x)
+    if zero is not None:
+        q = R.add(q, R.cast(zero, wide))
+    return _saturate(R, q, out)
+
+
+@converts("DequantizeLinear")
+def _dequantize_linear(n: Node):
+    R = _ops()
+    x = n.value(0)
+    if x.dtype.name not in (*RANGES, "i32"):
+        raise Unsupported(f"x is {x.type}: rocmc dequantizes {', '.join(RANGES)} and i32")
+    scale = _along(R, n, 1, "x_scale", x)
+    out = _rocmc_dtype(n.attr("output_dtype"), "attribute output_dtype") if n.attr("output_dtype") else None
+    y = R.cast(x, "f32")
+    zero = _along(R, n, 2, "x_zero_point", x)
+    if zero is not None:
+        if zero.dtype != x.dtype:
+            raise Unsupported(f"x_zero_point is {zero.dtype}, x {x.dtype}: expected one type")
+        y = R.sub(y, R.cast(zero, "f32"))
+    y = R.mul(y, R.cast(scale, "f32"))
+    return R.cast(y, out or scale.dtype.name)
+
+
+@converts("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(n: Node):
+    """uint8 over x's range with 0 in it: scale (max - min) / 255 (1 / 255 for a range of 0), zero point
+    round(clip(-min / scale, 0, 255)); the three outputs y, y_scale, y_zero_point."""
+    R = _ops()
+    x = n.value(0)
+    xf = R.cast(x, "f32")
+    every = tuple(range(x.rank))
+    hi = R.maximum(R.max(xf, axis=every, keepdims=False), 0.0) if x.rank else R.maximum(xf, 0.0)
+    lo = R.minimum(R.min(xf, axis=every, keepdims=False), 0.0) if x.rank else R.minimum(xf, 0.0)
+    span = R.sub(hi, lo)
+    scale = R.div(R.where(R.equal(span, 0.0), R.add(R.mul(span, 0.0), 1.0), span), 255.0)
+    zero = R.round(R.minimum(R.maximum(R.neg(R.div(lo, scale)), 0.0), 255.0))
+    y = _saturate(R, R.add(R.round(R.div(xf, scale)), zero), "u8")
+    return [y, R.cast(scale, x.dtype.name), R.cast(zero, "u8")]
+
+
+def _minus_zero(R, v: Value, zero: Value | None, per_row: bool) -> Value:
+    """v in int32 minus its zero point (a scalar; per_row: one a row of a matrix, (M,); else one a column)."""
+    v = R.cast(v, "i32")
+    if zero is None:
+        return v
+    z = R.cast(zero, "i32")
+    if z.rank == 1 and z.shape[0] != 1 and per_row:
+        z = R.unsqueeze(z, -1)
+    elif z.rank == 1 and z.shape[0] == 1:
+        z = R.reshape(z, ())
+    return R.sub(v, z)
+
+
+@converts("MatMulInteger")
+def _matmul_integer(n: Node):
+    R = _ops()
+    a = _minus_zero(R, n.value(0), n.value(2), per_row=True)
+    b = _minus_zero(R, n.value(1), n.value(3), per_row=False)
+    return numpy_matmul(R, a, b)
+
+
+@converts("QLinearMatMul")
+def _qlinear_matmul(n: Node):
+    R = _ops()
+    a = _minus_zero(R, n.value(0), n.value(2), per_row=True)
+    b = _minus_zero(R, n.value(3), n.value(5), per_row=False)
+    c = numpy_matmul(R, a, b)
+    a_scale, b_scale, y_scale = n.value(1), n.value(4), n.value(6)
+    if a_scale.rank == 1 and a_scale.shape[0] != 1:
+        a_scale = R.unsqueeze(a_scale, -1)  # per row of a
+    mult = R.div(R.mul(a_scale, b_scale), y_scale)  # in the scales' type, as ONNX's reference
+    d = R.mul(R.cast(c, "f64"), R.cast(mult, "f64"))
+    out = n.inputs[7].dtype_name() if n.has(7) else n.inputs[0].dtype_name()
+    if out not in RANGES:
+        raise Unsupported(f"quantized type {out}: rocmc quantizes to {', '.join(RANGES)}")
+    if n.has(7):
+        d = R.add(d, R.cast(n.value(7), "f64"))
+    return _saturate(R, R.round(d), out)

@@ -1,0 +1,137 @@
+"""ONNX models quantized by ONNX Runtime's own tools (quantize_dynamic: DynamicQuantizeLinear and MatMulInteger;
+quantize_static in the QDQ format: QuantizeLinear and DequantizeLinear, per tensor and per channel; and in the
+QOperator format: QLinearMatMul) import and match ONNX Runtime's run of the same quantized model."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import rocmc  # noqa: E402
+
+IN, HIDDEN, OUT = 48, 96, 40
+
+
+def _mlp(path, rng):
+    """x (batch, 48) -> MatMul + Add -> Relu -> MatMul + Add (batch, 40), float32 weights."""
+    inits = {
+        "w1": rng.normal(0, 0.2, (IN, HIDDEN)).astype(np.float32),
+        "b1": rng.normal(0, 0.1, (HIDDEN,)).astype(np.float32),
+        "w2": rng.normal(0, 0.2, (HIDDEN, OUT)).astype(np.float32),
+        "b2": rng.normal(0, 0.1, (OUT,)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["y0"]),
+        helper.make_node("Add", ["y0", "b2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", OUT])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+
+
+class _Calibration(quantization.CalibrationDataReader):
+    def __init__(self, rng):
+        self.batches = iter([{"x": rng.normal(0, 1, (4, IN)).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def _quantize(kind, src, dst, rng):
+    if kind == "dynamic":
+        quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QUInt8)
+        return
+    fmt = quantization.QuantFormat.QOperator if kind == "qoperator" else quantization.QuantFormat.QDQ
+    quantization.quantize_static(
+        str(src),
+        str(dst),
+        _Calibration(rng),
+        quant_format=fmt,
+        per_channel=kind == "qdq_per_channel",
+        activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8,
+        # QOperator's Add is com.microsoft's QLinearAdd (a contrib op, not ONNX): MatMul alone there.
+        op_types_to_quantize=["MatMul"] if kind == "qoperator" else None,
+    )
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "qdq", "qdq_per_channel", "qoperator"])
+def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, rng, kind):
+    src, dst = tmp_path / "mlp.onnx", tmp_path / f"mlp_{kind}.onnx"
+    _mlp(src, rng)
+    _quantize(kind, src, dst, rng)
+    ops = {n.op_type for n in onnx.load(str(dst)).graph.node}
+    want = {
+        "dynamic": {"DynamicQuantizeLinear", "MatMulInteger"},
+        "qdq": {"QuantizeLinear", "DequantizeLinear"},
+        "qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
+        "qoperator": {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"},
+    }[kind]
+    assert want <= ops, ops
+    session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    module = rocmc.load(rocmc.compile(rocmc.import_onnx(str(dst)), "cpu"))
+    float_session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):
+        x = rng.normal(0, 1, (batch, IN)).astype(np.float32)
+        want_y = session.run(None, {"x": x})[0]
+        got = np.asarray(module(x))
+        # The same integers and scales: equal up to float rounding, or one quantization step where a value
+        # lands on a rounding tie differently (ONNX Runtime may divide by the scale as a multiplication).
+        step = np.abs(float_session.run(None, {"x": x})[0]).max() / 127
+        assert np.abs(got - want_y).max() <= step, (kind, np.abs(got - want_y).max(), step)
+        assert np.mean(np.abs(got - want_y) > 1e-5 * np.abs(want_y).max()) < 0.05
+
+
+def _one_node(op, inputs, attrs=None, opset=21):
+    """A model of one `op` node over `inputs` (name -> array; the first an input, the rest initializers)."""
+    names = list(inputs)
+    x = inputs[names[0]]
+    node = helper.make_node(op, names, ["y"], **(attrs or {}))
+    graph = helper.make_graph(
+        [node],
+        "one",
+        [helper.make_tensor_value_info(names[0], helper.np_dtype_to_tensor_dtype(x.dtype), list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
+        [numpy_helper.from_array(v, k) for k, v in list(inputs.items())[1:]],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_quantize_linear_odd_blocks_and_int16_match_the_reference(rng):
+    """Blocks of 4 over 10 values along axis 1 (the last block short), int16 output, against ONNX's reference."""
+    from onnx.reference import ReferenceEvaluator
+
+    x = rng.normal(0, 3, (3, 10)).astype(np.float32)
+    scale = rng.uniform(0.01, 0.1, (3, 3)).astype(np.float32)
+    zero = rng.integers(-50, 50, (3, 3)).astype(np.int16)
+    model = _one_node("QuantizeLinear", {"x": x, "s": scale, "z": zero}, {"axis": 1, "block_size": 4})
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = rocmc.load(rocmc.compile(rocmc.import_onnx(model), "cpu"))(x)
+    assert got.dtype == np.int16 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "inputs,attrs,needle",
+    [
+        ({"s": np.ones(5, np.float32)}, {"axis": 1}, "y_scale is f32[5]: expected a scalar or 6 values along axis 1"),
+        ({"s": np.ones((2, 3), np.float32)}, {"axis": 1, "block_size": 4}, "expected shape [2, 2] for blocks"),
+        ({"s": np.ones(1, np.float32), "z": np.zeros(1, np.int32)}, {}, "quantized type i32"),
+    ],
+)
+def test_bad_quantization_parameters_are_reported(inputs, attrs, needle):
+    x = np.ones((2, 6), np.float32)
+    model = _one_node("QuantizeLinear", {"x": x, **inputs}, attrs)
+    with pytest.raises(rocmc.ModelImportError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        rocmc.import_onnx(model)
