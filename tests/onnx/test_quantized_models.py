@@ -1,6 +1,7 @@
-"""ONNX models quantized by ONNX Runtime's own tools (quantize_dynamic: DynamicQuantizeLinear and MatMulInteger;
-quantize_static in the QDQ format: QuantizeLinear and DequantizeLinear, per tensor and per channel; and in the
-QOperator format: QLinearMatMul) import and match ONNX Runtime's run of the same quantized model."""
+"""ONNX models quantized by ONNX Runtime's own tools (quantize_dynamic: DynamicQuantizeLinear with MatMulInteger or
+ConvInteger; quantize_static in the QDQ format: QuantizeLinear and DequantizeLinear, per tensor and per channel;
+and in the QOperator format: QLinearMatMul, QLinearConv) import and match ONNX Runtime's run of the same
+quantized model."""
 
 import numpy as np
 import pytest
@@ -13,6 +14,28 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import rocmc  # noqa: E402
 
 IN, HIDDEN, OUT = 48, 96, 40
+
+
+def _cnn(path, rng):
+    """x (batch, 3, 12, 12) -> Conv 3x3 pad 1 (8 channels) + bias -> Relu -> Conv 3x3 stride 2 (4 channels)."""
+    inits = {
+        "w1": rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32),
+        "b1": rng.normal(0, 0.1, (8,)).astype(np.float32),
+        "w2": rng.normal(0, 0.2, (4, 8, 3, 3)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["h0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["h0"], ["h1"]),
+        helper.make_node("Conv", ["h1", "w2"], ["y"], strides=[2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
 def _mlp(path, rng):
@@ -42,55 +65,67 @@ def _mlp(path, rng):
 
 
 class _Calibration(quantization.CalibrationDataReader):
-    def __init__(self, rng):
-        self.batches = iter([{"x": rng.normal(0, 1, (4, IN)).astype(np.float32)} for _ in range(8)])
+    def __init__(self, rng, shape):
+        self.batches = iter([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(8)])
 
     def get_next(self):
         return next(self.batches, None)
 
 
-def _quantize(kind, src, dst, rng):
+def _quantize(kind, src, dst, rng, shape):
+    conv = kind.startswith("conv_")
+    kind = kind.removeprefix("conv_")
     if kind == "dynamic":
-        quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QUInt8)
+        types = ["Conv"] if conv else None
+        quantization.quantize_dynamic(
+            str(src), str(dst), weight_type=quantization.QuantType.QUInt8, op_types_to_quantize=types
+        )
         return
-    fmt = quantization.QuantFormat.QOperator if kind == "qoperator" else quantization.QuantFormat.QDQ
+    fmt = quantization.QuantFormat.QOperator if kind.startswith("qoperator") else quantization.QuantFormat.QDQ
     quantization.quantize_static(
         str(src),
         str(dst),
-        _Calibration(rng),
+        _Calibration(rng, shape),
         quant_format=fmt,
-        per_channel=kind == "qdq_per_channel",
+        per_channel=kind.endswith("per_channel"),
         activation_type=quantization.QuantType.QUInt8,
         weight_type=quantization.QuantType.QInt8,
-        # QOperator's Add is com.microsoft's QLinearAdd (a contrib op, not ONNX): MatMul alone there.
-        op_types_to_quantize=["MatMul"] if kind == "qoperator" else None,
+        # QOperator's Add is com.microsoft's QLinearAdd (a contrib op, not ONNX): the products alone there.
+        op_types_to_quantize=(["Conv"] if conv else ["MatMul"]) if kind.startswith("qoperator") else None,
     )
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "qdq", "qdq_per_channel", "qoperator"])
+CASES = {
+    "dynamic": {"DynamicQuantizeLinear", "MatMulInteger"},
+    "qdq": {"QuantizeLinear", "DequantizeLinear"},
+    "qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
+    "qoperator": {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"},
+    "conv_dynamic": {"DynamicQuantizeLinear", "ConvInteger"},
+    "conv_qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
+    "conv_qoperator": {"QuantizeLinear", "QLinearConv", "DequantizeLinear"},
+    "conv_qoperator_per_channel": {"QuantizeLinear", "QLinearConv", "DequantizeLinear"},
+}
+
+
+@pytest.mark.parametrize("kind", list(CASES))
 def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, rng, kind):
-    src, dst = tmp_path / "mlp.onnx", tmp_path / f"mlp_{kind}.onnx"
-    _mlp(src, rng)
-    _quantize(kind, src, dst, rng)
+    src, dst = tmp_path / "model.onnx", tmp_path / f"model_{kind}.onnx"
+    conv = kind.startswith("conv_")
+    (_cnn if conv else _mlp)(src, rng)
+    _quantize(kind, src, dst, rng, (4, 3, 12, 12) if conv else (4, IN))
     ops = {n.op_type for n in onnx.load(str(dst)).graph.node}
-    want = {
-        "dynamic": {"DynamicQuantizeLinear", "MatMulInteger"},
-        "qdq": {"QuantizeLinear", "DequantizeLinear"},
-        "qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
-        "qoperator": {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"},
-    }[kind]
-    assert want <= ops, ops
+    assert CASES[kind] <= ops, ops
     session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
     module = rocmc.load(rocmc.compile(rocmc.import_onnx(str(dst)), "cpu"))
     float_session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     for batch in (1, 5):
-        x = rng.normal(0, 1, (batch, IN)).astype(np.float32)
+        x = rng.normal(0, 1, (batch, 3, 12, 12) if conv else (batch, IN)).astype(np.float32)
         want_y = session.run(None, {"x": x})[0]
         got = np.asarray(module(x))
         # The same integers and scales: equal up to float rounding, or one quantization step where a value
         # lands on a rounding tie differently (ONNX Runtime may divide by the scale as a multiplication).
         step = np.abs(float_session.run(None, {"x": x})[0]).max() / 127
-        assert np.abs(got - want_y).max() <= step, (kind, np.abs(got - want_y).max(), step)
+        assert got.shape == want_y.shape and np.abs(got - want_y).max() <= step, (kind, np.abs(got - want_y).max())
         assert np.mean(np.abs(got - want_y) > 1e-5 * np.abs(want_y).max()) < 0.05
 
 

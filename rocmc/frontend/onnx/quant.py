@@ -5,7 +5,8 @@ integer type; products of integers in int32; QLinearMatMul's rescale in float64)
 
 rocmc quantizes to the integer types of its dtype table (int8, uint8, int16, uint16; int32 dequantizes). The
 4-bit, 2-bit, float8 and float4 types ONNX also has are not in it: such a model is reported with the type
-(the importer's element-type check). ConvInteger and QLinearConv are not converted.
+(the importer's element-type check). ConvInteger and QLinearConv convolve the zero-point-shifted integers in
+float64, where every sum of int8/uint8 products is exact, and take the int32 result from it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 from ..graph import Value
 from .importer import converts
 from .nn import numpy_matmul
+from .spatial import conv_nd
 from .values import Node, Unsupported, _axis, _ops, _rocmc_dtype, _static
 
 RANGES = {"u8": (0, 255), "i8": (-128, 127), "u16": (0, 65535), "i16": (-32768, 32767)}
@@ -144,14 +146,49 @@ def _qlinear_matmul(n: Node):
     a = _minus_zero(R, n.value(0), n.value(2), per_row=True)
     b = _minus_zero(R, n.value(3), n.value(5), per_row=False)
     c = numpy_matmul(R, a, b)
-    a_scale, b_scale, y_scale = n.value(1), n.value(4), n.value(6)
+    a_scale, b_scale = n.value(1), n.value(4)
     if a_scale.rank == 1 and a_scale.shape[0] != 1:
         a_scale = R.unsqueeze(a_scale, -1)  # per row of a
-    mult = R.div(R.mul(a_scale, b_scale), y_scale)  # in the scales' type, as ONNX's reference
-    d = R.mul(R.cast(c, "f64"), R.cast(mult, "f64"))
+    return _requantize(R, n, R.cast(c, "f64"), a_scale, b_scale)
+
+
+def _requantize(R, n: Node, c: Value, a_scale: Value, b_scale: Value) -> Value:
+    """The QLinear ops' result: c (float64, the integer product) times a_scale * b_scale / y_scale (computed in
+    the scales' type, as ONNX's reference), plus y_zero_point, rounded and saturated to its type (a's without
+    one). y_scale and y_zero_point are inputs 6 and 7 of both ops."""
+    mult = R.div(R.mul(a_scale, b_scale), n.value(6))
+    d = R.mul(c, R.cast(mult, "f64"))
     out = n.inputs[7].dtype_name() if n.has(7) else n.inputs[0].dtype_name()
     if out not in RANGES:
         raise Unsupported(f"quantized type {out}: rocmc quantizes to {', '.join(RANGES)}")
     if n.has(7):
         d = R.add(d, R.cast(n.value(7), "f64"))
     return _saturate(R, R.round(d), out)
+
+
+def _shifted_conv(R, n: Node, x: int, x_zero: int, w: int, w_zero: int, bias: int | None) -> Value:
+    """conv(x - x_zero, w - w_zero) (+ bias, int32) with n's window attributes, exactly: in float64 (w_zero a
+    scalar or one an output channel)."""
+    xs = R.cast(_minus_zero(R, n.value(x), n.value(x_zero), per_row=False), "f64")
+    wv, wz = n.value(w), n.value(w_zero)
+    if wz is not None and wz.rank == 1 and wz.shape[0] != 1:
+        wz = R.reshape(wz, [wz.shape[0]] + [1] * (wv.rank - 1))  # one an output channel
+    ws = R.cast(_minus_zero(R, wv, wz, per_row=False), "f64")
+    b = n.value(bias) if bias is not None else None
+    return conv_nd(n, xs, ws, None if b is None else R.cast(b, "f64"))
+
+
+@converts("ConvInteger")
+def _conv_integer(n: Node):
+    R = _ops()
+    return R.cast(_shifted_conv(R, n, 0, 2, 1, 3, None), "i32")
+
+
+@converts("QLinearConv")
+def _qlinear_conv(n: Node):
+    R = _ops()
+    c = _shifted_conv(R, n, 0, 2, 3, 5, 8 if n.has(8) else None)
+    w_scale = n.value(4)
+    if w_scale.rank == 1 and w_scale.shape[0] != 1:
+        w_scale = R.reshape(w_scale, [1, w_scale.shape[0]] + [1] * (c.rank - 2))  # one an output channel
+    return _requantize(R, n, c, n.value(1), w_scale)

@@ -60,8 +60,13 @@ def _spatial_rank(k: int, what: str) -> int:
 
 @converts("Conv")
 def _conv(n: Node):
+    return conv_nd(n, n.value(0), n.value(1), n.value(2))
+
+
+def conv_nd(n: Node, x: Value, w: Value, bias: Value | None) -> Value:
+    """Conv's convolution of x and w (+ bias) with node n's window attributes (ConvInteger's and
+    QLinearConv's too)."""
     R = _ops()
-    x, w, bias = n.value(0), n.value(1), n.value(2)
     kernel = n.attr("kernel_shape") or list(w.shape[2:])
     k = _spatial_rank(len(kernel), "convolution")
     strides, dilations, pads = _window(n, x, kernel)
