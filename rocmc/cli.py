@@ -243,7 +243,7 @@ def cmd_serve(args) -> int:
     if args.module:
         art = Artifact.load(args.module)
         target = art.target
-        sizes = llm.runtime._sizes_of(art, cfg)
+        sizes = llm.runtime.artifact_sizes(art, cfg)
     else:
         target = args.target
         sizes = llm.runtime.model_shape(cfg, target, args.dtype, args.max_seq_len, args.max_batch)

@@ -149,7 +149,7 @@ class LanguageModel:
         self.config = source.config
         self.artifact = artifact
         self.plan = _plan_of(artifact, self.config, tensor_parallel)
-        self.sizes = _sizes_of(artifact, self.config, self.plan.degree)
+        self.sizes = artifact_sizes(artifact, self.config, self.plan.degree)
         _check_artifact(artifact, self.config, self.plan)
         self.group, self.rank = None, 0
         if self.plan.degree > 1:
@@ -695,8 +695,9 @@ def _rank_setup(art: Artifact, checkpoint: _Checkpoint, plan, given):
     return group, plan.parameters(source, group.rank)
 
 
-def _sizes_of(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:
-    """What the artifact was compiled for (compile_hf records it), checked against its KV cache."""
+def artifact_sizes(art: Artifact, cfg: LlmConfig, degree: int = 1) -> Shape:
+    """What the artifact was compiled for (compile_hf records it: max_seq_len, max_batch, dtype), checked against
+    its KV cache; ModelImportError for an artifact that is not such a model."""
     info = art.metadata.get("info", {}).get("llm")
     states = {s["name"]: s for s in art.metadata.get("states", [])}
     ok = (

@@ -65,17 +65,25 @@ def bind_thread(device: str) -> None:
     IREE's CUDA driver makes its context (the device's primary context) current on the thread that created the
     device only, so a call from another thread (a server's engine thread, a thread pool) fails with
     CUDA_ERROR_INVALID_CONTEXT; rocmc's modules call this before each call, so they run on any thread."""
-    base, _, index = device.partition(":")
-    if base not in _DRIVER_LIBRARY:
+    base, gpu = _gpu(device)
+    if gpu is None:
         return
     seen = _bound.__dict__.setdefault("devices", set())
     if device in seen:
         return
-    ctx, lib = _context(f"{base}:{int(index) if index.isdigit() else 0}"), _driver(base)
+    ctx, lib = _context(gpu), _driver(base)
     rc = lib.cuCtxSetCurrent(ctx) if base == "cuda" else lib.hipCtxSetCurrent(ctx)
     if rc != 0:
         raise DeviceError(f"device {device!r}: its context could not be made current on this thread (error {rc})")
     seen.add(device)
+
+
+def _gpu(device: str) -> tuple[str, str | None]:
+    """(the driver's name, 'cuda:N' / 'hip:N' with the index made explicit; None for the CPU drivers)."""
+    base, _, index = device.partition(":")
+    if base not in _DRIVER_LIBRARY:
+        return base, None
+    return base, f"{base}:{int(index) if index.isdigit() else 0}"
 
 
 def _driver(base: str) -> ctypes.CDLL:
@@ -129,17 +137,17 @@ def memory(device: str) -> tuple[int, int] | None:
     """(free, total) bytes of `device`'s memory as its driver reports them now: for the CPU drivers the host's
     available and total memory (/proc/meminfo), for cuda/hip the GPU's (cuMemGetInfo / hipMemGetInfo). None
     where it can't be asked (no driver, another OS); never opens an IREE device."""
-    base, _, index = device.partition(":")
+    base, gpu = _gpu(device)
     if base not in DEVICES:
         raise DeviceError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)} (optionally ':<index>')")
-    if base not in _DRIVER_LIBRARY:
+    if gpu is None:
         try:
             return _host_memory()
         except OSError:
             return None
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     try:
-        ctx = _context(f"{base}:{int(index) if index.isdigit() else 0}")
+        ctx = _context(gpu)
         lib = _driver(base)
     except (OSError, DeviceError):
         return None
