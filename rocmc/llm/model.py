@@ -147,9 +147,9 @@ class _Weights:
         """x @ W^T + b of the quantized projection `name` (a quantized checkpoint's packed weight, the act-order
         permutation of x where it has one) as one quantized_linear, with its `fused` neighbours (norm, gate,
         residual: see the op)."""
-        perm = self(name + ".perm") if name + ".perm" in self.shapes else None
-        q, s, z = (self(name + suffix) for suffix in (".weight_q", ".scales", ".zeros"))
-        return ops.quantized_linear(x, q, s, z, b, perm, bits=self.quant.bits, **fused)
+        perm, z = (self(name + sfx) if name + sfx in self.shapes else None for sfx in (".perm", ".zeros"))
+        q, s = self(name + ".weight_q"), self(name + ".scales")
+        return ops.quantized_linear(x, q, s, z, b, perm, bits=self.quant.bits, format=self.quant.format, **fused)
 
     def quantized(self, name: str) -> bool:
         return name + ".weight_q" in self.shapes

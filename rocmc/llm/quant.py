@@ -12,6 +12,14 @@ features; group_size -1: one group):
 - AWQ (`quant_method: awq`, version "gemm", 4 bits): `qweight` int32 (K, N / 8) and `qzeros` int32 (G, N / 8),
   both packed along N in the order [0, 2, 4, 6, 1, 3, 5, 7] (bits 4i of word c hold column 8c + order[i]);
   `scales` (G, N); the weight is (q - zero) * scale.
+- fp8 (Hugging Face's `quant_method: fp8`, `weight_block_size` [bn, bk]): `weight` float8 e4m3fn (N, K) and
+  `weight_scale_inv` float32 (ceil(N / bn), ceil(K / bk)); the weight is w * the scale of its block.
+  compressed-tensors' float quantization (`quant_method: compressed-tensors`, one config group of 8-bit
+  `float` weights, strategy `tensor`, `channel` or `block`): `weight` float8 e4m3fn (N, K) and `weight_scale`
+  (1,), (N, 1) or (ceil(N / bn), ceil(K / bk)). Weight-only: the activations stay in the compute dtype (an
+  activation scheme of the checkpoint, dynamic or static, is not applied). The bytes load as they are (rocmc has
+  no float8 element type: safetensors' F8_E4M3 reads as uint8) and quantized_linear decodes them (format
+  "e4m3fn"); the scales stay float32 (fp8 scales are often below f16's normal range).
 
 Every linear layer of the decoder is quantized, except those `modules_to_not_convert` names; embeddings and
 lm_head stay as stored. q/k/v and gate/up are joined at load as for float checkpoints: their packed rows
@@ -37,12 +45,14 @@ GRAPH_SUFFIXES = ("weight_q", "scales", "zeros", "perm")
 class QuantConfig:
     """A checkpoint's `quantization_config`, as rocmc reads it."""
 
-    method: str  # "gptq" or "awq"
+    method: str  # "gptq", "awq", "fp8" or "compressed-tensors"
     bits: int
     group_size: int  # -1: one group a row
     desc_act: bool  # GPTQ act-order: g_idx scatters the groups
     zero_offset: int  # added to each stored zero (GPTQ v1: 1)
     skip: tuple  # modules_to_not_convert
+    format: str = "uint"  # the weight's values: unsigned integers, or "e4m3fn" (float8)
+    block_rows: int = 0  # fp8: output rows one scale covers (a block's, 1 a channel's; 0: the tensor's)
 
     def groups(self, k: int) -> int:
         return 1 if self.group_size == -1 else -(-k // self.group_size)
@@ -52,9 +62,25 @@ class QuantConfig:
         return not any(s in module for s in self.skip)
 
     def describe(self) -> str:
+        if self.format == "e4m3fn":
+            scales = {0: "a scale a tensor", 1: "a scale a row"}.get(
+                self.block_rows, f"a scale a block of {self.block_rows} x {self.group_size}"
+            )
+            return f"{self.method} float8 e4m3fn weights, {scales}"
         gs = "one group a row" if self.group_size == -1 else f"groups of {self.group_size}"
         act = ", act-order" if self.desc_act else ""
         return f"{self.method.upper()} {self.bits}-bit, {gs}{act}"
+
+    @property
+    def scale_name(self) -> str:
+        """The checkpoint tensor of a layer's scales (its module's suffix)."""
+        return {"fp8": "weight_scale_inv", "compressed-tensors": "weight_scale"}.get(self.method, "scales")
+
+    def kinds(self) -> tuple:
+        """The suffixes of the tensors a quantized layer stores."""
+        if self.format == "e4m3fn":
+            return ("weight", self.scale_name)
+        return ("qweight", "qzeros", "scales") + (("g_idx",) if self.method == "gptq" else ())
 
 
 def parse(raw, source: str) -> QuantConfig:
@@ -66,8 +92,12 @@ def parse(raw, source: str) -> QuantConfig:
     if not isinstance(raw, dict):
         fail("", raw, "expected an object")
     method = raw.get("quant_method")
+    if method in ("fp8", "compressed-tensors"):
+        return _parse_fp8(raw, method, fail)
     if method not in ("gptq", "awq"):
-        fail("quant_method", method, "supported: 'gptq', 'awq' (rocmc reads their published formats)")
+        fail(
+            "quant_method", method, "supported: 'gptq', 'awq', 'fp8', 'compressed-tensors' (rocmc reads their formats)"
+        )
     bits = raw.get("bits", raw.get("w_bit"))
     if bits not in ((4, 8) if method == "gptq" else (4,)):
         fail("bits", bits, "supported: 4 and 8 for gptq, 4 for awq")
@@ -93,9 +123,65 @@ def parse(raw, source: str) -> QuantConfig:
     return QuantConfig(method, bits, gs, desc_act, 1 if fmt == "gptq" else 0, tuple(skip))
 
 
+def _parse_fp8(raw: dict, method: str, fail) -> QuantConfig:
+    """Hugging Face's fp8 config, or compressed-tensors' of float8 weights (weight-only, see the module)."""
+    if method == "fp8":
+        block = raw.get("weight_block_size")
+        if block is None:
+            block = (0, -1)  # a scale a tensor
+        elif not (isinstance(block, (list, tuple)) and len(block) == 2 and all(_positive(b) for b in block)):
+            fail("weight_block_size", block, "expected [rows, columns] of a block, two positive integers")
+        skip = raw.get("modules_to_not_convert") or ()
+    else:
+        fmt = raw.get("format")
+        if fmt not in ("float-quantized", "naive-quantized"):
+            fail("format", fmt, "supported: 'float-quantized' (float8 weights)")
+        groups = raw.get("config_groups")
+        if not isinstance(groups, dict) or len(groups) != 1:
+            fail("config_groups", groups, "expected one group (every Linear alike)")
+        group = next(iter(groups.values()))
+        w = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(w, dict) or w.get("type") != "float" or w.get("num_bits") != 8:
+            fail("config_groups.weights", w, "supported: 8-bit float weights (float8 e4m3fn)")
+        if "Linear" not in (group.get("targets") or ()):
+            fail("config_groups.targets", group.get("targets"), "expected ['Linear']")
+        strategy = w.get("strategy")
+        if strategy == "tensor":
+            block = (0, -1)
+        elif strategy == "channel":
+            block = (1, -1)
+        elif strategy == "block" and isinstance(w.get("block_structure"), (list, tuple)):
+            block = tuple(w["block_structure"])
+            if len(block) != 2 or not all(_positive(b) for b in block):
+                fail("config_groups.weights.block_structure", block, "expected [rows, columns]")
+        else:
+            fail("config_groups.weights.strategy", strategy, "supported: 'tensor', 'channel', 'block'")
+        skip = raw.get("ignore") or ()
+        if any(isinstance(m, str) and m.startswith("re:") for m in skip):
+            fail("ignore", skip, "supported: module names (not 're:' patterns)")
+    if not isinstance(skip, (list, tuple)) or not all(isinstance(m, str) for m in skip):
+        fail("modules_to_not_convert" if method == "fp8" else "ignore", skip, "expected a list of module names")
+    return QuantConfig(method, 8, int(block[1]), False, 0, tuple(skip), "e4m3fn", int(block[0]))
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _fp8_scale_shape(q: QuantConfig, n: int, k: int) -> tuple:
+    if q.block_rows == 0:
+        return (1,)
+    if q.block_rows == 1 and q.group_size == -1:
+        return (n, 1)
+    return (-(-n // q.block_rows), -(-k // q.group_size))
+
+
 def checkpoint_tensors(q: QuantConfig, module: str, n: int, k: int, dtype: str) -> list:
     """[(name, shape, dtype)] a quantized linear layer `module` (n outputs, k inputs) stores; dtype: the
     checkpoint's float dtype (the scales')."""
+    if q.format == "e4m3fn":  # F8_E4M3 reads as its bytes; Hugging Face's fp8 scales are float32
+        scale = (f"{module}.{q.scale_name}", _fp8_scale_shape(q, n, k), "f32" if q.method == "fp8" else dtype)
+        return [(f"{module}.weight", (n, k), "u8"), scale]
     pack_n = 32 // q.bits
     g = q.groups(k)
     if q.method == "gptq":
@@ -114,6 +200,10 @@ def checkpoint_tensors(q: QuantConfig, module: str, n: int, k: int, dtype: str) 
 
 def check_sizes(q: QuantConfig, module: str, n: int, k: int) -> None:
     """The layer's sizes must pack: InputError naming the layer otherwise."""
+    if q.format == "e4m3fn":
+        if q.group_size != -1 and k % q.group_size:
+            raise InputError(f"{module} ({n} x {k}): {q.describe()} needs in_features a multiple of {q.group_size}")
+        return
     pack_n = 32 // q.bits
     problems = []
     if q.method == "gptq" and k % pack_n:
@@ -128,6 +218,8 @@ def check_sizes(q: QuantConfig, module: str, n: int, k: int) -> None:
 
 def graph_tensors(q: QuantConfig, name: str, n: int, k: int, dtype: str) -> list:
     """[(graph parameter, shape, dtype)] of a (maybe joined) quantized projection `name` in rocmc's layout."""
+    if q.format == "e4m3fn":  # no zero points; float32 scales
+        return [(f"{name}.weight_q", (n, k), "u8"), (f"{name}.scales", (n, q.groups(k)), "f32")]
     out = [
         (f"{name}.weight_q", (n, k * q.bits // 8), "u8"),
         (f"{name}.scales", (n, q.groups(k)), dtype),
@@ -176,6 +268,8 @@ def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
     """rocmc's graph parameters of projection `name` from the checkpoint tensors of its modules (one, or the
     joined ones in order): each a dict {"qweight", "qzeros", "scales"[, "g_idx"]} of arrays. Checks what it
     reads (shapes, group indices, finite non-zero scales), naming the tensor."""
+    if q.format == "e4m3fn":
+        return _convert_fp8(q, tensors, name, k)
     qs, scales, zeros, perms = [], [], [], []
     for module, t in tensors:
         s = np.asarray(t["scales"])
@@ -211,6 +305,34 @@ def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
             raise InputError(f"{names}: their g_idx orders differ, so they can't be joined into one projection")
         out[f"{name}.perm"] = np.arange(k, dtype=np.int64) if first is None else first
     return out
+
+
+def _convert_fp8(q: QuantConfig, tensors: list, name: str, k: int) -> dict:
+    """float8 weights as stored (their bytes) and their scales widened to one a row and group (float32)."""
+    ws, scales = [], []
+    for module, t in tensors:
+        w, s = np.asarray(t["weight"]), np.asarray(t[q.scale_name], np.float32)
+        n = w.shape[0] if w.ndim == 2 else -1
+        if w.shape != (n, k):
+            raise InputError(f"{module}.weight is {list(w.shape)}: expected [out_features, {k}]")
+        want = _fp8_scale_shape(q, n, k)
+        if s.shape != want:
+            raise InputError(f"{module}.{q.scale_name} is {list(s.shape)}: expected {list(want)} ({q.describe()})")
+        bad = ~np.isfinite(s) | (s == 0)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"{module}.{q.scale_name}{list(at)} is {s[at]}: expected a finite non-zero scale")
+        nan = (w & 0x7F) == 0x7F  # e4m3fn's NaN: S.1111.111
+        if nan.any():
+            at = tuple(int(i) for i in np.argwhere(nan)[0])
+            raise InputError(f"{module}.weight{list(at)} is NaN (float8 e4m3fn byte {int(w[at]):#04x})")
+        if q.block_rows == 0:
+            s = np.full((n, 1), s.reshape(-1)[0], np.float32)
+        elif q.block_rows > 1 or q.group_size != -1:
+            s = np.repeat(s, q.block_rows, axis=0)[:n]
+        ws.append(w)
+        scales.append(np.ascontiguousarray(s))
+    return {f"{name}.weight_q": np.concatenate(ws, axis=0), f"{name}.scales": np.concatenate(scales, axis=0)}
 
 
 def _check_shapes(q: QuantConfig, module: str, t: dict, k: int) -> None:

@@ -204,10 +204,9 @@ def _converted(plan: Plan, source) -> dict:
             continue
         done.add(shard.sources)
         name = shard.name.rsplit(".", 1)[0]
-        kinds = ("qweight", "qzeros", "scales") + (("g_idx",) if q.method == "gptq" else ())
-        tensors = [(m, {kind: source.array(f"{m}.{kind}") for kind in kinds}) for m in shard.sources]
+        tensors = [(m, {kind: source.array(f"{m}.{kind}") for kind in q.kinds()}) for m in shard.sources]
         k = plan.shards[f"{name}.weight_q"].shape[1] * 8 // q.bits
-        out.update(quant.convert(q, tensors, name, k, tensors[0][1]["scales"].dtype))
+        out.update(quant.convert(q, tensors, name, k, tensors[0][1][q.scale_name].dtype))
     return out
 
 

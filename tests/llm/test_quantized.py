@@ -1,4 +1,5 @@
-"""Quantized checkpoints (GPTQ 4/8-bit with and without act-order, v1 and v2 zeros; AWQ 4-bit GEMM packing) on the
+"""Quantized checkpoints (GPTQ 4/8-bit with and without act-order, v1 and v2 zeros; AWQ 4-bit GEMM packing; float8
+e4m3fn weights of Hugging Face's fp8 (block scales) and compressed-tensors (tensor, channel and block scales)) on the
 CPU: each written here from the formats' public descriptions (not by rocmc), then loaded by rocmc.llm.load_hf; its
 prompt logits and greedy tokens against transformers running the dequantized weights in float32. Also the bad
 input: packed tensors of the wrong shape, zero or non-finite scales, g_idx that are not groups, tensor
@@ -60,20 +61,28 @@ def _pack_awq(v: np.ndarray) -> np.ndarray:
     return out.view(np.int32)
 
 
+def _copies(src, dst, ref):
+    """src copied to dst and ref; (dst's tensors and ref's, both the checkpoint's but for its linear layers' weights,
+    [(weight name, module, weight as float32)] of those)."""
+    shutil.copytree(src, dst)
+    shutil.copytree(src, ref)
+    out, deq, linears = {}, {}, []
+    for name, t in safetensors.load_file(str(src / "model.safetensors")).items():
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and module.rsplit(".", 1)[-1] in LINEARS:
+            linears.append((name, module, t.astype(np.float32)))
+        else:
+            out[name] = deq[name] = t
+    return out, deq, linears
+
+
 def quantize_checkpoint(src, dst, ref, method: str, bits: int, gs: int, act_order=False, sym=False, v2=False):
     """Write `src` quantized as `method` into `dst`, and the dequantized float32 weights into `ref` (a float
     checkpoint transformers loads)."""
     rng = np.random.default_rng(7)
-    shutil.copytree(src, dst)
-    shutil.copytree(src, ref)
-    tensors = safetensors.load_file(str(src / "model.safetensors"))
-    out, deq, orders = {}, {}, {}
-    for name, t in tensors.items():
-        module = name.rsplit(".", 1)[0]
-        if not (name.endswith(".weight") and module.rsplit(".", 1)[-1] in LINEARS):
-            out[name] = deq[name] = t
-            continue
-        w = t.astype(np.float32)
+    out, deq, linears = _copies(src, dst, ref)
+    orders = {}
+    for name, module, w in linears:
         n, k = w.shape
         size = k if gs == -1 else gs
         # GPTQ's act-order sorts a layer's input features by its Hessian's diagonal, which depends on the input
@@ -110,11 +119,80 @@ def quantize_checkpoint(src, dst, ref, method: str, bits: int, gs: int, act_orde
     return dst
 
 
+def _save_safetensors(tensors: dict, path) -> None:
+    """A .safetensors file by the format's description (an 8-byte little-endian header length, the JSON header of
+    each tensor's dtype, shape and byte range, the bytes), float8 e4m3fn arrays as F8_E4M3 (safetensors' numpy API
+    has no float8)."""
+    import ml_dtypes
+
+    names = {np.dtype(t): n for t, n in ((np.float32, "F32"), (np.float16, "F16"), (ml_dtypes.bfloat16, "BF16"),
+             (ml_dtypes.float8_e4m3fn, "F8_E4M3"), (np.int64, "I64"), (np.int32, "I32"))}  # fmt: skip
+    header, blobs, offset = {}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a).tobytes()
+        header[name] = {
+            "dtype": names[np.dtype(a.dtype)],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + len(b)],
+        }
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def fp8_checkpoint(src, dst, ref, method: str, strategy: str, block=(16, 32), scale_dtype=np.float32, tamper=None):
+    """Write `src` with float8 e4m3fn linear weights into `dst`: Hugging Face's `fp8` (block scales
+    `weight_scale_inv`, float32) or compressed-tensors' float quantization (`weight_scale` a tensor, a row or a
+    block); each scale the block's largest magnitude over 448 (e4m3fn's largest), the weight rounded to e4m3fn by
+    ml_dtypes. The dequantized float32 weights go to `ref`; `tamper(tensors)` may change what `dst` stores."""
+    import ml_dtypes
+
+    out, deq, linears = _copies(src, dst, ref)
+    bn, bk = {"tensor": (None, None), "channel": (1, None)}.get(strategy, block)
+    for name, module, w in linears:
+        n, k = w.shape
+        rn, ck = bn or n, bk or k
+        s = np.zeros((-(-n // rn), -(-k // ck)), np.float32)
+        for i in range(s.shape[0]):
+            for j in range(s.shape[1]):
+                s[i, j] = np.abs(w[i * rn : (i + 1) * rn, j * ck : (j + 1) * ck]).max() / 448
+        s = s.astype(scale_dtype)
+        wide = np.repeat(np.repeat(s.astype(np.float32), rn, 0)[:n], ck, 1)[:, :k]
+        q = (w / wide).astype(ml_dtypes.float8_e4m3fn)
+        deq[name] = q.astype(np.float32) * wide
+        out[module + ".weight"] = q
+        key = "weight_scale_inv" if method == "fp8" else "weight_scale"
+        out[module + "." + key] = s.reshape(1) if strategy == "tensor" else s
+    if tamper is not None:
+        tamper(out)
+    _save_safetensors(out, dst / "model.safetensors")
+    safetensors.save_file(deq, str(ref / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    if method == "fp8":
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+    else:
+        weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}
+        if strategy == "block":
+            weights["block_structure"] = list(block)
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                            "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}},
+              "ignore": ["lm_head"]}  # fmt: skip
+    (dst / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+    return dst
+
+
 CASES = {
     "gptq4_g32": dict(method="gptq", bits=4, gs=32),
     "gptq4_act_order_sym": dict(method="gptq", bits=4, gs=16, act_order=True, sym=True),
     "gptq8_one_group_v2": dict(method="gptq", bits=8, gs=-1, v2=True),
     "awq4_g32": dict(method="awq", bits=4, gs=32),
+    "fp8_block": dict(method="fp8", strategy="block"),
+    "ct_fp8_channel": dict(method="compressed-tensors", strategy="channel"),
+    "ct_fp8_tensor_bf16_scale": dict(method="compressed-tensors", strategy="tensor", scale_dtype="bf16"),
+    "ct_fp8_block": dict(method="compressed-tensors", strategy="block", block=(32, 64)),
 }
 
 
@@ -126,10 +204,15 @@ def quantized(llm_checkpoint, tmp_path_factory):  # noqa: F811
     def get(case):
         if case not in made:
             src = llm_checkpoint("llama3")
-            made[case] = (
-                quantize_checkpoint(src, root / case, root / (case + "-ref"), **CASES[case]),
-                root / (case + "-ref"),
-            )
+            kw = dict(CASES[case])
+            if kw["method"] in ("fp8", "compressed-tensors"):
+                import ml_dtypes
+
+                kw["scale_dtype"] = ml_dtypes.bfloat16 if kw.get("scale_dtype") == "bf16" else np.float32
+                path = fp8_checkpoint(src, root / case, root / (case + "-ref"), **kw)
+            else:
+                path = quantize_checkpoint(src, root / case, root / (case + "-ref"), **kw)
+            made[case] = (path, root / (case + "-ref"))
         return made[case]
 
     return get
@@ -318,3 +401,69 @@ def test_quantize_writes_a_gptq_checkpoint_that_round_trips(llm_checkpoint, tmp_
         rocmc.llm.quantize(dst, tmp_path / "again")
     with pytest.raises(rocmc.InputError, match="exists and is not empty"):
         rocmc.llm.quantize(src, dst)
+
+
+def _set(name, fn):
+    def tamper(t):
+        t[name] = fn(t[name])
+
+    return tamper
+
+
+@pytest.mark.parametrize(
+    "tamper,needle",
+    [
+        (_set("model.layers.0.mlp.up_proj.weight", lambda w: _with_byte(w, 0x7F)), "up_proj.weight[0, 0] is NaN"),
+        (
+            _set("model.layers.1.self_attn.k_proj.weight_scale_inv", lambda s: s * 0),
+            "k_proj.weight_scale_inv[0, 0] is 0",
+        ),
+        (_set("model.layers.0.mlp.down_proj.weight_scale_inv", lambda s: s[:-1]), "down_proj.weight_scale_inv"),
+    ],
+)
+def test_bad_fp8_tensors_are_typed_errors_naming_the_tensor(llm_checkpoint, tmp_path, tamper, needle):  # noqa: F811
+    path = fp8_checkpoint(llm_checkpoint("llama3"), tmp_path / "q", tmp_path / "ref", "fp8", "block", tamper=tamper)
+    with pytest.raises((rocmc.InputError, rocmc.ModelImportError), match=needle.replace("[", r"\[")):
+        rocmc.llm.load_hf(path, "cpu", max_seq_len=32)
+
+
+def _with_byte(w, byte):
+    import ml_dtypes
+
+    raw = np.ascontiguousarray(w).view(np.uint8).copy()
+    raw[0, 0] = byte
+    return raw.view(ml_dtypes.float8_e4m3fn)
+
+
+@pytest.mark.parametrize(
+    "qc,needle",
+    [
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size"),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format = 'pack-quantized'"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"targets":
+          ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "group"}}}}, "strategy = 'group'"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"targets":
+          ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}}}, "8-bit float weights"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"targets":
+          ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["re:.*"]},
+         "'re:' patterns"),
+    ],
+)  # fmt: skip
+def test_fp8_configs_rocmc_does_not_read_are_refused_naming_the_field(qc, needle):
+    with pytest.raises(rocmc.ModelImportError, match=needle):
+        rocmc.llm.quant.parse(qc, "config.json")
+
+
+@pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942"])
+def test_fp8_weights_compile_for_the_gpus_with_the_decoding_in_the_product(quantized, target):
+    """Compiled here (compile-only): float8 weights are decoded inside each projection's generated product (the
+    kernels take integers, the summary says so); no dispatch of its own over a weight."""
+    path, _ = quantized("fp8_block")
+    art = rocmc.llm.compile_hf(path, target, max_seq_len=64, dtype="f16", max_batch=1)
+    assert not [k for k in art.metadata["kernels"] if k["op"] == "quantized_linear"]
+    assert "e4m3fn weights: the kernels take unsigned integers" in art.summary()
+    cfg = rocmc.llm.config.load_config(path)
+    names = [d["name"] for d in art.dispatches() if d["name"].startswith("decode")]
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    want = {f"{h}x{inter // 32}x32", f"{2 * inter}x{h // 32}x32"}  # down and gate/up, by groups of 32
+    assert all(any(w in n for n in names) for w in want), names

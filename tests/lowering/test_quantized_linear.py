@@ -215,3 +215,34 @@ def test_bad_fused_operands_are_typed_errors(kw, needle):
     kw = {k: g.input(k, *v) if isinstance(v, tuple) else v for k, v in kw.items() if k != "w"}
     with pytest.raises(rocmc.GraphError, match=needle.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         ops.quantized_linear(x, w, s, z, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_float8_e4m3fn_weights_against_float64(rng, dtype):
+    """format="e4m3fn": every byte but NaN's (S.1111.111) decoded as float8 e4m3fn, subnormals and both zeros
+    included, scaled by its group's float32 scale; no zero points."""
+    import ml_dtypes
+
+    g = rocmc.Graph("fp8")
+    x = g.input("x", ("rows", 256), dtype)
+    w, s = g.input("w", (N, 256), "u8"), g.input("s", (N, 2), "f32")
+    g.output(ops.quantized_linear(x, w, s, None, bits=8, format="e4m3fn"))
+    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    wv = np.resize(rng.permutation(codes), (N, 256)).astype(np.uint8)  # every code at least once
+    sv = rng.uniform(0.001, 0.01, (N, 2)).astype(np.float32)
+    xv = rand(rng, (3, 256), dtype)
+    want = xv.astype(np.float64) @ (wv.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * np.repeat(sv, 128, 1)).T
+    for got in (mod(xv, wv, sv), rocmc.evaluate(g, xv, wv, sv)):
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol, atol=atol * 10)
+
+
+def test_a_bad_weight_format_is_a_typed_error():
+    g = rocmc.Graph("bad")
+    x = g.input("x", (2, 64), "f32")
+    w, s = g.input("w", (N, 32), "u8"), g.input("s", (N, 1), "f32")
+    with pytest.raises(rocmc.GraphError, match="format='e4m3fn' with bits=4: expected 'uint', or 'e4m3fn' of 8 bits"):
+        ops.quantized_linear(x, w, s, bits=4, format="e4m3fn")
+    with pytest.raises(rocmc.GraphError, match="format='e5m2'"):
+        ops.quantized_linear(x, g.input("w8", (N, 64), "u8"), s, bits=8, format="e5m2")

@@ -36,10 +36,33 @@ def permuted(E: Emitter, x: T, perm: T) -> T:
     return T(r, x.type, x.elt)
 
 
-def dequantized(E: Emitter, w: T, scales: T, zeros: T, bits: int, like: T) -> T:
+def _e4m3fn(E: Emitter, byte: str) -> str:
+    """The f32 value of a float8 e4m3fn byte (i8): (8 + m) * 2^(e - 10), or m * 2^-9 for e = 0, signed; NaN for
+    S.1111.111 (no infinities)."""
+
+    def i32(op, a, b):
+        return E.op(f"arith.{op} {a}, {b} : i32")
+
+    b = E.op(f"arith.extui {byte} : i8 to i32")
+    c = {v: E.const(v, "i32") for v in (0, 1, 3, 7, 8, 15, 23, 117)}
+    e, m = i32("andi", i32("shrui", b, c[3]), c[15]), i32("andi", b, c[7])
+    sub = E.op(f"arith.cmpi eq, {e}, {c[0]} : i32")
+    mant = E.op(f"arith.select {sub}, {m}, {i32('addi', m, c[8])} : i32")
+    ex = E.op(f"arith.select {sub}, {c[1]}, {e} : i32")
+    two = E.op(f"arith.bitcast {i32('shli', i32('addi', ex, c[117]), c[23])} : i32 to f32")  # 2^(ex - 10)
+    mag = E.op(f"arith.mulf {E.op(f'arith.uitofp {mant} : i32 to f32')}, {two} : f32")
+    neg = E.op(f"arith.cmpi ne, {i32('shrui', b, c[7])}, {c[0]} : i32")
+    v = E.op(f"arith.select {neg}, {E.op(f'arith.negf {mag} : f32')}, {mag} : f32")
+    top = E.op(f"arith.cmpi eq, {e}, {c[15]} : i32")
+    nan = E.op(f"arith.andi {top}, {E.op(f'arith.cmpi eq, {m}, {c[7]} : i32')} : i1")
+    return E.op(f"arith.select {nan}, {E.const(float('nan'), 'f32')}, {v} : f32")
+
+
+def dequantized(E: Emitter, w: T, scales: T, zeros: T | None, bits: int, like: T, format: str = "uint") -> T:
     """W (N, G, K / G) in `like`'s element type (x's) from the packed (N, K * bits / 8) weight and its (N, G)
-    scales and zeros: the 4-bit bytes bitcast to i4 (IREE stores i4 two a byte, the even element in the low
-    nibble: the packed layout as it is), viewed by group, widened and scaled in f32, rounded once."""
+    scales and zeros (None: 0): the 4-bit bytes bitcast to i4 (IREE stores i4 two a byte, the even element in
+    the low nibble: the packed layout as it is), viewed by group, widened (e4m3fn: decoded) and scaled in f32,
+    rounded once."""
     n, groups, k, elt = w.shape[0], scales.shape[1], like.shape[-1], like.mlir_elt
     ielt = f"i{bits}"
     q = w.name
@@ -53,15 +76,20 @@ def dequantized(E: Emitter, w: T, scales: T, zeros: T, bits: int, like: T) -> T:
     s_elt = scales.mlir_elt
 
     def body(E, a):
-        v = E.op(f"arith.uitofp {E.op(f'arith.extui {a[0]} : {ielt} to i32')} : i32 to f32")
-        z, sc = E.cast_scalar(a[2], s_elt, "f32"), E.cast_scalar(a[1], s_elt, "f32")
-        return [E.cast_scalar(E.op(f"arith.mulf {E.op(f'arith.subf {v}, {z} : f32')}, {sc} : f32"), "f32", elt)]
+        if format == "e4m3fn":
+            v = _e4m3fn(E, a[0])
+        else:
+            v = E.op(f"arith.uitofp {E.op(f'arith.extui {a[0]} : {ielt} to i32')} : i32 to f32")
+        if zeros is not None:
+            v = E.op(f"arith.subf {v}, {E.cast_scalar(a[2], s_elt, 'f32')} : f32")
+        return [E.cast_scalar(E.op(f"arith.mulf {v}, {E.cast_scalar(a[1], s_elt, 'f32')} : f32"), "f32", elt)]
 
     group = affine_map(3, [0, 1])
+    operands = [(q, view), (scales.name, scales.mlir)] + ([(zeros.name, zeros.mlir)] if zeros is not None else [])
     r = E.generic(
-        [(q, view), (scales.name, scales.mlir), (zeros.name, zeros.mlir)],
+        operands,
         [(E.empty([n, groups, gs], elt), out_ty)],
-        [affine_map(3, [0, 1, 2]), group, group, affine_map(3, [0, 1, 2])],
+        [affine_map(3, [0, 1, 2])] + [group] * (len(operands) - 1) + [affine_map(3, [0, 1, 2])],
         ["parallel"] * 3,
         body,
     )[0]
@@ -91,7 +119,7 @@ def product(E: Emitter, node, x: T, w: T, scales: T, zeros: T, bias, perm, out: 
     written); rows symbolic on a GPU padded as linear's."""
     if perm is not None:
         x = permuted(E, x, perm)
-    weight = dequantized(E, w, scales, zeros, node.attrs["bits"], x)
+    weight = dequantized(E, w, scales, zeros, node.attrs["bits"], x, node.attrs.get("format", "uint"))
     lead = x.rank - 1
     rows = next((i for i in reversed(range(lead)) if not isinstance(x.shape[i], int)), None)
     x, _, out_c, finish = _padded(E, ctx, x, w, rows, None, (None, None), out, (rows, None))

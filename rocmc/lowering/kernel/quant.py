@@ -51,8 +51,12 @@ def supports(node: Node, target: Target):
     if not 1 <= m <= most:
         why = "" if most == MAX_M else f" ({matrix_problem(target)}: linear_qm's {MAX_M} rows need them)"
         return f"{m} rows of x; the kernel takes 1 to {most}{why}"
+    if node.attrs.get("format", "uint") != "uint":
+        return f"{node.attrs['format']} weights: the kernels take unsigned integers"
     if scales.dtype != x.dtype:
         return f"scales are {scales.dtype}, x {x.dtype}: the kernels take them in one dtype"
+    if node.inputs[3] is None:
+        return "no zeros: the kernels read a zero point a group"
     bits, k, groups = node.attrs["bits"], x.shape[-1], scales.shape[1]
     piece = 128 // bits  # values of 16 bytes
     if (k // groups) % piece:
