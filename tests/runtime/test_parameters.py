@@ -350,7 +350,7 @@ def test_overlapping_tensors(tmp_path):
 @pytest.mark.parametrize(
     "entry, message",
     [
-        ({"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}, "unknown dtype 'F8_E4M3'"),
+        ({"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}, "unknown dtype 'F8_E5M2'"),
         ({"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}, r"span 8 bytes.*f32\[3\] needs 12"),
         ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, "non-negative ints"),
         ({"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}, "non-negative ints"),
