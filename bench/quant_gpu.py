@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.llm_gpu import SHAPES, fill_slots, kernel_profile, time_decode, write_checkpoint
+from bench.llm_gpu import SHAPES, copy_bandwidth, fill_slots, kernel_profile, time_decode, write_checkpoint
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
         "checkpoint_format": "gptq"}  # fmt: skip
@@ -141,22 +141,6 @@ def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str =
     return out
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth (bytes/s) of a 1 GiB buffer, as bench/llm_gpu.py measures it."""
-    import torch
-
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(20):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 20 / (time.perf_counter() - t)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -176,7 +160,9 @@ def main() -> int:
             compile_modules(Path(a.dir), target, config(), [int(b) for b in a.batches.split(",")])
         return 0
     cfg = json.loads((Path(a.dir) / "config.json").read_text())
-    bw = copy_bandwidth()
+    import torch
+
+    bw = copy_bandwidth(torch, "cuda")["GBps"] * 1e9  # bench/llm_gpu.py's measure
     out = {"copy_bandwidth_GBs": bw / 1e9}
     writers = {"gptq4": lambda c, d: write_gptq(c, d, bits=4), "gptq8": lambda c, d: write_gptq(c, d, bits=8),
                "f16": write_checkpoint}  # fmt: skip

@@ -12,13 +12,14 @@
 // them. A lane reads 16 contiguous bytes of a row at a time (a piece: V = 128 / bits values, all in one group: the
 // host admits group sizes that are multiples of V), QU pieces of each of its rows in flight. A group's scale and
 // zero factor out of its values' sum: sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z sum_k x_k), so a value costs a
-// byte permutation or conversion (byte_value) and one FMA a row of x; the piece's sum of x serves every row of w. x (and the norm) come through the caches: every wave
-// reads them whole, so with FLAG_NORM each wave has its rows' sums of squares (as linear_vec).
+// byte permutation or conversion (byte_value) and one FMA a row of x; the piece's sum of x serves every row of w.
+// x (and the norm) come through the caches: every wave reads them whole, so with FLAG_NORM each wave has its rows'
+// sums of squares (as linear_vec).
 //
 // Symbols: linear_q_{f16,bf16}. ABI (bindings, push constants, FLAG_* bits, BLOCK): the "linear_q" KernelFamily in
-// rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: ceil(N / (QROWS, or QROWS / 2 when gated)),
-// QROWS = 4 rows a wave times the workgroup's waves. The host
-// admits K a multiple of V, a group size a multiple of V, M <= QMAX_M; w and x may be unaligned (element loads).
+// rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: ceil(N / (QROWS, or QROWS / 2 when gated)), QROWS =
+// 4 rows a wave times the workgroup's waves. The host admits K a multiple of V, a group size a multiple of V,
+// M <= QMAX_M; w and x may be unaligned (element loads).
 // It needs no matrix instructions and builds for every architecture.
 #include "quant.h"
 

@@ -119,7 +119,8 @@ DEVICE void linear_qm(const T* x, const unsigned char* w, const T* scales, const
       for (int j = 0; j < J; ++j) {
         U4 xv[MB];
 #pragma unroll
-        for (int b = 0; b < MB; ++b) xv[b] = x_order<BITS>(load8(x, b * MT + x_row(lane), s.M, k + 8 * j, s.K, wide_x, false));
+        for (int b = 0; b < MB; ++b)
+          xv[b] = x_order<BITS>(load8(x, b * MT + x_row(lane), s.M, k + 8 * j, s.K, wide_x, false));
 #pragma unroll
         for (int t = 0; t < TILES; ++t) {
           U4 wq[WV];

@@ -5,7 +5,6 @@
 #pragma once
 #include "linear.h"
 
-
 struct QShape {
   LinShape s;
   u32 G, bits;
@@ -46,10 +45,10 @@ template <int BITS> DEVICE void values8(const u32 (&h)[4], int j, float (&q)[8])
 
 // An entry point `name` of `entry` (linear_q_bits or linear_qm_bits), compiled for `occ` resident workgroups a
 // multiprocessor (NVPTX; 0: no register limit).
-#define LINEAR_Q(name, entry, T, occ)                                                                     \
-  KERNEL_OCC(BLOCK, occ) void name(KERNEL_PARAMS(T)) {                                                            \
-    QShape q{{M, N, K, flags, __builtin_bit_cast(float, eps)}, G, bits};                                 \
-    const unsigned char* wb = (const unsigned char*)w;                                                   \
-    if (bits == 4) entry<T, 4>(x, wb, scales, zeros, bias, residual, norm, y, q);                        \
-    else entry<T, 8>(x, wb, scales, zeros, bias, residual, norm, y, q);                                  \
+#define LINEAR_Q(name, entry, T, occ)                                            \
+  KERNEL_OCC(BLOCK, occ) void name(KERNEL_PARAMS(T)) {                           \
+    QShape q{{M, N, K, flags, __builtin_bit_cast(float, eps)}, G, bits};        \
+    const unsigned char* wb = (const unsigned char*)w;                          \
+    if (bits == 4) entry<T, 4>(x, wb, scales, zeros, bias, residual, norm, y, q); \
+    else entry<T, 8>(x, wb, scales, zeros, bias, residual, norm, y, q);         \
   }

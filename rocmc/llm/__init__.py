@@ -4,7 +4,7 @@
 builder needs (parameter names, RoPE tables, KV-cache sizes); `rocmc.llm.tokenizer` encodes and
 decodes text with the checkpoint's tokenizer.json; `rocmc.llm.generation` holds the generation settings
 (with the checkpoint's generation_config.json defaults), the host-side logits processors and the stop
-conditions; `rocmc.llm.chat` renders the checkpoint's chat template; `rocmc.llm.quant` reads GPTQ and AWQ
+conditions; `rocmc.llm.chat` renders the checkpoint's chat template; `rocmc.llm.quant` reads GPTQ, AWQ and fp8
 checkpoints and writes GPTQ ones (`quantize`). None imports torch or transformers: a checkpoint runs from its
 safetensors files alone.
 """

@@ -199,7 +199,7 @@ class LlmConfig:
     eos_token_ids: tuple[int, ...]  # generation stops at any of these
     pad_token_id: int | None
     dtype: str  # the checkpoint's dtype: "float32", "float16" or "bfloat16"
-    quant: Any = None  # a rocmc.llm.quant.QuantConfig: the decoder's linear layers stored quantized (GPTQ, AWQ)
+    quant: Any = None  # a rocmc.llm.quant.QuantConfig: the decoder's linear layers stored quantized (GPTQ, AWQ, fp8)
 
     @property
     def q_dim(self) -> int:

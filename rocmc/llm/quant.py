@@ -37,8 +37,6 @@ from ..errors import InputError, ModelImportError
 from ..frontend.ops.quant import pack
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-# The graph parameters of a quantized projection (suffixes of its module name) and their dtypes.
-GRAPH_SUFFIXES = ("weight_q", "scales", "zeros", "perm")
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ def _parse_fp8(raw: dict, method: str, fail) -> QuantConfig:
     else:
         fmt = raw.get("format")
         if fmt not in ("float-quantized", "naive-quantized"):
-            fail("format", fmt, "supported: 'float-quantized' (float8 weights)")
+            fail("format", fmt, "supported: 'float-quantized', 'naive-quantized' (float8 weights as stored)")
         groups = raw.get("config_groups")
         if not isinstance(groups, dict) or len(groups) != 1:
             fail("config_groups", groups, "expected one group (every Linear alike)")
@@ -274,10 +272,7 @@ def convert(q: QuantConfig, tensors: list, name: str, k: int, dtype) -> dict:
     for module, t in tensors:
         s = np.asarray(t["scales"])
         _check_shapes(q, module, t, k)
-        bad = ~np.isfinite(s.astype(np.float32)) | (s == 0)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise InputError(f"{module}.scales{list(at)} is {s[at]}: expected a finite non-zero scale")
+        _check_scales(f"{module}.scales", s)
         if q.method == "gptq":
             z = _unpack_words(np.asarray(t["qzeros"]), q.bits).astype(np.float32) + q.zero_offset  # (g, n)
             g_idx = np.asarray(t["g_idx"]).astype(np.int64)
@@ -318,10 +313,7 @@ def _convert_fp8(q: QuantConfig, tensors: list, name: str, k: int) -> dict:
         want = _fp8_scale_shape(q, n, k)
         if s.shape != want:
             raise InputError(f"{module}.{q.scale_name} is {list(s.shape)}: expected {list(want)} ({q.describe()})")
-        bad = ~np.isfinite(s) | (s == 0)
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise InputError(f"{module}.{q.scale_name}{list(at)} is {s[at]}: expected a finite non-zero scale")
+        _check_scales(f"{module}.{q.scale_name}", s)
         nan = (w & 0x7F) == 0x7F  # e4m3fn's NaN: S.1111.111
         if nan.any():
             at = tuple(int(i) for i in np.argwhere(nan)[0])
@@ -333,6 +325,14 @@ def _convert_fp8(q: QuantConfig, tensors: list, name: str, k: int) -> dict:
         ws.append(w)
         scales.append(np.ascontiguousarray(s))
     return {f"{name}.weight_q": np.concatenate(ws, axis=0), f"{name}.scales": np.concatenate(scales, axis=0)}
+
+
+def _check_scales(name: str, s: np.ndarray) -> None:
+    """InputError naming tensor `name` and the first scale that is zero or not finite."""
+    bad = ~np.isfinite(s.astype(np.float32)) | (s == 0)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InputError(f"{name}{list(at)} is {s[at]}: expected a finite non-zero scale")
 
 
 def _check_shapes(q: QuantConfig, module: str, t: dict, k: int) -> None:

@@ -174,7 +174,7 @@ class LanguageModel:
             packed = sum(s.name.endswith(".weight_q") for s in self.plan.shards.values())
             head += (
                 f"\n  quantized: {self.config.quant.describe()}; {packed} projections converted at load to "
-                "quantized_linear's packed layout (their integers stay packed on the device)"
+                "quantized_linear's packed layout (their values stay packed on the device)"
             )
         joined = sum(len(s.sources) > 1 for s in self.plan.shards.values() if s.name.endswith(".weight"))
         if joined:

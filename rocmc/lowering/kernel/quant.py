@@ -67,8 +67,8 @@ def supports(node: Node, target: Target):
 def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
     x, w, scales, zeros, bias, perm, residual, norm = ins
     gate, eps = node.attrs.get("gate", "none"), node.attrs.get("eps", 0.0)
-    rows_x = math.prod(node.inputs[0].shape[:-1])
-    matrix = rows_x > VEC_MAX_M  # supports admits more rows only where linear_qm runs
+    m = math.prod(node.inputs[0].shape[:-1])
+    matrix = m > VEC_MAX_M  # supports admits more rows only where linear_qm runs
     if norm is not None and (matrix or perm is not None):  # the norm comes first, over x as given
         x, norm = norm_kernel(E, ctx, node, "rms_norm", x, [norm], eps, x.type.rank - 1), None
     if perm is not None:
@@ -86,7 +86,7 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         norm=norm is not None,
     )
     constants = {
-        "M": math.prod(out.shape[:-1]),
+        "M": m,
         "N": n,
         "K": x.shape[-1],
         "G": scales.shape[1],
