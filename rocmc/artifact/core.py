@@ -1,7 +1,8 @@
 """The Artifact: the compiled .vmfb plus rocmc's metadata, and access to every lowering stage.
 
 Stages past the input MLIR are produced on request by recompiling with IREE's phase dumps (plain
-compiles stay fast); they are kept next to the cached artifact.
+compiles stay fast); they are kept next to the cached artifact. Constants over a thousand elements
+(weights) are printed elided in IREE's phases, so a model's stages are about the size of its code.
 """
 
 from __future__ import annotations

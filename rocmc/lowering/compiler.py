@@ -33,6 +33,11 @@ def iree_version() -> str:
         return md.version("iree-base-compiler")
 
 
+# Constants larger than these are elided in the stage dumps (elements; characters of a resource's hex).
+ELIDE_ELEMENTS = 1024
+ELIDE_RESOURCE_CHARS = 8192
+
+
 def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: str | Path | None = None) -> bytes:
     """Compile an MLIR bytecode module to .vmfb bytes. With dump_dir, also write IREE's phase dumps
     (<dump_dir>/module.<n>.<phase>.mlir) and per-dispatch sources and binaries."""
@@ -47,6 +52,10 @@ def compile_bytecode(bytecode: bytes, target: Target, extra_flags=(), dump_dir: 
             cmd += [
                 f"--dump-compilation-phases-to={d}",
                 "--mlir-print-debuginfo",
+                # Weights are left out of the dumps ("..." / a resource's name without its bytes):
+                # printed, a model's weights would be written once per phase, in hex.
+                f"--mlir-elide-elementsattrs-if-larger={ELIDE_ELEMENTS}",
+                f"--mlir-elide-resource-strings-if-larger={ELIDE_RESOURCE_CHARS}",
                 f"--iree-hal-dump-executable-sources-to={d / 'sources'}",
                 f"--iree-hal-dump-executable-binaries-to={d / 'binaries'}",
             ]

@@ -144,6 +144,20 @@ def test_stages_and_dispatches(tmp_path):
         art.ir("llvm")
 
 
+def test_stage_dumps_elide_weights():
+    """A weight is printed in IREE's phases as its name, not its bytes (the module still computes with them)."""
+    rng = np.random.default_rng(3)
+    w = rand(rng, (256, 64))
+    g = rocmc.Graph("wide")
+    x = g.input("x", (2, 256), "f32")
+    g.output(ops.matmul(x, g.constant("w", w)))
+    art = rocmc.compile(g, "cpu")
+    for stage in ("global-optimization", "flow", "hal"):
+        assert len(art.ir(stage)) < w.nbytes, stage  # 64 KiB of f32 is 128 KiB of hex when printed
+    v = rand(rng, (2, 256))
+    np.testing.assert_allclose(rocmc.load(art)(v), v.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
 def test_stages_of_a_loaded_file_need_the_graph(tmp_path):
     art = rocmc.compile(small_graph(), "cpu")
     loaded = rocmc.Artifact.load(art.save(tmp_path / "m.vmfb"))
