@@ -120,6 +120,15 @@ _EPILOGUE_BINDINGS = (
     Binding("y", True, "(M, N)"),
 )
 
+# The linear-layer kernels' push constants (linear.h's LinShape).
+_LINEAR_CONSTANTS = (
+    ("M", "rows of x"),
+    ("N", "outputs a row"),
+    ("K", "inputs a row"),
+    ("flags", "FLAG_* bits"),
+    ("eps", "f32 bits: RMSNorm's epsilon (FLAG_NORM)"),
+)
+
 # The quantized linear kernels' bindings and constants (linear_q.hip, linear_qm.hip: custom_kernels/quant.h).
 _QUANT_ABI = (
     (
@@ -258,16 +267,22 @@ FAMILIES: dict[str, KernelFamily] = {
             Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
             *_EPILOGUE_BINDINGS,
         ),
-        (
-            ("M", "rows of x"),
-            ("N", "outputs a row"),
-            ("K", "inputs a row"),
-            ("flags", "FLAG_* bits"),
-            ("eps", "f32 bits: RMSNorm's epsilon (FLAG_NORM)"),
-        ),
+        _LINEAR_CONSTANTS,
         # 128 threads: on an H100 (bench/linear_sweep.py, BENCHMARKS.md) a 7B layer's four projections took
         # 185 / 186 / 229 us at 1 / 8 / 32 rows against 193 / 196 / 276 with 256.
         block=128,
+        flags=_LINEAR_FLAGS,
+    ),
+    "linear_mm": KernelFamily(
+        "linear_mm.hip",
+        ("linear_mm_f16", "linear_mm_bf16"),
+        (
+            Binding("x", False, "(M, K), any M"),
+            Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
+            *_EPILOGUE_BINDINGS,
+        ),
+        _LINEAR_CONSTANTS,
+        block=256,  # 8 waves of 32 (NVIDIA) / 4 of 64 (AMD) over a 128 x 128 tile
         flags=_LINEAR_FLAGS,
     ),
     "linear_q": KernelFamily(

@@ -6,7 +6,8 @@ forms, layouts, partial rotation, batched and broadcast tables and position ids,
 slots given or implied. The norm, rope and linear_rows modules run on NaN inputs first, so an output element a
 kernel fails to write keeps the NaN and fails the test; rope_store_kv's whole cache is compared (the places not
 stored keep their values). linear_rows: 1 to 32 rows (odd counts, several matrix-instruction blocks), odd N and K
-(element loads, partial tiles), K 11008, bias, residual, relu / gelu_tanh and gated silu / gelu_tanh."""
+(element loads, partial tiles), K 11008, bias, residual, relu / gelu_tanh and gated silu / gelu_tanh; linear_mm:
+symbolic rows at 1 to 513 (partial and several tiles), 33 and 300 static rows, the same odd sizes and epilogues."""
 
 from __future__ import annotations
 
@@ -201,10 +202,11 @@ def _attention_cases() -> list[Case]:
     ]
 
 
-def linear_case(name, dtype, lead, n, k, op="linear", act="none", bias=False, residual=False) -> Case:
-    """The linear_rows kernels (linear_vec for 1 and 2 rows, linear_rows for 3 to 32): linear, fused_linear
-    (activation and residual), gated_linear (weight (2n, k)) or rms_norm_linear (gated when `act` is not "none")
-    of x (*lead, k) against float64."""
+def linear_case(name, dtype, lead, n, k, op="linear", act="none", bias=False, residual=False, sizes=(None,)) -> Case:
+    """The linear kernels (linear_vec for 1 and 2 rows, linear_rows for 3 to 32, linear_mm for more or a symbolic
+    number): linear, fused_linear (activation and residual), gated_linear (weight (2n, k)) or rms_norm_linear (gated
+    when `act` is not "none") of x (*lead, k) against float64; a dim of `lead` named by a string is symbolic, run at
+    each of `sizes`."""
     rows = 2 * n if op == "gated_linear" or (op == "rms_norm_linear" and act != "none") else n
 
     def graph():
@@ -224,19 +226,30 @@ def linear_case(name, dtype, lead, n, k, op="linear", act="none", bias=False, re
             g.output(ops.linear(x, w, b))
         return g
 
-    def inputs(rng, _):
+    def inputs(rng, size):
         scale = 1.0 / np.sqrt(k)  # outputs of order 1, where the activations bend
-        out = [_rand(rng, (*lead, k), dtype)]
+        dims = tuple(size if isinstance(d, str) else d for d in lead)
+        out = [_rand(rng, (*dims, k), dtype)]
         if op == "rms_norm_linear":
             out.append(_rand(rng, (k,), dtype, 0.5, 1.5))
         out.append(_rand(rng, (rows, k), dtype, -2.0 * scale, 2.0 * scale))
         if bias:
             out.append(_rand(rng, (rows,), dtype))
         if residual:
-            out.append(_rand(rng, (*lead, n), dtype))
+            out.append(_rand(rng, (*dims, n), dtype))
         return out
 
-    return Case(name, graph, inputs, TOL[dtype], rel_l2, compile={"impl": {op: "kernel"}}, calls="kernels", poison=True)
+    return Case(
+        name,
+        graph,
+        inputs,
+        TOL[dtype],
+        rel_l2,
+        sizes=sizes,
+        compile={"impl": {op: "kernel"}},
+        calls="kernels",
+        poison=True,
+    )
 
 
 def _linear_cases() -> list[Case]:
@@ -256,6 +269,21 @@ def _linear_cases() -> list[Case]:
         linear_case("lin_bf16_32_norm_gated_gelu", "bf16", (32, 1), 129, 264, "rms_norm_linear", "gelu_tanh"),
         linear_case("lin_f16_5_norm_odd", "f16", (5,), 50, 77, "rms_norm_linear"),
         linear_case("lin_f16_19_norm_gated_silu", "f16", (19, 1), 688, 4096, "rms_norm_linear", "silu"),
+        # linear_mm: symbolic rows (one, partial and several 128-row tiles), the 7B shapes' K, odd N and K (element
+        # loads, partial tiles), 33 static rows (the first past linear_rows), the norm's kernel before it.
+        linear_case(
+            "mm_f16_sym_residual", "f16", (1, "s"), 4096, 4096, "fused_linear", residual=True, sizes=(1, 77, 513)
+        ),
+        linear_case(
+            "mm_bf16_sym_gated_silu_bias", "bf16", ("s",), 688, 1024, "gated_linear", "silu", True, sizes=(33, 200)
+        ),
+        linear_case("mm_f16_300_odd", "f16", (300,), 37, 77, "fused_linear", "gelu_tanh", bias=True, residual=True),
+        linear_case("mm_bf16_sym_k11008", "bf16", (1, "s"), 256, 11008, "fused_linear", residual=True, sizes=(129,)),
+        linear_case(
+            "mm_f16_sym_norm_gated_gelu", "f16", ("s",), 129, 264, "rms_norm_linear", "gelu_tanh", sizes=(40, 257)
+        ),
+        linear_case("mm_f16_33_relu", "f16", (33,), 130, 64, "fused_linear", "relu"),
+        linear_case("mm_bf16_sym_lm_head", "bf16", (1, "s"), 32000, 512, sizes=(17,)),
     ]
 
 
@@ -273,34 +301,47 @@ def quantized_case(
     norm=False,
     gate="none",
     residual=False,
+    fmt="uint",
 ) -> Case:
     """quantized_linear of x (*lead, k) against float64: packed random integers, scales, zeros at any integer of
     the range; with `norm` (RMSNorm first), `gate` (n rows: the gate's n / 2, then the up's) or `residual`. A few
     static rows take the linear_q kernel; the rest is generated code (the dequantization fused into the
-    product's dispatch)."""
+    product's dispatch). fmt "e4m3fn": the bytes are float8 values (NaN codes left out), no zeros, f32 scales
+    (as fp8 checkpoints load)."""
     n_out = n // 2 if gate != "none" else n
+    fp8 = fmt == "e4m3fn"
 
     def graph():
         g = rocmc.Graph("qlin")
         x = g.input("x", (*lead, k), dtype)
         w, s, z = (
             g.input("w", (n, k * bits // 8), "u8"),
-            g.input("s", (n, groups), dtype),
-            g.input("z", (n, groups), dtype),
+            g.input("s", (n, groups), "f32" if fp8 else dtype),
+            None if fp8 else g.input("z", (n, groups), dtype),
         )
         b = g.input("b", (n,), dtype) if bias else None
         p = g.input("p", (k,), "i64") if perm else None
         r = g.input("r", (*lead, n_out), dtype) if residual else None
         nw = g.input("nw", (k,), dtype) if norm else None
-        g.output(ops.quantized_linear(x, w, s, z, b, p, bits=bits, norm=nw, eps=1e-5, gate=gate, residual=r))
+        g.output(
+            ops.quantized_linear(x, w, s, z, b, p, bits=bits, norm=nw, eps=1e-5, gate=gate, residual=r, format=fmt)
+        )
         return g
 
     def inputs(rng, t):
         shape = tuple(t if isinstance(d, str) else d for d in lead)
         step = 2.0 / ((1 << bits) * np.sqrt(k))  # outputs of order 1
-        out = [_rand(rng, (*shape, k), dtype), rng.integers(0, 256, (n, k * bits // 8)).astype(np.uint8)]
-        out += [_rand(rng, (n, groups), dtype, 0.5 * step, 1.5 * step)]
-        out += [rng.integers(0, 1 << bits, (n, groups)).astype(rocmc.dtype(dtype).np)]
+        q = rng.integers(0, 256, (n, k * bits // 8)).astype(np.uint8)
+        if fp8:
+            q[(q & 0x7F) == 0x7F] = 0x38  # NaN codes -> 1.0
+            step = 2.0 / (100.0 * np.sqrt(k))  # float8 values reach 448
+        out = [
+            _rand(rng, (*shape, k), dtype),
+            q,
+            _rand(rng, (n, groups), "f32" if fp8 else dtype, 0.5 * step, 1.5 * step),
+        ]
+        if not fp8:
+            out += [rng.integers(0, 1 << bits, (n, groups)).astype(rocmc.dtype(dtype).np)]
         if bias:
             out.append(_rand(rng, (n,), dtype))
         if perm:
@@ -317,6 +358,9 @@ def quantized_case(
 def _quantized_cases() -> list[Case]:
     return [
         quantized_case("q4_f16_1x4096x4096_g128", "f16", (1, 1), 4096, 4096, 4, 32),
+        # fp8 (e4m3fn) weights: generated code, one row and symbolic rows, block scales.
+        quantized_case("fp8_bf16_1_block", "bf16", (1, 1), 512, 1024, 8, 8, fmt="e4m3fn", norm=True, gate="silu"),
+        quantized_case("fp8_f16_rows", "f16", ("t",), 300, 256, 8, 1, fmt="e4m3fn", bias=True, sizes=(1, 45)),
         quantized_case("q4_f16_rows_perm_odd", "f16", ("t", 1), 37, 96, 4, 3, perm=True, bias=True, sizes=(1, 7, 33)),
         quantized_case("q8_bf16_one_group", "bf16", (3, 1), 300, 1000, 8, 1, bias=True),
         quantized_case("q4_bf16_8_k11008", "bf16", (8, 1), 256, 11008, 4, 86),

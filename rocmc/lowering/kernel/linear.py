@@ -1,14 +1,17 @@
-"""linear, fused_linear, gated_linear and rms_norm_linear of a few rows as hand-written kernels
-(custom_kernels/linear_rows.hip): a decode step's projections, each weight read once whatever the rows, with
-the bias, the residual add, the activation or the gate's act(gate) * up in the same dispatch. `linear_vec` runs on
-the vector units (1 to VEC_MAX_M rows, where a matrix instruction's tile would be mostly empty) and normalizes x
-on its way into the product (rms_norm_linear); `linear_rows` runs on the matrix units (VEC_MAX_M + 1 to MAX_M
-rows) after rms_norm's own kernel.
+"""linear, fused_linear, gated_linear and rms_norm_linear as hand-written kernels, with the bias, the residual
+add, the activation or the gate's act(gate) * up in the same dispatch.
 
-They take f16/bf16 x whose rows (every dim but the last, static) number at most MAX_M and a static (N, K) weight;
-linear_vec on every GPU, linear_rows on NVIDIA sm_80+ (mma.sync) and AMD gfx90a / gfx94x (MFMA). Anything else
-(prefill's symbolic rows, f32, more rows on gfx11 (WMMA: not written) or older GPUs) is IREE's code, with the
-reason in the summary.
+- A few rows (a decode step's projections; custom_kernels/linear_rows.hip), each weight read once whatever the
+  rows: `linear_vec` on the vector units (1 to VEC_MAX_M rows, where a matrix instruction's tile would be mostly
+  empty), normalizing x on its way into the product (rms_norm_linear); `linear_rows` on the matrix units
+  (VEC_MAX_M + 1 to MAX_M rows) after rms_norm's own kernel.
+- Many rows, or a symbolic number (a prefill's projections; custom_kernels/linear_mm.hip): `linear_mm`, a tiled
+  GEMM on the matrix units through shared memory, after rms_norm's kernel for rms_norm_linear. Asked for by name
+  (impl={op: "kernel"}) until measured against IREE's GEMMs on a GPU: `rule` names it in the summary.
+
+They take f16/bf16 x and a static (N, K) weight; linear_vec on every GPU, linear_rows and linear_mm on NVIDIA
+sm_80+ (mma.sync) and AMD gfx90a / gfx94x (MFMA). Anything else (f32, more rows on gfx11 (WMMA: not written) or
+older GPUs) is IREE's code, with the reason in the summary.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from .dispatch import dispatch, f32_bits
 from .norm import norm_kernel
 
 FAMILY = kernels.FAMILIES["linear_rows"]
-MAX_M = 32  # linear_rows.hip's MAX_M: x rows a workgroup holds
+MAX_M = 32  # linear_rows.hip's MAX_M: x rows a workgroup holds (more: linear_mm)
 TILE = 16  # its TILE: rows of w a workgroup
 VEC_MAX_M = 2  # its VMAX_M: x rows linear_vec takes
 VROWS = 8  # its VROWS: rows of w a linear_vec workgroup (gated: half of them gate rows, half up rows)
+MM_BM, MM_BN = 128, 128  # linear_mm.hip's BM, BN: x rows and w rows a workgroup (gated: BN / 2 outputs)
 DTYPES = ("f16", "bf16")  # what the matrix instructions take (tf32 would change f32's results); linear_vec too
 MFMA_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942")
 
@@ -57,18 +61,19 @@ def supports(node: Node, target: Target):
     if x.dtype.name not in DTYPES:
         return f"x is {x.dtype}; the kernels take {', '.join(DTYPES)}"
     m = rows(node)
-    if m is None:
-        return f"x is {x}: the kernel takes a static few rows (at most {MAX_M})"
-    if not 1 <= m <= MAX_M:
-        return f"{m} rows of x; the kernel takes 1 to {MAX_M}"
+    if m is not None and m < 1:
+        return f"{m} rows of x; the kernels take at least 1"
     if node.op == "rms_norm_linear":
         w = node.inputs[2]
         if node.inputs[1].dtype != x.dtype:
             return f"norm_weight is {node.inputs[1].dtype}, x {x.dtype}: the kernel takes them in one dtype"
     if not all(isinstance(d, int) and d > 0 for d in w.shape):
         return f"weight is {w}; the kernel takes a static, non-empty one"
-    # linear_vec runs on any GPU the kernels build for; linear_rows needs the matrix instructions it is written for.
-    return kernels.arch_problem(target.code_arch) if m <= VEC_MAX_M else _arch_problem(target)
+    # linear_vec runs on any GPU the kernels build for; linear_rows and linear_mm need the matrix instructions
+    # they are written for.
+    if m is not None and m <= VEC_MAX_M:
+        return kernels.arch_problem(target.code_arch)
+    return _arch_problem(target)
 
 
 def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
@@ -82,7 +87,7 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
     out = node.outputs[0].type
     gated = node.op == "gated_linear" or (norm is not None and act != "none")
     n, k, m = out.shape[-1], w.shape[1], rows(node)
-    if norm is not None and m > VEC_MAX_M:
+    if norm is not None and (m is None or m > VEC_MAX_M):
         # linear_rows takes x as it is: the norm is rms_norm's kernel, a dispatch of its own (normalizing x inside
         # linear_rows cost more than that dispatch at 32 rows: BENCHMARKS.md).
         x, norm = norm_kernel(E, ctx, node, "rms_norm", x, [norm], eps, x.type.rank - 1), None
@@ -95,13 +100,19 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         gelu_tanh=act == "gelu_tanh",
         norm=norm is not None,
     )
-    constants = {"M": m, "N": n, "K": k, "flags": flags, "eps": f32_bits(eps)}
+    lead = E.dims(x)[:-1]
+    rows_x = E.product(lead)
+    constants = {"M": rows_x, "N": n, "K": k, "flags": flags, "eps": f32_bits(eps)}
     operands = {"x": x, "w": w, "bias": bias, "residual": residual, "norm": norm}
-    if m <= VEC_MAX_M:
-        symbol, groups = f"linear_vec_{x.type.dtype.name}", -(-n // (VROWS // 2 if gated else VROWS))
+    dt = x.type.dtype.name
+    if m is not None and m <= VEC_MAX_M:
+        symbol, groups = f"linear_vec_{dt}", -(-n // (VROWS // 2 if gated else VROWS))
+    elif m is not None and m <= MAX_M:
+        symbol, groups = f"linear_rows_{dt}", -(-n // TILE)
     else:
-        symbol, groups = f"linear_rows_{x.type.dtype.name}", -(-n // TILE)
-    return [dispatch(E, ctx, node, symbol, constants, operands, out, list(out.shape), groups)]
+        tiles_n = -(-n // (MM_BN // 2 if gated else MM_BN))
+        symbol, groups = f"linear_mm_{dt}", E.product([E.ceildivui(rows_x, MM_BM), tiles_n])
+    return [dispatch(E, ctx, node, symbol, constants, operands, out, [*lead, n], groups)]
 
 
 # Measured on an H100 (7B f16 decode, bench/llm_gpu.py, BENCHMARKS.md): at 8 and 32 rows linear_rows' projections
@@ -109,6 +120,19 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
 # than its GEMVs); at one row linear_vec took 4.77 ms a step for all four projections (the two norms and
 # silu(gate) * up included) against 4.83 for IREE's GEMVs, norms and gate, and 1.53 ms against IREE's 1.54 for o
 # and down alone: so the kernels are the default at every row count they take.
+
+
+def rule(node: Node, target: Target):
+    """Where the kernels are the default: a few rows. linear_mm (more rows, or a symbolic number) is taken when
+    asked for by name (impl={op: "kernel"}) until it is measured against IREE's GEMMs on a GPU (bench/prefill_gpu.py);
+    its results are checked in tests/gpu like every kernel's."""
+    m = rows(node)
+    if m is None or m > MAX_M:
+        return (
+            f"{'a symbolic number of' if m is None else m} rows: the tiled GEMM (linear_mm) is not yet measured "
+            f"against IREE's code; impl={{{node.op!r}: 'kernel'}} asks for it"
+        )
+    return None
 
 
 # Every activation the ops name is one the kernel computes.
@@ -123,4 +147,5 @@ lowering(
     kinds=("rocm", "cuda"),
     priority=10,
     supports=supports,
+    rule=rule,
 )(lower)
