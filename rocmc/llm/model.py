@@ -287,13 +287,13 @@ def _linear(w: _Weights, name: str, x: Value, bias: bool, row: bool = False, res
     split along its input features) gives each rank a partial sum: the ranks' partials are added (all_reduce)
     before the bias, which is added once, and the residual."""
     b = w(name + ".bias") if bias else None
-    if w.quantized(name):
-        return w.quantized_product(x, name, b, residual=residual)
     if row and w.n > 1:
-        y = ops.linear(x, w(name + ".weight"))
+        y = w.quantized_product(x, name, None) if w.quantized(name) else ops.linear(x, w(name + ".weight"))
         y = ops.all_reduce(y, w.n, max_size=w.most(y))
         y = y if b is None else y + b
         return y if residual is None else residual + y
+    if w.quantized(name):
+        return w.quantized_product(x, name, b, residual=residual)
     if residual is None:
         return ops.linear(x, w(name + ".weight"), b)
     return ops.fused_linear(x, w(name + ".weight"), b, residual)

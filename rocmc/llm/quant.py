@@ -24,7 +24,8 @@ features; group_size -1: one group):
 Every linear layer of the decoder is quantized, except those `modules_to_not_convert` names; embeddings and
 lm_head stay as stored. q/k/v and gate/up are joined at load as for float checkpoints: their packed rows
 concatenated (a GPTQ act-order join needs one order for all of them, which a shared input gives them).
-Tensor parallelism over quantized checkpoints is refused for now.
+Tensor parallelism (rocmc.llm.sharding) splits the converted tensors as the float ones: q/k/v and gate/up by
+output rows, o and down by input features (their groups whole on a rank); act-order is refused there.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ Every rank runs the same program on its own slices:
   `all_gather` joins the logits, so every rank holds the same logits and picks the same token (greedy, or
   drawn with one shared seed). A tied lm_head reads the embedding's tensor with the vocabulary split.
 - norms: every rank holds them whole.
+- quantized projections (rocmc.llm.quant): converted at load to quantized_linear's layout, then split as the
+  float ones: q/k/v and gate/up by output rows (packed rows, scales, zeros), o and down by input features (the
+  packed bytes, and the scales and zeros of their groups, whole groups on each rank; a single group held whole).
+  GPTQ act-order is refused with several ranks: its permutation of the input features spans the whole row,
+  which o and down split.
 
 Projections that read the same input are joined at load into one graph parameter (a GEMV each instead of
 three or two): `self_attn.qkv_proj` is q_proj, k_proj and v_proj concatenated along the output features
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import gcd
+
+import numpy as np
 
 from ..errors import InputError, ModelImportError
 from .config import LlmConfig, param_names
@@ -87,9 +94,9 @@ class Plan:
         source = Parameters.open(checkpoint)
         if all(n in source for n in self.shards):
             return source
-        plain = {n: (s.sources, s.axis) for n, s in self.shards.items() if s.role != QUANTIZED}
+        plain = {n: (s.sources, s.axis) for n, s in self.shards.items() if s.role not in QUANTIZED_ROLES}
         served = source.shard(plain, rank, self.degree)
-        converted = _converted(self, source) if self.quant is not None else {}
+        converted = _converted(self, source, rank) if self.quant is not None else {}
         return Parameters.open([served, converted]) if converted else served
 
     def describe(self) -> list[str]:
@@ -104,6 +111,9 @@ class Plan:
 
 
 QUANTIZED = "quantized (converted at load to quantized_linear's layout)"
+QUANTIZED_COLUMN = "quantized, converted at load, column-split (axis 0)"
+QUANTIZED_ROW = "quantized, converted at load, row-split (axis 1)"
+QUANTIZED_ROLES = (QUANTIZED, QUANTIZED_COLUMN, QUANTIZED_ROW)
 ROLES = (
     "column-split (axis 0): q/k/v, gate/up (joined)",
     "row-split (axis 1) then all_reduce: o/down",
@@ -111,6 +121,7 @@ ROLES = (
     "embedding hidden-split (axis 1) then all_gather",
     "lm_head vocab-split (axis 0) then all_gather",
     "whole on every rank (norms)",
+    *QUANTIZED_ROLES,
 )
 
 
@@ -136,12 +147,8 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
             f"tensor_parallel={degree} does not divide the model's {k} ({v}): every rank holds "
             f"whole heads and equal slices; this model splits over {', '.join(map(str, ok))} GPUs"
         )
-    if cfg.quant is not None and degree > 1:
-        raise InputError(
-            f"tensor_parallel={degree}: a quantized checkpoint ({cfg.quant.describe()}) runs on one GPU for now"
-        )
     shapes = dict(param_names(cfg))
-    quantized = _quantized_shards(cfg)
+    quantized = _quantized_shards(cfg, degree)
     for shard in quantized.values():
         for module in shard.sources:
             for n in [n for n in shapes if n.startswith(module + ".") and not n.endswith(".bias")]:
@@ -168,8 +175,11 @@ def plan(cfg: LlmConfig, degree: int) -> Plan:
     return Plan(degree, shards, cfg.quant)
 
 
-def _quantized_shards(cfg: LlmConfig) -> dict:
-    """The graph parameters of the quantized projections (their sources: the checkpoint modules converted)."""
+def _quantized_shards(cfg: LlmConfig, degree: int) -> dict:
+    """The graph parameters of the quantized projections (their sources: the checkpoint modules converted), split
+    as the float ones over `degree` ranks: q/k/v and gate/up by output rows (each member's rows, as joined float
+    weights are), o and down by input features (the packed bytes, and the scales and zeros of their groups; a single
+    group's held whole)."""
     from . import quant
     from .config import linear_layers, quantized
 
@@ -188,26 +198,72 @@ def _quantized_shards(cfg: LlmConfig) -> dict:
             for m in modules:
                 quant.check_sizes(cfg.quant, m, layers[m][0], k)
             n = sum(layers[m][0] for m in modules)
+            row = name.endswith(tuple(ROW))
+            if degree > 1:
+                _check_quantized_split(cfg.quant, modules[0], k, row, degree)
             for t, shape, dtype in quant.graph_tensors(cfg.quant, name, n, k, None):
-                out[t] = Shard(t, modules, shape, None, QUANTIZED, dtype)
+                if degree == 1:
+                    out[t] = Shard(t, modules, shape, None, QUANTIZED, dtype)
+                    continue
+                kind = t.rsplit(".", 1)[1]
+                if row:  # the input features' bytes, and their groups' scales and zeros (one group: whole)
+                    axis = 1 if kind == "weight_q" or shape[1] > 1 else None
+                else:  # the output rows; act-order's permutation of the (whole) input, whole
+                    axis = None if kind == "perm" else 0
+                out[t] = Shard(t, modules, shape, axis, QUANTIZED_ROW if row else QUANTIZED_COLUMN, dtype)
     return out
 
 
-def _converted(plan: Plan, source) -> dict:
-    """{graph parameter: array} of every quantized projection, converted from the checkpoint's tensors."""
+def _check_quantized_split(q, module: str, k: int, row: bool, degree: int) -> None:
+    """InputError when a quantized projection's input features can't be split into `degree` equal parts."""
+    if not row:
+        return
+    if q.desc_act:
+        raise InputError(
+            f"tensor_parallel={degree}: {module} is act-order ({q.describe()}): its g_idx orders the input features "
+            f"across the whole row, which a row-parallel projection splits over the ranks; run it on one GPU"
+        )
+    part = k // degree
+    g = q.groups(k)
+    bytes_ok = q.format == "e4m3fn" or part * q.bits % 8 == 0
+    if not bytes_ok or (g > 1 and (g % degree or part % q.group_size)):
+        raise InputError(
+            f"tensor_parallel={degree}: {module}'s {k} input features ({q.describe()}) don't split into "
+            f"{degree} parts of whole groups"
+        )
+
+
+def _converted(plan: Plan, source, rank: int = 0) -> dict:
+    """{graph parameter: array} of every quantized projection, converted from the checkpoint's tensors; with
+    several ranks, rank `rank`'s slices (each member of a joined projection converted, sliced, then joined)."""
     from . import quant
 
     q, out = plan.quant, {}
     done = set()
     for shard in plan.shards.values():
-        if shard.role != QUANTIZED or shard.sources in done:
+        if shard.role not in QUANTIZED_ROLES or shard.sources in done:
             continue
         done.add(shard.sources)
         name = shard.name.rsplit(".", 1)[0]
         tensors = [(m, {kind: source.array(f"{m}.{kind}") for kind in q.kinds()}) for m in shard.sources]
         k = plan.shards[f"{name}.weight_q"].shape[1] * 8 // q.bits
-        out.update(quant.convert(q, tensors, name, k, tensors[0][1][q.scale_name].dtype))
+        dtype = tensors[0][1][q.scale_name].dtype
+        if plan.degree == 1:
+            out.update(quant.convert(q, tensors, name, k, dtype))
+            continue
+        parts = [quant.convert(q, [member], name, k, dtype) for member in tensors]
+        for t in parts[0]:
+            axis = plan.shards[t].axis
+            if axis is None:
+                out[t] = parts[0][t]
+            else:
+                out[t] = np.concatenate([_slice(p[t], axis, rank, plan.degree) for p in parts], axis=axis)
     return out
+
+
+def _slice(a: np.ndarray, axis: int, rank: int, degree: int) -> np.ndarray:
+    size = a.shape[axis] // degree
+    return np.ascontiguousarray(np.take(a, range(rank * size, (rank + 1) * size), axis=axis))
 
 
 def layer_prefixes(cfg: LlmConfig) -> list[str]:

@@ -286,10 +286,94 @@ def test_bad_packed_tensors_are_typed_errors_naming_the_tensor(quantized, tmp_pa
         rocmc.llm.load_hf(bad, "cpu", max_seq_len=64)
 
 
-def test_tensor_parallel_quantized_is_refused(quantized):
+TP_SHAPE = dict(max_seq_len=16, max_batch=2)
+
+
+@pytest.mark.parametrize(
+    "case", ["gptq4_g32", "gptq8_one_group_v2", "awq4_g32", "fp8_block", "ct_fp8_tensor_bf16_scale", "ct_fp8_block"]
+)
+def test_each_rank_of_a_quantized_checkpoint_computes_the_unsharded_graph(quantized, case):
+    """Tensor parallelism over 2 ranks (threads exchanging numpy arrays through rocmc.evaluate): q/k/v and gate/up
+    split by output rows, o and down by input features (packed bytes, scales and zeros of whole groups; a single
+    group held whole), each rank's partial sums all-reduced: the unsharded graph's logits and next token."""
+    from rocmc.llm import sharding
+    from rocmc.llm.config import load_config
+    from rocmc.llm.model import CACHE, Shape, build, cache_shape
+    from rocmc.llm.runtime import _SlotTable
+    from rocmc.parameters import Parameters
+    from rocmc.runtime import distributed
+
+    path, _ = quantized(case)
+    cfg, params = load_config(path), Parameters.open(path)
+    shape = Shape(dtype="f32", **TP_SHAPE)
+    (feeds,) = _SlotTable(shape, cfg).prefill(1, list(PROMPT_IDS))
+
+    def run(degree, r, from_rank=None):
+        plan = sharding.plan(cfg, degree)
+        mine = plan.parameters(params, r if from_rank is None else from_rank)
+        return rocmc.evaluate(
+            build(cfg, shape, ["prefill"], plan)["prefill"],
+            **feeds,
+            parameters={n: mine.array(n) for n in plan.shards},
+            state={CACHE: np.zeros(cache_shape(cfg, shape, degree))},
+        )
+
+    (want, _) = run(1, 0)
+    plan = sharding.plan(cfg, 2)
+    roles = {s.role for s in plan.shards.values()}
+    assert {sharding.QUANTIZED_COLUMN, sharding.QUANTIZED_ROW} <= roles
+    o = "model.layers.0.self_attn.o_proj."
+    assert plan.shards[o + "weight_q"].axis == 1 and plan.shards["model.layers.0.mlp.gate_up_proj.weight_q"].axis == 0
+    scale = np.abs(want[2]).max()
+    for got, _ in distributed.simulate(2, lambda r: run(2, r)):
+        np.testing.assert_array_equal(got[0], want[0])
+        assert np.abs(got[2] - want[2]).max() <= 1e-9 * scale
+    # the check can fail: both ranks holding rank 0's slices compute another model
+    wrong = distributed.simulate(2, lambda r: run(2, r, from_rank=0))
+    assert np.abs(wrong[0][0][2] - want[2]).max() > 1e-3 * scale
+
+
+def test_a_quantized_checkpoint_in_two_processes_gives_the_tokens_of_one(quantized, tmp_path):
+    """Compiled for the CPU and run as 2 ranks under `rocmc launch`, each converting and keeping its slices of the
+    GPTQ checkpoint: the greedy, sampled and batched tokens of one process."""
+    from tp_ranks import RANK_SCRIPT, launch, results
+
     path, _ = quantized("gptq4_g32")
-    with pytest.raises(rocmc.InputError, match="a quantized checkpoint .GPTQ 4-bit, groups of 32. runs on one GPU"):
+    for degree in (1, 2):
+        rocmc.llm.compile_hf(path, "cpu", tensor_parallel=degree, max_seq_len=32, max_batch=2).save(
+            tmp_path / f"tp{degree}.vmfb"
+        )
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    one = launch(1, str(script), str(tmp_path / "tp1.vmfb"), str(path), "1", str(tmp_path / "one"))
+    two = launch(2, str(script), str(tmp_path / "tp2.vmfb"), str(path), "2", str(tmp_path / "two"))
+    assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    (ref,), ranks = results(tmp_path / "one"), results(tmp_path / "two")
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert (r["greedy"], r["sampled"], r["batch"]) == (ref["greedy"], ref["sampled"], ref["batch"])
+    assert "quantized, converted at load, row-split" in ranks[0]["summary"]
+
+
+def test_tensor_parallel_refuses_what_does_not_split(quantized):
+    path, _ = quantized("gptq4_act_order_sym")
+    with pytest.raises(rocmc.InputError, match=r"tensor_parallel=2: .*o_proj is act-order .*run it on one GPU"):
         rocmc.llm.compile_hf(path, "cuda:sm_80", tensor_parallel=2)
+
+
+def test_tensor_parallel_refuses_groups_the_ranks_cant_share(llm_checkpoint):  # noqa: F811
+    from dataclasses import replace
+
+    from rocmc.llm import sharding
+    from rocmc.llm.config import load_config
+    from rocmc.llm.quant import QuantConfig
+
+    cfg = load_config(llm_checkpoint("llama"))  # 4 heads and 4 kv heads: 4 ranks divide them
+    cfg = replace(cfg, quant=QuantConfig("gptq", 4, 32, False, 1, ()))
+    assert sharding.plan(cfg, 2).degree == 2
+    # groups of 32 over o_proj's 64 input features: 2 groups, which 4 ranks can't share out whole
+    with pytest.raises(rocmc.InputError, match=r"tensor_parallel=4: .*o_proj's 64 input features .* parts of whole"):
+        sharding.plan(cfg, 4)
 
 
 @pytest.mark.parametrize("method,v2", [("gptq", True), ("gptq", False), ("awq", False)])

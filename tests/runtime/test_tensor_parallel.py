@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 import rocmc
 from llm_models import PROMPT_IDS, hf_greedy, llm_checkpoint  # noqa: F401
+from tp_ranks import RANK_SCRIPT, launch, results
 from rocmc.llm import sharding
 from rocmc.llm.config import load_config
 from rocmc.llm.model import CACHE, Shape, build, cache_shape
@@ -140,32 +140,6 @@ def test_ranks_read_their_own_slices(llm_checkpoint, rng):  # noqa: F811
 
 # ---- compiled, as processes -----------------------------------------------------------------------
 
-RANK_SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    import rocmc
-    art, ckpt, degree, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    lm = rocmc.llm.load(art, ckpt, tensor_parallel=degree)
-    result = {"rank": lm.rank, "greedy": lm.generate(%s, 10, stop_tokens=()),
-           "sampled": lm.generate(%s, 8, temperature=0.9, top_k=16, seed=11, stop_tokens=()),
-           "batch": lm.generate([%s, %s], 6, stop_tokens=()), "summary": lm.summary()}
-    with open(f"{out}.{os.environ.get('RANK', '0')}.json", "w") as f:
-        json.dump(result, f)
-""") % (list(PROMPT_IDS), list(PROMPT_IDS), list(PROMPT_IDS[:3]), list(PROMPT_IDS))
-
-
-def _launch(n, *args, timeout=240, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "rocmc.cli", "launch", "-n", str(n), sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def _results(prefix) -> list:
-    return [json.loads(p.read_text()) for p in sorted(prefix.parent.glob(prefix.name + ".*.json"))]
-
 
 @pytest.fixture(scope="module")
 def tp_artifacts(llm_checkpoint, tmp_path_factory):  # noqa: F811
@@ -187,9 +161,9 @@ def test_two_processes_give_the_tokens_of_one(tp_artifacts, tmp_path):
         text=True,
         timeout=240,
     )
-    two = _launch(2, str(out / "rank.py"), str(out / "tp2.vmfb"), str(d), "2", str(tmp_path / "two"))
+    two = launch(2, str(out / "rank.py"), str(out / "tp2.vmfb"), str(d), "2", str(tmp_path / "two"))
     assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
-    (ref,), ranks = _results(tmp_path / "one"), _results(tmp_path / "two")
+    (ref,), ranks = results(tmp_path / "one"), results(tmp_path / "two")
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ref["greedy"] == hf_greedy(d, PROMPT_IDS, 10)
     for r in ranks:
@@ -271,7 +245,7 @@ def test_tensor_parallel_errors(tp_artifacts, tmp_path):
             open({str(tmp_path)!r} + "/refused." + os.environ["RANK"], "w").write(str(e))
     """)
     )
-    _launch(2, str(script), timeout=120)
+    launch(2, str(script), timeout=120)
     refused = [p.read_text() for p in sorted(tmp_path.glob("refused.*"))]
     assert len(refused) == 2 and all("different checkpoints" in e and "rank(s) 1" in e for e in refused)
 
@@ -292,7 +266,7 @@ def test_a_rank_that_dies_ends_the_others(tp_artifacts, tmp_path):
     import time
 
     t = time.monotonic()
-    proc = _launch(2, str(script), timeout=120)
+    proc = launch(2, str(script), timeout=120)
     assert time.monotonic() - t < 90
     assert proc.returncode != 0
     assert "rank 1 ended unexpectedly" in proc.stderr or "rank 1 exited with code 7" in proc.stderr
