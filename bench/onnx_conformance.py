@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rocmc.dtypes import np_kind
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # float32 at ONNX's own backend-test default (rtol 1e-3, atol 1e-7); half types at their precision.
@@ -104,7 +106,13 @@ def _compare(got, want, what: str) -> str | None:
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return f"{what}: shape {got.shape}, expected {want.shape}"
-    if want.dtype.kind == "f" or want.dtype.name == "bfloat16":
+    if np_kind(want.dtype) == "f":  # bfloat16 and the float8 types too
+        if want.dtype.itemsize == 1:  # float8: bit for bit, but for NaN's encodings
+            g, w = got.astype(want.dtype), want
+            same = (g.view(np.uint8) == w.view(np.uint8)) | (
+                np.isnan(g.astype(np.float32)) & np.isnan(w.astype(np.float32))
+            )
+            return None if same.all() else f"{what}: {int((~same).sum())}/{same.size} float8 values differ"
         rtol, atol = TOLERANCE.get(want.dtype.name, TOLERANCE["float32"])
         g, w = got.astype(np.float64), want.astype(np.float64)
         bad = ~np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)

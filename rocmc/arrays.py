@@ -15,7 +15,7 @@ import sys
 from .errors import InputError
 
 # torch dtype names (str(dtype) without "torch.") of the types rocmc has that tensor.numpy() reads as
-# the numpy type of the same name; bfloat16 goes through its bits
+# the numpy type of the same name; bfloat16 and the float8 types go through their bits (_BITS)
 _NUMPY_READABLE = (
     "float32",
     "float16",
@@ -30,7 +30,8 @@ _NUMPY_READABLE = (
     "uint64",
     "bool",
 )
-_SUPPORTED = ", ".join(("bfloat16",) + _NUMPY_READABLE)
+_BITS = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1}
+_SUPPORTED = ", ".join((*_BITS, *_NUMPY_READABLE))
 
 
 def is_tensor(x) -> bool:
@@ -61,14 +62,14 @@ def as_numpy(x, what: str):
             f"or give the module's own device arrays)"
         )
     name = str(x.dtype).removeprefix("torch.")
-    if name != "bfloat16" and name not in _NUMPY_READABLE:
+    if name not in _BITS and name not in _NUMPY_READABLE:
         raise InputError(f"{what}: torch dtype {x.dtype}, which rocmc lacks; expected one of {_SUPPORTED}")
     t = x.detach()
     try:
-        if name == "bfloat16":
+        if name in _BITS:  # numpy's view of the same bits as ml_dtypes' type of that name
             import ml_dtypes
 
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            return t.view({1: torch.uint8, 2: torch.int16}[_BITS[name]]).numpy().view(getattr(ml_dtypes, name))
         return t.numpy()
     except (RuntimeError, TypeError) as e:  # a tensor without CPU storage of its own (a fake tensor)
         raise InputError(f"{what}: a torch tensor numpy can't read ({e}); expected a plain CPU tensor") from None

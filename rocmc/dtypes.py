@@ -101,8 +101,20 @@ u16 = DType("u16", np.dtype(np.uint16), "i16", "int", 16, "INT_16", unsigned=Tru
 u32 = DType("u32", np.dtype(np.uint32), "i32", "int", 32, "INT_32", unsigned=True)
 u64 = DType("u64", np.dtype(np.uint64), "i64", "int", 64, "INT_64", unsigned=True)
 bool_ = DType("bool", np.dtype(np.bool_), "i1", "bool", 1, "INT_8")
+# float8 (OCP's e4m3fn and e5m2; the fnuz variants of AMD's gfx942): stored and passed as their bytes, converted to
+# f32 for arithmetic like the 16-bit types.
+_U8 = np.dtype(np.uint8)
+f8e4m3fn = DType("f8e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), "f8E4M3FN", "float", 8, "FLOAT_8_E4M3_FN", raw=_U8)
+f8e4m3fnuz = DType(
+    "f8e4m3fnuz", np.dtype(ml_dtypes.float8_e4m3fnuz), "f8E4M3FNUZ", "float", 8, "FLOAT_8_E4M3_FNUZ", raw=_U8
+)
+f8e5m2 = DType("f8e5m2", np.dtype(ml_dtypes.float8_e5m2), "f8E5M2", "float", 8, "FLOAT_8_E5M2", raw=_U8)
+f8e5m2fnuz = DType(
+    "f8e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), "f8E5M2FNUZ", "float", 8, "FLOAT_8_E5M2_FNUZ", raw=_U8
+)
+FLOAT8 = (f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz)
 
-ALL = {d.name: d for d in (f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool_)}
+ALL = {d.name: d for d in (f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool_, *FLOAT8)}
 # The type an MLIR element type stands for in the lowering, which sees signless names: 'i8' is i8, whose
 # facts other than the sign are u8's too.
 _BY_MLIR = {d.mlir: d for d in ALL.values() if not d.unsigned}
@@ -151,10 +163,18 @@ def acc_mlir(elt: str) -> str:
 
 
 def np_kind(dt) -> str:
-    """numpy's kind letter of a numpy dtype ('f', 'i', 'u', 'b', ...), with bfloat16 a float ('f'):
-    ml_dtypes' types are kind 'V' to numpy."""
+    """numpy's kind letter of a numpy dtype ('f', 'i', 'u', 'b', ...), with bfloat16 and the float8 types floats
+    ('f'): ml_dtypes' types are kind 'V' to numpy."""
     dt = np.dtype(dt)
-    return "f" if dt.name == bf16.np.name else dt.kind
+    return "f" if dt.name in _ML_FLOATS else dt.kind
+
+
+_ML_FLOATS = {d.np.name for d in (bf16, *FLOAT8)}
+
+
+def float8_max(d: DType) -> float:
+    """The largest finite value of a float8 type."""
+    return float(ml_dtypes.finfo(d.np).max)
 
 
 def is_float_mlir(elt: str) -> bool:

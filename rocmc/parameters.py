@@ -57,8 +57,9 @@ _SAFETENSORS = {
     "I8": "i8",
     "U8": "u8",
     "BOOL": "bool",
-    # float8 e4m3fn, read as its bytes: rocmc has no float8 element type; rocmc.llm.quant decodes fp8 checkpoints'
-    # weights from them (quantized_linear's format "e4m3fn").
+    # float8 e4m3fn, read as its bytes: rocmc.llm.quant decodes fp8 checkpoints' weights from them in integer
+    # arithmetic (quantized_linear's format "e4m3fn"), which IREE compiles for every target; the f8e4m3fn element
+    # type it does not compile for CUDA.
     "F8_E4M3": "u8",
 }
 _IREE_NAMES = {

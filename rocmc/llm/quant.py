@@ -17,9 +17,10 @@ features; group_size -1: one group):
   compressed-tensors' float quantization (`quant_method: compressed-tensors`, one config group of 8-bit
   `float` weights, strategy `tensor`, `channel` or `block`): `weight` float8 e4m3fn (N, K) and `weight_scale`
   (1,), (N, 1) or (ceil(N / bn), ceil(K / bk)). Weight-only: the activations stay in the compute dtype (an
-  activation scheme of the checkpoint, dynamic or static, is not applied). The bytes load as they are (rocmc has
-  no float8 element type: safetensors' F8_E4M3 reads as uint8) and quantized_linear decodes them (format
-  "e4m3fn"); the scales stay float32 (fp8 scales are often below f16's normal range).
+  activation scheme of the checkpoint, dynamic or static, is not applied). The bytes load as they are (safetensors'
+  F8_E4M3 reads as uint8) and quantized_linear decodes them in integer arithmetic (format "e4m3fn"), which every
+  target compiles (IREE's CUDA backend takes no float8 element type); the scales stay float32 (fp8 scales are
+  often below f16's normal range).
 
 Every linear layer of the decoder is quantized, except those `modules_to_not_convert` names; embeddings and
 lm_head stay as stored. q/k/v and gate/up are joined at load as for float checkpoints: their packed rows

@@ -67,6 +67,7 @@ def compile(
     info = _info(info)
     target = Target.parse(target)
     libraries = tuple(libraries)
+    flags = [*flags, *_type_flags(program, target)]
     root = cache_root() if cache else None
     remove_stale(root, tempfile.gettempdir())
     key = cache_key(
@@ -91,6 +92,29 @@ def compile(
     if dump_ir is not None:
         art.dump_ir(dump_ir)
     return art
+
+
+# The float8 types each AMD GPU converts in hardware (MI300's fnuz variants, OCP's from gfx950 and RDNA4); IREE
+# converts the others in software when asked to.
+_FNUZ, _OCP = {"f8e4m3fnuz", "f8e5m2fnuz"}, {"f8e4m3fn", "f8e5m2"}
+_NATIVE_FLOAT8 = {"gfx940": _FNUZ, "gfx941": _FNUZ, "gfx942": _FNUZ, "gfx950": _OCP, "gfx1200": _OCP, "gfx1201": _OCP}
+
+
+def _type_flags(program: dict, target: Target) -> list:
+    """Flags the program's element types need on `target` (in the compile flags, so the summary shows them);
+    LoweringError for types the target's compiler can't take."""
+    types = {v.dtype.name for g in program.values() for v in g.inputs} | {
+        o.dtype.name for g in program.values() for n in g.nodes for o in n.outputs
+    }
+    float8 = types & (_FNUZ | _OCP)
+    if not float8 or target.kind == "cpu":
+        return []
+    if target.kind == "cuda":
+        raise LoweringError(
+            f"{', '.join(sorted(float8))} on {target}: IREE {iree_version()}'s CUDA backend can't compile float8 "
+            f"types (cpu and rocm targets take them); convert to f16 or bf16 before the module"
+        )
+    return [] if float8 <= _NATIVE_FLOAT8.get(target.arch, set()) else ["--iree-llvmgpu-enable-small-float-emulation"]
 
 
 def _names(program: dict) -> str:

@@ -180,11 +180,17 @@ class Emitter:
             return v
         fs, fd = src in FLOAT_TYPES, dst in FLOAT_TYPES
         if fs and fd:
-            if src == "bf16" and dst == "f16" or src == "f16" and dst == "bf16":
-                v = self.op(f"arith.extf {v} : {src} to f32")
-                src = "f32"
-            op = "arith.extf" if of_mlir(dst).bits > of_mlir(src).bits else "arith.truncf"
+            bs, bd = of_mlir(src).bits, of_mlir(dst).bits
+            # Between two types of one width (bf16 and f16, two float8s) and between a float8 and anything but f32
+            # (IREE's CPU code converts float8 to and from f32 only), through f32.
+            if "f32" not in (src, dst) and (bs == bd or 8 in (bs, bd)):
+                v = self.cast_scalar(v, src, "f32")
+                src, bs = "f32", 32
+            op = "arith.extf" if bd > bs else "arith.truncf"
             return self.op(f"{op} {v} : {src} to {dst}")
+        if fs != fd and 8 in (of_mlir(src).bits if fs else 0, of_mlir(dst).bits if fd else 0):
+            # float8 <-> integers and bool through f32 (IREE's CPU code converts float8 to and from f32 only)
+            return self.cast_scalar(self.cast_scalar(v, src, "f32", unsigned_src), "f32", dst, False, unsigned_dst)
         if fs and not fd:
             if dst == "i1":
                 z = self.const(0.0, src)

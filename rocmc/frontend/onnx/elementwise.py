@@ -288,13 +288,20 @@ REFERENCE_FOLDS.update(
 
 @converts("Cast", "CastLike")
 def _cast(n: Node):
+    from ...dtypes import FLOAT8, dtype
+    from ..ops.elementwise import saturated
+
     to = n.inputs[1].dtype_name() if n.proto.op_type == "CastLike" else _rocmc_dtype(n.attr("to"), "target type 'to'")
+    # To a float8 type, out-of-range values saturate unless saturate=0 (opset 19 on).
+    saturate = dtype(to) in FLOAT8 and bool(n.attr("saturate", 1))
     src = n.inputs[0]
     if src.known is not None and src.known.dtype != object:  # e.g. a constant cast like a runtime tensor
-        from ...dtypes import dtype
-
-        return [src.known.astype(dtype(to).np)]
-    return _ops().cast(n.value(0), to)
+        a = src.known
+        if saturate:
+            a = saturated(a.astype(np.float64), dtype(to))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return [a.astype(dtype(to).np)]
+    return _ops().cast(n.value(0), to, saturate=saturate)
 
 
 @folds("Cast")
@@ -305,7 +312,12 @@ def _fold_cast(n: Node):
         return [Tensor(known=a, int_type="i32" if to == 6 else "i64")] if to in (6, 7) else None
     import onnx.helper
 
+    if to in _FLOAT8_TYPES:  # saturation: the converter's
+        return None
     return [a.astype(onnx.helper.tensor_dtype_to_np_dtype(to))]
+
+
+_FLOAT8_TYPES = (17, 18, 19, 20)  # TensorProto's FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
 
 
 @converts("Identity", "Dropout")

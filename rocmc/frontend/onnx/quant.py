@@ -3,10 +3,12 @@ scales and zero points), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul,
 does (onnx.reference: x / scale in x's type, rounded half to even, the zero point added, saturated to the
 integer type; products of integers in int32; QLinearMatMul's rescale in float64).
 
-rocmc quantizes to the integer types of its dtype table (int8, uint8, int16, uint16; int32 dequantizes). The
-4-bit, 2-bit, float8 and float4 types ONNX also has are not in it: such a model is reported with the type
-(the importer's element-type check). ConvInteger and QLinearConv convolve the zero-point-shifted integers in
-float64, where every sum of int8/uint8 products is exact, and take the int32 result from it.
+rocmc quantizes to the integer types of its dtype table (int8, uint8, int16, uint16; int32 dequantizes) and to
+its float8 types (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: x / scale converted with saturation unless saturate=0, as
+onnx.reference does). The 4-bit, 2-bit, float8e8m0 and float4 types ONNX also has are not in it: such a model is
+reported with the type (the importer's element-type check). ConvInteger and QLinearConv convolve the
+zero-point-shifted integers in float64, where every sum of int8/uint8 products is exact, and take the int32 result
+from it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from ..graph import Value
 from .importer import converts
 from .nn import numpy_matmul
 from .spatial import conv_nd
-from .values import Node, Unsupported, _axis, _ops, _rocmc_dtype, _static
+from .values import Node, Unsupported, _axis, _ops, _rocmc_dtype
 
 RANGES = {"u8": (0, 255), "i8": (-128, 127), "u16": (0, 65535), "i16": (-32768, 32767)}
+FLOAT8 = ("f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz")
 
 
 def _along(R, n: Node, i: int, what: str, x: Value, axis_attr: str = "axis") -> Value | None:
@@ -33,7 +36,9 @@ def _along(R, n: Node, i: int, what: str, x: Value, axis_attr: str = "axis") -> 
     if v.rank == 0 or (v.rank == 1 and v.shape[0] == 1 and not block):
         return R.reshape(v, ()) if v.rank else v
     axis = _axis(n, n.attr(axis_attr, 1), x.rank)
-    size = _static(x.shape, f"x of a per-axis {what}")[axis]
+    size = x.shape[axis]
+    if not isinstance(size, int):
+        raise Unsupported(f"x {x.type}: a per-axis or blocked {what} needs x's axis {axis} static")
     if not block:
         if v.rank != 1 or v.shape[0] != size:
             raise Unsupported(f"{what} is {v.type}: expected a scalar or {size} values along axis {axis} of x {x.type}")
@@ -62,8 +67,8 @@ def _quant_type(n: Node, i: int, attr: str, default: str) -> str:
         t = _rocmc_dtype(n.attr(attr), f"attribute {attr}")
     else:
         t = default
-    if t not in RANGES:
-        raise Unsupported(f"quantized type {t}: rocmc quantizes to {', '.join(RANGES)}")
+    if t not in RANGES and t not in FLOAT8:
+        raise Unsupported(f"quantized type {t}: rocmc quantizes to {', '.join((*RANGES, *FLOAT8))}")
     return t
 
 
@@ -76,6 +81,8 @@ def _quantize_linear(n: Node):
         x = R.cast(x, _rocmc_dtype(n.attr("precision"), "attribute precision"))
     scale = _along(R, n, 1, "y_scale", x)
     q = R.div(x, R.cast(scale, x.dtype.name) if scale.dtype != x.dtype else scale)  # in x's type, as ONNX
+    if out in FLOAT8:  # x / scale converted, saturating unless saturate=0; the zero point (0 for these) not added
+        return R.cast(q, out, saturate=bool(n.attr("saturate", 1)))
     wide = "f64" if x.dtype.name == "f64" else "f32"  # integers of 16 bits and their sums, exactly
     q = R.round(R.cast(q, wide))
     zero = _along(R, n, 2, "y_zero_point", x)
@@ -88,8 +95,8 @@ def _quantize_linear(n: Node):
 def _dequantize_linear(n: Node):
     R = _ops()
     x = n.value(0)
-    if x.dtype.name not in (*RANGES, "i32"):
-        raise Unsupported(f"x is {x.type}: rocmc dequantizes {', '.join(RANGES)} and i32")
+    if x.dtype.name not in (*RANGES, "i32", *FLOAT8):
+        raise Unsupported(f"x is {x.type}: rocmc dequantizes {', '.join(RANGES)}, i32 and {', '.join(FLOAT8)}")
     scale = _along(R, n, 1, "x_scale", x)
     out = _rocmc_dtype(n.attr("output_dtype"), "attribute output_dtype") if n.attr("output_dtype") else None
     y = R.cast(x, "f32")

@@ -214,18 +214,31 @@ def _where_ref(node, ins, attrs):
     return [np.where(*ins)]
 
 
-@defop("cast", attrs=("dtype",))
+@defop("cast", attrs=("dtype", "saturate"))
 def _cast(node, types, attrs):
+    if attrs.get("saturate") and dt.dtype(attrs["dtype"]) not in dt.FLOAT8:
+        raise GraphError(f"{node.describe()}: saturate=True applies to the float8 types, not {attrs['dtype']}")
     return types[0].with_dtype(attrs["dtype"])
+
+
+def saturated(x: np.ndarray, d: "dt.DType") -> np.ndarray:
+    """x (float64) with its magnitudes past float8 type d's largest finite value, infinities included, clamped to
+    it; NaN stays NaN (ONNX's Cast with saturate=1, as onnx.reference and ONNX Runtime compute it)."""
+    top = dt.float8_max(d)
+    return np.clip(x, -top, top)
 
 
 @reference("cast")
 def _cast_ref(node, ins, attrs):
     d = dt.dtype(attrs["dtype"])
     x = ins[0]
+    if attrs.get("saturate"):
+        x = saturated(np.asarray(x, np.float64), d)
     if d.kind == "float":
-        # Round through the storage type so the reference sees what the tensor holds.
-        return [np.asarray(x).astype(d.np).astype(np.float64)]
+        # Round through the storage type so the reference sees what the tensor holds (past a type's range:
+        # infinity, or NaN in the float8 types without one, as the conversion itself gives).
+        with np.errstate(over="ignore", invalid="ignore"):
+            return [np.asarray(x).astype(d.np).astype(np.float64)]
     if d.kind == "int":
         return [np.trunc(x).astype(d.np) if np.asarray(x).dtype.kind == "f" else np.asarray(x).astype(d.np)]
     return [np.asarray(x) != 0]
@@ -527,7 +540,14 @@ def where(condition, a, b):
 
 
 @builder
-def cast(x, dtype):
-    """Convert to another dtype (float->int truncates toward zero; ->bool tests != 0)."""
+def cast(x, dtype, saturate: bool = False):
+    """Convert to another dtype (float->int truncates toward zero; ->bool tests != 0; to float8, rounded to nearest
+    even: a magnitude past the type's largest becomes NaN, or infinity in e5m2, as ml_dtypes converts; torch's
+    float8_e4m3fn conversion saturates, and its importer says so).
+    saturate=True (float8 only, ONNX Cast's default): such magnitudes, infinities included, become the largest
+    finite value."""
     g = graph_of("cast", x)
-    return g.apply("cast", [as_value("cast", "x", x, g)], {"dtype": dt.dtype(dtype).name})[0]
+    if not isinstance(saturate, bool):
+        raise GraphError(f"cast: saturate={saturate!r}: expected True or False")
+    attrs = {"dtype": dt.dtype(dtype).name, **({"saturate": True} if saturate else {})}
+    return g.apply("cast", [as_value("cast", "x", x, g)], attrs)[0]

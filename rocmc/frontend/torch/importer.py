@@ -55,6 +55,10 @@ DTYPES = {
     torch.uint32: "u32",
     torch.uint64: "u64",
     torch.bool: "bool",
+    torch.float8_e4m3fn: "f8e4m3fn",
+    torch.float8_e4m3fnuz: "f8e4m3fnuz",
+    torch.float8_e5m2: "f8e5m2",
+    torch.float8_e5m2fnuz: "f8e5m2fnuz",
 }
 _TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
@@ -110,6 +114,12 @@ def op_name(target) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}"
 
 
+def torch_cast(v: Value, dtype: str) -> Value:
+    """v converted as torch converts: to float8_e4m3fn saturating (out of range, infinities included, to +-448),
+    to the other float8 types not (NaN or infinity), like rocmc's cast."""
+    return _ops().cast(v, dtype, saturate=dtype == "f8e4m3fn")
+
+
 def rocmc_dtype(dt, what: str) -> str:
     if dt not in DTYPES:
         raise Unsupported(f"{what} has dtype {dt}, which rocmc lacks ({', '.join(map(str, DTYPES))})")
@@ -117,13 +127,14 @@ def rocmc_dtype(dt, what: str) -> str:
 
 
 def to_numpy(t: torch.Tensor, what: str) -> np.ndarray:
-    """A torch tensor's values as a numpy array of the rocmc dtype (bf16 through its bits)."""
-    t = t.detach().cpu().contiguous()
-    dt = rocmc_dtype(t.dtype, what)
-    if dt == "bf16":
-        import ml_dtypes
+    """A torch tensor's values as a numpy array of the rocmc dtype (bf16 and float8 through their bits)."""
+    from ... import dtypes
 
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    t = t.detach().cpu().contiguous()
+    dt = dtypes.dtype(rocmc_dtype(t.dtype, what))
+    if dt.raw is not None:
+        bits = {1: torch.uint8, 2: torch.int16}[dt.itemsize]
+        return t.view(bits).numpy().view(dt.np)
     return t.numpy()
 
 
@@ -275,7 +286,7 @@ class Importer(SizeReasoning):
     def tensor(self, v, dtype: str | None, what: str) -> Value:
         R = _ops()
         if isinstance(v, Value):
-            return v if dtype is None or v.dtype.name == dtype else R.cast(v, dtype)
+            return v if dtype is None or v.dtype.name == dtype else torch_cast(v, dtype)
         if isinstance(v, str):  # a symbolic size used as data
             v = R.reshape(R.sizes(self.graph, [v]), ())
             return v if dtype is None or dtype == "i64" else R.cast(v, dtype)
@@ -346,7 +357,7 @@ class Importer(SizeReasoning):
         if not same:
             raise Unsupported(f"converted to {out.type} but torch computes shape {shape} for {where}")
         dt = rocmc_dtype(val.dtype, f"result {where}")
-        return out if out.dtype.name == dt else _ops().cast(out, dt)
+        return out if out.dtype.name == dt else torch_cast(out, dt)
 
     def _attr(self, fx):
         t = getattr(self.ep.graph_module, fx.target)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ... import dtypes
 from ...dtypes import acc_mlir, is_float_mlir
 from ..emitter import Emitter
 from ..registry import lowering
@@ -321,7 +322,22 @@ def _lower_where(E: Emitter, node, ins, ctx):
 
 
 def _lower_cast(E: Emitter, node, ins, ctx):
-    return [E.convert(ins[0], node.outputs[0].dtype.mlir, node.outputs[0].type)]
+    out = node.outputs[0].dtype
+    if not node.attrs.get("saturate"):
+        return [E.convert(ins[0], out.mlir, node.outputs[0].type)]
+    src = ins[0].mlir_elt
+    wide = "f64" if src == "f64" else "f32"
+    top = dtypes.float8_max(out)
+
+    def body(E, a):
+        # |x| past the largest finite value, infinities included -> that value; NaN propagates through
+        # minimumf/maximumf.
+        v = E.cast_scalar(a[0], src, wide)
+        c = E.op(f"arith.minimumf {v}, {E.const(top, wide)} : {wide}")
+        c = E.op(f"arith.maximumf {c}, {E.const(-top, wide)} : {wide}")
+        return E.cast_scalar(c, wide, out.mlir)
+
+    return [E.map(ins, node.outputs[0].type, body)]
 
 
 lowering(*BINARY, *_PRED, *LOGICAL)(_lower_binary)
