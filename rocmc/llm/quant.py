@@ -198,6 +198,33 @@ def checkpoint_tensors(q: QuantConfig, module: str, n: int, k: int, dtype: str) 
     ]
 
 
+def split_axes(q: QuantConfig, k: int, row: bool) -> dict:
+    """{tensor kind: the axis a rank's slice of it is cut along, or None: held whole} of a quantized layer's
+    checkpoint tensors (checkpoint_tensors' layouts), split by input features (`row`: o, down) or by output
+    features (q/k/v, gate/up). The caller checks that the slices are whole packed words, groups and blocks."""
+    one_group = q.groups(k) == 1
+    if q.format == "e4m3fn":  # weight (n, k); scales per tensor, per row (n, 1) or per block (n / bn, k / bk)
+        if row:
+            scale = None if one_group or q.block_rows == 0 else 1
+        else:  # a block's scale rows are cut by the caller after widening them to one a row (rows_of)
+            scale = 0 if q.block_rows == 1 else None
+        return {"weight": 1 if row else 0, q.scale_name: scale}
+    grouped = None if one_group else 0  # (g, ...): by groups along k
+    axes = {"qweight": 0 if row else 1, "qzeros": grouped if row else 1, "scales": grouped if row else 1}
+    if q.method == "gptq":
+        axes["g_idx"] = 0 if row else None
+    return axes
+
+
+def rows_of(q: QuantConfig, scales: np.ndarray, n: int, rows: slice) -> tuple[QuantConfig, np.ndarray]:
+    """fp8 block scales (ceil(n / bn), G) widened to one a row and cut to `rows`: (the config that reads them so,
+    the scales), for a rank whose output rows may begin inside a block."""
+    from dataclasses import replace
+
+    wide = np.repeat(np.asarray(scales), q.block_rows, axis=0)[:n]
+    return replace(q, block_rows=1), np.ascontiguousarray(wide[rows])
+
+
 def check_sizes(q: QuantConfig, module: str, n: int, k: int) -> None:
     """The layer's sizes must pack: InputError naming the layer otherwise."""
     if q.format == "e4m3fn":

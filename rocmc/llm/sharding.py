@@ -200,7 +200,8 @@ def _quantized_shards(cfg: LlmConfig, degree: int) -> dict:
             n = sum(layers[m][0] for m in modules)
             row = name.endswith(tuple(ROW))
             if degree > 1:
-                _check_quantized_split(cfg.quant, modules[0], k, row, degree)
+                for m in modules:
+                    _check_quantized_split(cfg.quant, m, layers[m][0], k, row, degree)
             for t, shape, dtype in quant.graph_tensors(cfg.quant, name, n, k, None):
                 if degree == 1:
                     out[t] = Shard(t, modules, shape, None, QUANTIZED, dtype)
@@ -214,9 +215,18 @@ def _quantized_shards(cfg: LlmConfig, degree: int) -> dict:
     return out
 
 
-def _check_quantized_split(q, module: str, k: int, row: bool, degree: int) -> None:
-    """InputError when a quantized projection's input features can't be split into `degree` equal parts."""
+def _check_quantized_split(q, module: str, n: int, k: int, row: bool, degree: int) -> None:
+    """InputError when a quantized layer (n outputs, k inputs) can't be split into `degree` equal parts of whole
+    packed words, groups and scale blocks: by input features (`row`) or by output features."""
     if not row:
+        part = n // degree
+        # GPTQ's zeros and AWQ's weights pack 32 / bits output features a word (fp8 weights are a byte each).
+        unit = 1 if q.format == "e4m3fn" else 32 // q.bits
+        if part % unit:
+            raise InputError(
+                f"tensor_parallel={degree}: {module}'s {n} output features ({q.describe()}) don't split into "
+                f"{degree} parts of whole {unit}-row units"
+            )
         return
     if q.desc_act:
         raise InputError(
@@ -225,8 +235,8 @@ def _check_quantized_split(q, module: str, k: int, row: bool, degree: int) -> No
         )
     part = k // degree
     g = q.groups(k)
-    bytes_ok = q.format == "e4m3fn" or part * q.bits % 8 == 0
-    if not bytes_ok or (g > 1 and (g % degree or part % q.group_size)):
+    words_ok = q.format == "e4m3fn" or q.method != "gptq" or part % (32 // q.bits) == 0  # GPTQ packs along k
+    if not words_ok or (g > 1 and (g % degree or part % q.group_size)):
         raise InputError(
             f"tensor_parallel={degree}: {module}'s {k} input features ({q.describe()}) don't split into "
             f"{degree} parts of whole groups"
@@ -245,25 +255,30 @@ def _converted(plan: Plan, source, rank: int = 0) -> dict:
             continue
         done.add(shard.sources)
         name = shard.name.rsplit(".", 1)[0]
-        tensors = [(m, {kind: source.array(f"{m}.{kind}") for kind in q.kinds()}) for m in shard.sources]
         k = plan.shards[f"{name}.weight_q"].shape[1] * 8 // q.bits
-        dtype = tensors[0][1][q.scale_name].dtype
         if plan.degree == 1:
-            out.update(quant.convert(q, tensors, name, k, dtype))
+            tensors = [(m, {kind: source.array(f"{m}.{kind}") for kind in q.kinds()}) for m in shard.sources]
+            out.update(quant.convert(q, tensors, name, k, tensors[0][1][q.scale_name].dtype))
             continue
-        parts = [quant.convert(q, [member], name, k, dtype) for member in tensors]
+        # Each member's slices read from the checkpoint (only this rank's share of the packed tensors), converted,
+        # then joined along the output rows.
+        row = shard.role == QUANTIZED_ROW
+        axes = quant.split_axes(q, k, row)
+        parts = []
+        for m in shard.sources:
+            mine = source.shard({kind: (f"{m}.{kind}", axis) for kind, axis in axes.items()}, rank, plan.degree)
+            t = {kind: mine.array(kind) for kind in axes}
+            qm = q
+            if row and axes.get("g_idx") == 0 and q.groups(k) > 1:  # this rank's groups count from 0
+                t["g_idx"] = t["g_idx"] - rank * (q.groups(k) // plan.degree)
+            if not row and q.format == "e4m3fn" and q.block_rows > 1:  # a rank's rows may begin inside a block
+                part = t["weight"].shape[0]
+                rows = slice(rank * part, (rank + 1) * part)
+                qm, t[q.scale_name] = quant.rows_of(q, t[q.scale_name], part * plan.degree, rows)
+            parts.append(quant.convert(qm, [(m, t)], name, k // plan.degree if row else k, t[q.scale_name].dtype))
         for t in parts[0]:
-            axis = plan.shards[t].axis
-            if axis is None:
-                out[t] = parts[0][t]
-            else:
-                out[t] = np.concatenate([_slice(p[t], axis, rank, plan.degree) for p in parts], axis=axis)
+            out[t] = parts[0][t] if len(parts) == 1 else np.concatenate([p[t] for p in parts], axis=0)
     return out
-
-
-def _slice(a: np.ndarray, axis: int, rank: int, degree: int) -> np.ndarray:
-    size = a.shape[axis] // degree
-    return np.ascontiguousarray(np.take(a, range(rank * size, (rank + 1) * size), axis=axis))
 
 
 def layer_prefixes(cfg: LlmConfig) -> list[str]:

@@ -290,7 +290,16 @@ TP_SHAPE = dict(max_seq_len=16, max_batch=2)
 
 
 @pytest.mark.parametrize(
-    "case", ["gptq4_g32", "gptq8_one_group_v2", "awq4_g32", "fp8_block", "ct_fp8_tensor_bf16_scale", "ct_fp8_block"]
+    "case",
+    [
+        "gptq4_g32",
+        "gptq8_one_group_v2",
+        "awq4_g32",
+        "fp8_block",
+        "ct_fp8_channel",
+        "ct_fp8_tensor_bf16_scale",
+        "ct_fp8_block",
+    ],
 )
 def test_each_rank_of_a_quantized_checkpoint_computes_the_unsharded_graph(quantized, case):
     """Tensor parallelism over 2 ranks (threads exchanging numpy arrays through rocmc.evaluate): q/k/v and gate/up
@@ -320,6 +329,12 @@ def test_each_rank_of_a_quantized_checkpoint_computes_the_unsharded_graph(quanti
 
     (want, _) = run(1, 0)
     plan = sharding.plan(cfg, 2)
+    # each rank reads and converts its slices only: they are the slices of the whole conversion
+    whole, mine = sharding.plan(cfg, 1).parameters(params), plan.parameters(params, 1)
+    for name, s in plan.shards.items():
+        if s.role == sharding.QUANTIZED_ROW and s.axis is not None:
+            a = whole.array(name)
+            np.testing.assert_array_equal(mine.array(name), a[:, a.shape[1] // 2 :])
     roles = {s.role for s in plan.shards.values()}
     assert {sharding.QUANTIZED_COLUMN, sharding.QUANTIZED_ROW} <= roles
     o = "model.layers.0.self_attn.o_proj."
