@@ -1,7 +1,8 @@
 """Quantized decode on a GPU: a 7B Llama as GPTQ 4-bit (groups of 128) against the same shape in f16, one row,
 side by side in one process: tokens/s of a decode step after a 512-token prompt, each against its own byte bound
 (what a step reads: the weights as stored on the device, packed integers, scales and zeros for the quantized
-projections, plus the row's keys and values) at the device's copy bandwidth (bench/llm_gpu.py's measure).
+projections, plus the row's keys and values) at the device's copy bandwidth (bench/llm_gpu.py's measure); and
+the 512-token prefill of each (median of 5, the prompt alone in a fresh slot), against f16's.
 
 The checkpoints are made on the GPU machine from seeded random numbers: bench/llm_gpu.py's f16 one, and a GPTQ
 one of the same config whose packed integers, zeros and scales are random (weights of the f16 one's spread).
@@ -21,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.llm_gpu import SHAPES, copy_bandwidth, fill_slots, kernel_profile, time_decode, write_checkpoint
+from bench.llm_gpu import SHAPES, OnePrompt, copy_bandwidth, fill_slots, kernel_profile, time_decode, write_checkpoint
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
         "checkpoint_format": "gptq"}  # fmt: skip
 MODULES = {"gptq4": {**GPTQ, "bits": 4}, "gptq8": {**GPTQ, "bits": 8}}
-PROMPT, STEPS = 512, 64
+PROMPT, STEPS, PREFILLS = 512, 64, 5
 
 
 def config(shape: str = "7b") -> dict:
@@ -112,6 +113,13 @@ def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str =
     rows = lm.sizes.max_batch  # every slot a prompt, PROMPT - 13 i tokens long
     prompts = [[int(x) for x in rng.integers(3, lm.config.vocab_size, PROMPT - 13 * i)] for i in range(rows)]
     prompt = prompts[0]
+    run = OnePrompt(lm, prompt)  # the prompt alone into a fresh slot 0: a prefill as a user's first call makes it
+    run.prefill()  # (the first call loads the module's kernels)
+    pre = []
+    for _ in range(PREFILLS):
+        t = time.perf_counter()
+        run.prefill()
+        pre.append(time.perf_counter() - t)
     slots, nxt = fill_slots(lm, prompts)
     times, last = time_decode(lm, slots, nxt, STEPS)
     step = statistics.median(times[4:])
@@ -119,6 +127,7 @@ def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str =
     out = {
         "rows": rows,
         "load_s": load_s,
+        "prefill_ms": 1e3 * statistics.median(pre),  # PROMPT tokens, median of PREFILLS
         "step_ms": 1e3 * step,
         "tok_s": rows / step,
         "step_bytes": bytes_,
@@ -182,6 +191,7 @@ def main() -> int:
         base = "f16" if rows == 1 else f"f16_b{rows}"
         if base in out:
             out[key + "_speedup"] = out[key]["tok_s"] / out[base]["tok_s"]
+            out[key + "_prefill_vs_f16"] = out[key]["prefill_ms"] / out[base]["prefill_ms"]
     Path(a.json).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}), flush=True)
     return 0
