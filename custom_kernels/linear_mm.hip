@@ -19,6 +19,9 @@
 // bindings and constants). Workgroup: BLOCK x 1 x 1. Grid: ceil(M / BM) * ceil(N / (gated ? BN / 2 : BN)), the
 // workgroups of one column of tiles (the same w rows) consecutive. Elsewhere (gfx1100's WMMA, sm < 80) the entry
 // point traps: the lowering never dispatches it there (kernel/linear.py says why and IREE's code takes the op).
+//
+// Tuning switch, set with -D to compare versions: ROCMC_MM_OCC, NVPTX resident workgroups a multiprocessor to fit
+// registers for (1: up to 255 registers a thread, 154 used; 2: 128, no spills at sm_90's ptxas).
 #include "linear.h"
 
 #define BM 128    // rows of x a workgroup

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import symbolic
+from ..dtypes import FLOAT8
 from .._version import __version__
 from ..artifact import FORMAT, PARAMETER_SCOPE
 from ..errors import GraphError, LoweringError, RocmcError
@@ -170,7 +171,10 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         flat = arr.reshape(-1)
         splat = flat.size > 0 and np.all(flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8))
         raw = (flat[:1] if splat else flat).tobytes()
-        return E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {ty}', "cst")
+        if elt not in _FLOAT8_MLIR:
+            return E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {ty}', "cst")
+        bits = E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {_stored(shape, elt)}', "cst")
+        return E.op(f"arith.bitcast {bits} : {_stored(shape, elt)} to {ty}", "cst")
     # A module global holding a resource: every function of the module (and initializers) loads the
     # same one, so the weights are stored once whatever uses them.
     key = (id(arr), elt, arr.shape)
@@ -180,17 +184,21 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         ctx.resources[name] = arr
         ctx._resource_of[key] = name
         ctx.declare(f"global:{name}", f"util.global private @{name} = dense_resource<{name}> : {_stored(shape, elt)}")
-    if elt != "bf16":
+    if elt != "bf16" and elt not in _FLOAT8_MLIR:
         return E.op(f"util.global.load @{name} : {ty}", "cst")
     bits = E.op(f"util.global.load @{name} : {_stored(shape, elt)}", "cst")
     return E.op(f"arith.bitcast {bits} : {_stored(shape, elt)} to {ty}", "cst")
 
 
+_FLOAT8_MLIR = {d.mlir for d in FLOAT8}
+
+
 def _stored(shape, elt: str) -> str:
     """Type of a resource global: bf16 data is held as its i16 bits (IREE 3.13's constant evaluation
     turns a bf16 resource converted to f32 into an f32 constant still holding the bf16 bytes: an
-    `arith.constant` that fails to verify), and bitcast where it is loaded."""
-    return tensor_type(shape, "i16" if elt == "bf16" else elt)
+    `arith.constant` that fails to verify), float8 data as its bytes (IREE 3.13 can't serialize a float8
+    constant), and bitcast where it is loaded."""
+    return tensor_type(shape, "i16" if elt == "bf16" else "i8" if elt in _FLOAT8_MLIR else elt)
 
 
 @dataclass

@@ -81,6 +81,32 @@ def test_conversions_and_arithmetic_match_ml_dtypes(rng, name):
     assert np.isnan(sat[2]) and sat[3] == top and sat[4] == -top and sat[9] == top and sat[10] == -top
 
 
+@pytest.mark.parametrize("name", ["f8e4m3fn", "f8e5m2fnuz"])
+def test_float8_constants_and_parameters(rng, name):
+    """Weights stored in float8: a large constant (a module resource), a small one (inline), a returned one, and a
+    parameter given at load; the product in f32."""
+    d = rocmc.dtype(name)
+    w = rng.uniform(-4, 4, (64, 16)).astype(d.np)
+    small = np.array([0.5, -2.0, 3.0], d.np)
+    g = rocmc.Graph("c8")
+    x = g.input("x", ("n", 64), "f32")
+    g.output(
+        ops.matmul(x, ops.cast(g.constant("w", w), "f32")), ops.cast(g.constant("s", small), "f32"), g.constant("w2", w)
+    )
+    xs = rng.standard_normal((3, 64)).astype(np.float32)
+    want = xs.astype(np.float64) @ w.astype(np.float64)
+    a, b, c = rocmc.load(rocmc.compile(g, "cpu"))(xs)
+    np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(b, small.astype(np.float32))
+    assert c.dtype == d.np and _same(c, w)
+    np.testing.assert_allclose(rocmc.evaluate(g, x=xs)[0], want, rtol=1e-12)
+    p = rocmc.Graph("p8")
+    x = p.input("x", ("n", 64), "f32")
+    p.output(ops.matmul(x, ops.cast(p.parameter("w", (64, 16), name), "f32")))
+    mod = rocmc.load(rocmc.compile(p, "cpu"), parameters={"w": w})
+    np.testing.assert_allclose(mod(xs), want, rtol=1e-5, atol=1e-5)
+
+
 def test_saturate_applies_to_float8_only():
     g = rocmc.Graph("bad")
     x = g.input("x", (3,), "f32")
