@@ -13,9 +13,10 @@ Every rank runs the same program on its own slices:
   `all_gather` joins the logits, so every rank holds the same logits and picks the same token (greedy, or
   drawn with one shared seed). A tied lm_head reads the embedding's tensor with the vocabulary split.
 - norms: every rank holds them whole.
-- quantized projections (rocmc.llm.quant): converted at load to quantized_linear's layout, then split as the
-  float ones: q/k/v and gate/up by output rows (packed rows, scales, zeros), o and down by input features (the
-  packed bytes, and the scales and zeros of their groups, whole groups on each rank; a single group held whole).
+- quantized projections (rocmc.llm.quant): split as the float ones, each rank reading its share of the packed
+  checkpoint tensors and converting it to quantized_linear's layout: q/k/v and gate/up by output rows (packed
+  rows, scales, zeros), o and down by input features (the packed bytes, and the scales and zeros of their
+  groups, whole groups on each rank; a single group held whole).
   GPTQ act-order is refused with several ranks: its permutation of the input features spans the whole row,
   which o and down split.
 
@@ -245,7 +246,8 @@ def _check_quantized_split(q, module: str, n: int, k: int, row: bool, degree: in
 
 def _converted(plan: Plan, source, rank: int = 0) -> dict:
     """{graph parameter: array} of every quantized projection, converted from the checkpoint's tensors; with
-    several ranks, rank `rank`'s slices (each member of a joined projection converted, sliced, then joined)."""
+    several ranks, rank `rank`'s: each member of a joined projection read as its slices (quant.split_axes),
+    converted, then the members joined."""
     from . import quant
 
     q, out = plan.quant, {}

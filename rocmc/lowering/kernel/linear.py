@@ -124,8 +124,8 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
 
 def rule(node: Node, target: Target):
     """Where the kernels are the default: a few rows. linear_mm (more rows, or a symbolic number) is taken when
-    asked for by name (impl={op: "kernel"}) until it is measured against IREE's GEMMs on a GPU (bench/prefill_gpu.py);
-    its results are checked in tests/gpu like every kernel's."""
+    asked for by name (impl={op: "kernel"}) until it is measured against IREE's GEMMs on a GPU (bench/prefill_gpu.py)
+    and its cases in tests/gpu have run there."""
     m = rows(node)
     if m is None or m > MAX_M:
         return (
