@@ -83,7 +83,8 @@ template <int N> DEVICE void cp_wait() { asm volatile("cp.async.wait_group %0;" 
 DEVICE void ldmatrix4(u32 (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_addr(p)));
+               : "r"(shared_addr(p))
+               : "memory");  // ordered after the barrier that makes the chunk visible
 }
 #endif
 
