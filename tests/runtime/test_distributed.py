@@ -162,11 +162,12 @@ from rocmc.errors import DistributedError
 from rocmc.runtime import distributed
 mode = sys.argv[1]
 g = distributed.init()
+if g.rank == 0:  # rank 0 outlives the launcher's SIGTERM: ignored before the collective that lets rank 1 exit
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 x = np.random.default_rng(g.rank).uniform(1, 2, 4)
 g.all_reduce(x)
 if g.rank == 1:
     os._exit(3)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)      # rank 0 outlives the launcher's SIGTERM
 if mode == "hang":
     time.sleep(1000)
 try:
