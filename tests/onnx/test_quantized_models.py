@@ -1,7 +1,7 @@
 """ONNX models quantized by ONNX Runtime's own tools (quantize_dynamic: DynamicQuantizeLinear with MatMulInteger or
-ConvInteger; quantize_static in the QDQ format: QuantizeLinear and DequantizeLinear, per tensor and per channel;
-and in the QOperator format: QLinearMatMul, QLinearConv) import and match ONNX Runtime's run of the same
-quantized model."""
+ConvInteger; quantize_static in the QDQ format: QuantizeLinear and DequantizeLinear, per tensor and per channel,
+int8 and float8 e4m3fn; and in the QOperator format: QLinearMatMul, QLinearConv) import and match ONNX Runtime's
+run of the same quantized model."""
 
 import numpy as np
 import pytest
@@ -82,6 +82,18 @@ def _quantize(kind, src, dst, rng, shape):
         )
         return
     fmt = quantization.QuantFormat.QOperator if kind.startswith("qoperator") else quantization.QuantFormat.QDQ
+    if kind == "qdq_float8":  # float8 e4m3fn activations and weights (ONNX Runtime's float8 calibration)
+        quantization.quantize_static(
+            str(src),
+            str(dst),
+            _Calibration(rng, shape),
+            quant_format=fmt,
+            activation_type=quantization.QuantType.QFLOAT8E4M3FN,
+            weight_type=quantization.QuantType.QFLOAT8E4M3FN,
+            calibrate_method=quantization.CalibrationMethod.Distribution,
+            extra_options={"scenario": "same"},
+        )
+        return
     quantization.quantize_static(
         str(src),
         str(dst),
@@ -99,6 +111,7 @@ CASES = {
     "dynamic": {"DynamicQuantizeLinear", "MatMulInteger"},
     "qdq": {"QuantizeLinear", "DequantizeLinear"},
     "qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
+    "qdq_float8": {"QuantizeLinear", "DequantizeLinear"},
     "qoperator": {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"},
     "conv_dynamic": {"DynamicQuantizeLinear", "ConvInteger"},
     "conv_qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
@@ -113,8 +126,11 @@ def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, rng, kind):
     conv = kind.startswith("conv_")
     (_cnn if conv else _mlp)(src, rng)
     _quantize(kind, src, dst, rng, (4, 3, 12, 12) if conv else (4, IN))
-    ops = {n.op_type for n in onnx.load(str(dst)).graph.node}
+    quantized = onnx.load(str(dst))
+    ops = {n.op_type for n in quantized.graph.node}
     assert CASES[kind] <= ops, ops
+    if kind == "qdq_float8":  # the weights and zero points are float8 tensors
+        assert any(t.data_type == TensorProto.FLOAT8E4M3FN for t in quantized.graph.initializer)
     session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
     module = rocmc.load(rocmc.compile(rocmc.import_onnx(str(dst)), "cpu"))
     float_session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
