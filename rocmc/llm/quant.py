@@ -221,8 +221,14 @@ def rows_of(q: QuantConfig, scales: np.ndarray, n: int, rows: slice) -> tuple[Qu
     the scales), for a rank whose output rows may begin inside a block."""
     from dataclasses import replace
 
-    wide = np.repeat(np.asarray(scales), q.block_rows, axis=0)[:n]
-    return replace(q, block_rows=1), np.ascontiguousarray(wide[rows])
+    return replace(q, block_rows=1), np.ascontiguousarray(_rows_widened(q, np.asarray(scales), n)[rows])
+
+
+def _rows_widened(q: QuantConfig, s: np.ndarray, n: int) -> np.ndarray:
+    """fp8 scales (a tensor's (1,), a row's (n, 1), a block's (n / bn, G)) as one a row: (n, G)."""
+    if q.block_rows == 0:
+        return np.full((n, 1), s.reshape(-1)[0], s.dtype)
+    return np.repeat(s, q.block_rows, axis=0)[:n]
 
 
 def check_sizes(q: QuantConfig, module: str, n: int, k: int) -> None:
@@ -347,12 +353,8 @@ def _convert_fp8(q: QuantConfig, tensors: list, name: str, k: int) -> dict:
         if nan.any():
             at = tuple(int(i) for i in np.argwhere(nan)[0])
             raise InputError(f"{module}.weight{list(at)} is NaN (float8 e4m3fn byte {int(w[at]):#04x})")
-        if q.block_rows == 0:
-            s = np.full((n, 1), s.reshape(-1)[0], np.float32)
-        elif q.block_rows > 1 or q.group_size != -1:
-            s = np.repeat(s, q.block_rows, axis=0)[:n]
         ws.append(w)
-        scales.append(np.ascontiguousarray(s))
+        scales.append(np.ascontiguousarray(_rows_widened(q, s, n)))
     return {f"{name}.weight_q": np.concatenate(ws, axis=0), f"{name}.scales": np.concatenate(scales, axis=0)}
 
 

@@ -141,13 +141,11 @@ _QUANT_ABI = (
         *_EPILOGUE_BINDINGS,
     ),
     (
-        ("M", "rows of x"),
-        ("N", "outputs a row"),
+        *_LINEAR_CONSTANTS[:2],  # M, N
         ("K", "inputs a row: a multiple of 128 / bits"),
         ("G", "groups a row: K / G a multiple of 128 / bits"),
         ("bits", "4 or 8"),
-        ("flags", "FLAG_* bits"),
-        ("eps", "f32 bits: RMSNorm's epsilon (FLAG_NORM)"),
+        *_LINEAR_CONSTANTS[3:],  # flags, eps
     ),
 )
 

@@ -171,10 +171,8 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         flat = arr.reshape(-1)
         splat = flat.size > 0 and np.all(flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8))
         raw = (flat[:1] if splat else flat).tobytes()
-        if elt not in _FLOAT8_MLIR:
-            return E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {ty}', "cst")
-        bits = E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {_stored(shape, elt)}', "cst")
-        return E.op(f"arith.bitcast {bits} : {_stored(shape, elt)} to {ty}", "cst")
+        held = _stored(shape, elt) if elt in _FLOAT8_MLIR else ty  # a small bf16 constant verifies as it is
+        return _bitcast(E, E.op(f'arith.constant dense<"0x{raw.hex().upper()}"> : {held}', "cst"), held, ty)
     # A module global holding a resource: every function of the module (and initializers) loads the
     # same one, so the weights are stored once whatever uses them.
     key = (id(arr), elt, arr.shape)
@@ -184,10 +182,13 @@ def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str,
         ctx.resources[name] = arr
         ctx._resource_of[key] = name
         ctx.declare(f"global:{name}", f"util.global private @{name} = dense_resource<{name}> : {_stored(shape, elt)}")
-    if elt != "bf16" and elt not in _FLOAT8_MLIR:
-        return E.op(f"util.global.load @{name} : {ty}", "cst")
-    bits = E.op(f"util.global.load @{name} : {_stored(shape, elt)}", "cst")
-    return E.op(f"arith.bitcast {bits} : {_stored(shape, elt)} to {ty}", "cst")
+    held = _stored(shape, elt)
+    return _bitcast(E, E.op(f"util.global.load @{name} : {held}", "cst"), held, ty)
+
+
+def _bitcast(E: Emitter, value: str, held: str, ty: str) -> str:
+    """`value`, held as `held`, as tensor type `ty` (a bitcast where the two differ)."""
+    return value if held == ty else E.op(f"arith.bitcast {value} : {held} to {ty}", "cst")
 
 
 _FLOAT8_MLIR = {d.mlir for d in FLOAT8}

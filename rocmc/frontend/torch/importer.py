@@ -127,15 +127,12 @@ def rocmc_dtype(dt, what: str) -> str:
 
 
 def to_numpy(t: torch.Tensor, what: str) -> np.ndarray:
-    """A torch tensor's values as a numpy array of the rocmc dtype (bf16 and float8 through their bits)."""
-    from ... import dtypes
+    """A torch tensor's values as a numpy array of the rocmc dtype (bf16 and float8 through their bits, as
+    rocmc.arrays reads every tensor)."""
+    from ...arrays import as_numpy
 
-    t = t.detach().cpu().contiguous()
-    dt = dtypes.dtype(rocmc_dtype(t.dtype, what))
-    if dt.raw is not None:
-        bits = {1: torch.uint8, 2: torch.int16}[dt.itemsize]
-        return t.view(bits).numpy().view(dt.np)
-    return t.numpy()
+    rocmc_dtype(t.dtype, what)  # Unsupported for a dtype rocmc lacks
+    return as_numpy(t.detach().cpu().contiguous(), what)
 
 
 def is_size(v) -> bool:
