@@ -21,7 +21,9 @@
 // point traps: the lowering never dispatches it there (kernel/linear.py says why and IREE's code takes the op).
 //
 // Tuning switch, set with -D to compare versions: ROCMC_MM_OCC, NVPTX resident workgroups a multiprocessor to fit
-// registers for (1: up to 255 registers a thread, 154 used; 2: 128, no spills at sm_90's ptxas).
+// registers for (1: up to 255 registers a thread, 154 used; 2: 128, no spills at sm_90's ptxas). 2 is the default:
+// on an H200 it took a 4096^3 GEMM from 129 to 216 TFLOP/s and a 7B prefill's projections 1.2-1.7x faster at 512
+// and 2048 rows (bench/prefill_gpu.py, BENCHMARKS.md).
 #include "linear.h"
 
 #define BM 128    // rows of x a workgroup
@@ -37,7 +39,7 @@
 #define WCOLS (BN / (NW / 2))  // w rows a wave
 #define MI (WROWS / 16)        // the wave's 16-row tiles of x
 #ifndef ROCMC_MM_OCC
-#define ROCMC_MM_OCC 1  // NVPTX: resident workgroups a multiprocessor to fit registers for
+#define ROCMC_MM_OCC 2  // NVPTX: resident workgroups a multiprocessor to fit registers for
 #endif
 
 #if HAS_MMA

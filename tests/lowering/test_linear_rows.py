@@ -145,10 +145,13 @@ def test_kernels_take_a_few_static_rows(target):
                 op = g.nodes[-1].op
                 art = rocmc.compile(g, target, impl={op: "kernel"})
                 assert _symbols(art) == symbols, (rows, gated, normed)
-                if "linear_mm_f16" in symbols:  # asked for by name only, for now; the default says so
+                if "linear_mm_f16" in symbols:  # the default on NVIDIA; on ROCm asked for by name, and it says so
                     art = rocmc.compile(g, target)
-                    assert "linear_mm" not in _symbols(art), (rows, gated, normed)
-                    assert "the tiled GEMM (linear_mm) is not yet measured" in art.summary()
+                    if target.startswith("cuda"):
+                        assert _symbols(art) == symbols, (rows, gated, normed)
+                    else:
+                        assert "linear_mm" not in _symbols(art), (rows, gated, normed)
+                        assert "its AMD code has not run on an AMD GPU" in art.summary()
     assert _symbols(rocmc.compile(_rows_graph((32,), "bf16"), target)) == ["linear_rows_bf16"]
 
 
