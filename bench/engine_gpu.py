@@ -102,15 +102,21 @@ def raw_step_ms(lm, vocab: int, steps: int = 24) -> float:
     return 1e3 * statistics.median(times[4:])
 
 
-def arguments(concurrency: str, requests: int) -> argparse.ArgumentParser:
-    """The options of a load benchmark (this one and bench/serve_gpu.py)."""
-    ap = argparse.ArgumentParser()
+def module_arguments(max_batch: int, description: str | None = None) -> argparse.ArgumentParser:
+    """The options naming a compiled max_batch module and its checkpoint (the GPU benchmarks of the engine)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--dir", required=True, help="where bench.llm_gpu compiled the module (and its config.json)")
     ap.add_argument("--ckpt", default="/tmp/llm_gpu_ckpt")
     ap.add_argument("--json", required=True)
     ap.add_argument("--target", default="cuda:sm_80")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--max-batch", type=int, default=max_batch)
+    return ap
+
+
+def arguments(concurrency: str, requests: int) -> argparse.ArgumentParser:
+    """The options of a load benchmark (this one and bench/serve_gpu.py)."""
+    ap = module_arguments(32)
     ap.add_argument("--concurrency", default=concurrency, help="clients at once, a run each")
     ap.add_argument("--requests", type=int, default=requests)
     return ap

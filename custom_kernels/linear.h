@@ -3,6 +3,7 @@
 // separate ops round them) and the prologue of a fused RMSNorm.
 #pragma once
 #include "rocmc_gpu.h"
+#include "mma.h"
 #include "kernel_abi.h"  // generated from the including kernel's KernelFamily: FLAG_BIAS .. FLAG_NORM by those names
 
 typedef RawBytes<16>::type U4;
@@ -11,40 +12,22 @@ typedef RawBytes<16>::type U4;
 #define TILE 16   // rows of w a workgroup: one matrix-instruction tile
 #define KC 32     // k of a chunk: two matrix instructions of k 16
 #define MAX_M 32  // rows of x
-
-#if defined(__NVPTX__) && __CUDA_ARCH__ >= 800
-#define HAS_MMA 1
+#if HAS_MMA && defined(__NVPTX__)
 #define MT 8  // x rows one matrix instruction takes
-#elif defined(__AMDGCN__) && (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
-#define HAS_MMA 1
+#elif HAS_MMA
 #define MT 16
 #else
-#define HAS_MMA 0
 #define MT 8
 #endif
+
 // w vectors (16 bytes) a lane loads per tile and chunk: TILE x KC elements over a wave's lanes.
 #define WV (TILE * KC * 2 / (WAVE * 16))
-
-
 
 // ---- the matrix instructions: acc (this lane's 4 of the 16 x MT tile) += w (16 x 32) . x (32 x MT) ----------
 #if HAS_MMA && defined(__NVPTX__)
 // Lane (g = lane / 4, t = lane % 4) holds w rows g and g + 8 (w[0], w[1]) and x row g, each at k = 8t .. 8t + 7;
 // logical k (2t, 2t+1, 2t+8, 2t+9) of the first instruction are its elements 0..3, of the second 4..7. acc[i]:
 // w row g + 8 (i / 2), x row 2t + i % 2.
-template <typename T> DEVICE void mma16(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  if constexpr (__is_same(T, _Float16)) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
 template <typename T> DEVICE void mma_chunk(float (&c)[4], const U4 (&w)[WV], const U4& x) {
   mma16<T>(c, w[0].x, w[1].x, w[0].y, w[1].y, x.x, x.y);
   mma16<T>(c, w[0].z, w[1].z, w[0].w, w[1].w, x.z, x.w);
@@ -57,22 +40,6 @@ DEVICE u32 acc_m(u32 lane, int i) { return (lane & 3) * 2 + (i & 1); }
 #elif HAS_MMA
 // Lane (r = lane % 16, q = lane / 16) holds w row r and x row r at k = 8q .. 8q + 7; logical k 4q .. 4q + 3 of the
 // first instruction are its elements 0..3, of the second 4..7. acc[i]: w row 4q + i, x row r.
-typedef _Float16 half4_t __attribute__((ext_vector_type(4)));
-typedef short short4_t __attribute__((ext_vector_type(4)));
-typedef float float4_t __attribute__((ext_vector_type(4)));
-typedef u32 u32x2_t __attribute__((ext_vector_type(2)));
-template <typename T> DEVICE void mfma16(float (&c)[4], u32 a0, u32 a1, u32 b0, u32 b1) {
-  u32x2_t a = {a0, a1}, b = {b0, b1};
-  float4_t acc = {c[0], c[1], c[2], c[3]};
-  if constexpr (__is_same(T, _Float16)) {
-    acc = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(half4_t, a), __builtin_bit_cast(half4_t, b), acc,
-                                                0, 0, 0);
-  } else {
-    acc = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(__builtin_bit_cast(short4_t, a), __builtin_bit_cast(short4_t, b),
-                                                    acc, 0, 0, 0);
-  }
-  c[0] = acc.x, c[1] = acc.y, c[2] = acc.z, c[3] = acc.w;
-}
 template <typename T> DEVICE void mma_chunk(float (&c)[4], const U4 (&w)[WV], const U4& x) {
   mfma16<T>(c, w[0].x, w[0].y, x.x, x.y);
   mfma16<T>(c, w[0].z, w[0].w, x.z, x.w);

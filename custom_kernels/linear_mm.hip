@@ -69,26 +69,6 @@ struct Loader {
   bool wide;
 };
 
-#if defined(__NVPTX__)
-DEVICE u32 shared_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-// 16 bytes from global memory to shared memory, asynchronously; zeros where `bytes` is 0.
-DEVICE void cp_async16(void* dst, const void* src, u32 bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_addr(dst)), "l"(src), "r"(bytes)
-               : "memory");
-}
-DEVICE void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> DEVICE void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-DEVICE void ldmatrix4(u32 (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_addr(p))
-               : "memory");  // ordered after the barrier that makes the chunk visible
-}
-#endif
 
 // Piece i of this thread's share of a chunk (i < (BM + BN) * PIECES / BLOCK): x's pieces first, then w's.
 template <typename T>

@@ -79,6 +79,14 @@ DEVICE void sync_threads() { __nvvm_bar_sync(0); }
 DEVICE float shfl_xor(float v, u32 mask) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, mask, 0x1f); }
 #endif
 
+// An index read from an i32 or i64 tensor (i64: low word first, little endian), clamped to [0, hi].
+DEVICE u32 read_index(const u32* p, u64 at, bool wide, u32 hi) {
+  u32 lo = wide ? p[2 * at] : p[at];
+  u32 top = wide ? p[2 * at + 1] : ((int)lo < 0 ? 0xffffffffu : 0u);
+  if ((int)top < 0) return 0;  // negative
+  return top != 0 || lo > hi ? hi : lo;
+}
+
 // True when every pointer allows 16-byte accesses (IREE binding offsets are not promised to be that aligned).
 DEVICE bool aligned16(const void* a, const void* b, const void* c = 0, const void* d = 0) {
   return (((u64)a | (u64)b | (u64)c | (u64)d) & 15u) == 0;

@@ -24,14 +24,6 @@ struct StoreShape {
   u32 t, hq, hkv, d, r, S, E, P, k0, v0, pos_stride, slot_stride, flags;
 };
 
-// An index read from an i32 or i64 tensor (i64: low word first, little endian), clamped to [0, hi].
-DEVICE u32 read_index(const u32* p, u64 at, bool wide, u32 hi) {
-  u32 lo = wide ? p[2 * at] : p[at];
-  u32 top = wide ? p[2 * at + 1] : ((int)lo < 0 ? 0xffffffffu : 0u);
-  if ((int)top < 0) return 0;  // negative
-  return top != 0 || lo > hi ? hi : lo;
-}
-
 // N table values from element i on, in f32 (one branch on the table's dtype for all of them).
 template <int N> DEVICE void table_at(const void* tab, u32 flags, u64 i, float (&out)[N]) {
   if (flags & FLAG_TAB_F32) {

@@ -241,14 +241,12 @@ class _Slots:
     def attend(self, layer: int, q: Value, mask: Value, scale: float) -> Value:
         """Attention of the call's queries q (b, heads, t, d) to layer `layer`'s keys and values. decode: every
         slot's block as stored (sdpa_cached: read in place, the mask keeping each row's positions); prefill:
-        the row's slot, its first `kv` positions."""
+        the row's slot, its first `kv` positions (sdpa_cached with the slot: read in place too)."""
         if self.decode:
             return ops.sdpa_cached(q, self.cache, self.entries(layer), mask=mask, scale=scale)
-        b, kv = self.shape.max_batch, []
-        for first in self.entries(layer):
-            block = ops.narrow(self.cache, 0, first, b)  # (b, hkv, max_seq_len, d): every slot of the kind
-            kv.append(ops.narrow(ops.narrow(block, 0, self.slots, 1), 2, 0, "kv"))  # (1, hkv, kv, d)
-        return ops.sdpa(q, *kv, mask=mask, scale=scale)
+        return ops.sdpa_cached(
+            q, self.cache, self.entries(layer), mask=mask, scale=scale, slots=self.slots, positions="kv"
+        )
 
 
 def _norm_weight(cfg: LlmConfig, weight: Value) -> Value:

@@ -149,6 +149,30 @@ _QUANT_ABI = (
     ),
 )
 
+# attention_decode's and attention_prefill's ABI: the same operands and constants, read by both kernels.
+_ATTENTION_BINDINGS = (
+    Binding("q", False, "(b, hq, sq, d)"),
+    Binding("k", False, "(kb + b or more, hkv, S, d): batch row i reads entry kb + i"),
+    Binding("v", False, "(vb + b or more, hkv, S, d): batch row i reads entry vb + i"),
+    Binding("mask", False, "bool, 1 = keep, by the mask_* strides (a placeholder when absent)", "unsigned char"),
+    Binding("out", True, "(b, hq, sq, d)"),
+)
+_ATTENTION_CONSTANTS = (
+    ("hq", "query heads"),
+    ("hkv", "key/value heads"),
+    ("sq", "queries per head"),
+    ("S", "positions of k and v"),
+    ("d", "head dim"),
+    ("kb", "k's entry of batch row 0"),
+    ("vb", "v's entry of batch row 0"),
+    ("mask_b", "mask elements per batch row (0: broadcast)"),
+    ("mask_h", "mask elements per query head (0: broadcast)"),
+    ("mask_q", "mask elements per query (0: broadcast)"),
+    ("scale", "f32 bits: the scores' scale"),
+    ("flags", "FLAG_* bits"),
+)
+_ATTENTION_FLAGS = (("mask", "mask present"), ("causal", "keep j <= i + S - sq"))
+
 FAMILIES: dict[str, KernelFamily] = {
     "rms_norm": KernelFamily(
         "rms_norm.hip",
@@ -232,30 +256,29 @@ FAMILIES: dict[str, KernelFamily] = {
     "attention_decode": KernelFamily(
         "attention_decode.hip",
         tuple(f"attention_decode_{dt}" for dt in DTYPES),
+        _ATTENTION_BINDINGS,
+        _ATTENTION_CONSTANTS,
+        flags=_ATTENTION_FLAGS,
+    ),
+    "attention_prefill": KernelFamily(
+        "attention_prefill.hip",
+        tuple(f"attention_prefill_{dt}_d{d}" for dt in ("f16", "bf16") for d in (64, 128, 256)),
         (
-            Binding("q", False, "(b, hq, sq, d)"),
-            Binding("k", False, "(kb + b or more, hkv, S, d): batch row i reads entry kb + i"),
-            Binding("v", False, "(vb + b or more, hkv, S, d): batch row i reads entry vb + i"),
-            Binding(
-                "mask", False, "bool, 1 = keep, by the mask_* strides (a placeholder when absent)", "unsigned char"
-            ),
-            Binding("out", True, "(b, hq, sq, d)"),
+            *_ATTENTION_BINDINGS[:4],
+            Binding("slots", False, "each row's slot (b,), i32 or i64 (a placeholder when absent)", "u32"),
+            _ATTENTION_BINDINGS[4],
         ),
         (
-            ("hq", "query heads"),
-            ("hkv", "key/value heads"),
-            ("sq", "queries per head"),
-            ("S", "positions of k and v"),
-            ("d", "head dim"),
-            ("kb", "k's entry of batch row 0"),
-            ("vb", "v's entry of batch row 0"),
-            ("mask_b", "mask elements per batch row (0: broadcast)"),
-            ("mask_h", "mask elements per query head (0: broadcast)"),
-            ("mask_q", "mask elements per query (0: broadcast)"),
-            ("scale", "f32 bits: the scores' scale"),
-            ("flags", "FLAG_* bits"),
+            *_ATTENTION_CONSTANTS,
+            ("stride", "positions of k and v as stored (S: those attended, the first S)"),
+            ("E", "entries of k's and v's buffer (a slot past them reads the last)"),
         ),
-        flags=(("mask", "mask present"), ("causal", "keep j <= i + S - sq")),
+        flags=(
+            *_ATTENTION_FLAGS,
+            ("slots", "slots present: row i reads entries kb + slots[i], vb + slots[i] (absent: kb + i, vb + i)"),
+            ("slots_i64", "slots are i64"),
+        ),
+        block=128,  # 4 waves of 32 (NVIDIA: 64 query rows a workgroup) / 2 of 64 (AMD: 32 rows)
     ),
     "linear_rows": KernelFamily(
         "linear_rows.hip",

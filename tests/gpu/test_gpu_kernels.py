@@ -190,6 +190,63 @@ def attention_case(name, dtype, b, hq, hkv, d, S, keep="prefix", sq=1, cached=Tr
     return Case(name, graph, inputs, TOL[dtype], rel_l2, compile={"impl": impl}, calls="kernels")
 
 
+def prefill_case(name, dtype, hq, hkv, d, sizes, prefix=0, keep="causal", b=1, cached=False) -> Case:
+    """Attention of a prompt's t queries per head to its t + prefix positions (a cached prefix first) by the
+    attention_prefill kernel, t symbolic (one run per size): plain sdpa of k, v (b, hkv, "kv", d), or sdpa_cached of
+    a cache of 2 b + 1 entries of a static size (sizes: one). keep: "causal" (is_causal, no mask), "mask" (the
+    prefill's bool mask: j <= i + prefix), "window" (that and the last 100 positions), "heads" (a random mask per
+    query head, each row keeping its last position)."""
+    mshape = (b, hq if keep == "heads" else 1, "s", "kv")
+
+    def graph():
+        g = rocmc.Graph("prefill")
+        t = sizes[0] if cached else "s"
+        q = g.input("q", (b, hq, t, d), dtype)
+        m = None
+        if keep != "causal":
+            m = g.input(
+                "mask", tuple(t if x == "s" else (t + prefix if x == "kv" and cached else x) for x in mshape), "bool"
+            )
+        if cached:
+            cache = g.input("cache", (2 * b + 1, hkv, t + prefix, d), dtype)
+            g.output(ops.sdpa_cached(q, cache, (1, b + 1), mask=m, is_causal=keep == "causal"))
+        else:
+            k, v = g.input("k", (b, hkv, "kv", d), dtype), g.input("v", (b, hkv, "kv", d), dtype)
+            g.output(ops.sdpa(q, k, v, mask=m, is_causal=keep == "causal"))
+        return g
+
+    def inputs(rng, n):
+        t = sizes[0] if cached else n
+        S = t + prefix
+        out = [_rand(rng, (b, hq, t, d), dtype)]
+        if keep != "causal":
+            i, j = np.arange(t)[:, None], np.arange(S)[None, :]
+            if keep == "heads":
+                m = rng.random((b, hq, t, S)) < 0.5
+                m[..., -1] = True
+            else:
+                m = np.broadcast_to(
+                    (j <= i + prefix) & ((j > i + prefix - 100) if keep == "window" else True), (b, 1, t, S)
+                )
+            out.append(np.ascontiguousarray(m))
+        kv = [(2 * b + 1, hkv, S, d)] if cached else [(b, hkv, S, d)] * 2
+        return out + [_rand(rng, shape, dtype) for shape in kv]
+
+    return Case(name, graph, inputs, TOL[dtype], rel_l2, sizes=(None,) if cached else sizes, calls="kernels")
+
+
+def _prefill_cases() -> list[Case]:
+    return [
+        prefill_case("pf_f16_gqa4_d128_causal", "f16", 32, 8, 128, (1, 17, 513)),
+        prefill_case("pf_bf16_gqa8_d128_prefix", "bf16", 32, 4, 128, (17, 300), prefix=211, keep="mask"),
+        prefill_case("pf_f16_mha_d64_window", "f16", 8, 8, 64, (513,), keep="window"),
+        prefill_case("pf_f16_gqa2_d256_heads", "f16", 4, 2, 256, (77,), keep="heads", b=2),
+        prefill_case("pf_bf16_mha_d256_causal", "bf16", 2, 2, 256, (130,)),
+        prefill_case("pf_f16_cached_prefix", "f16", 16, 4, 128, (65,), prefix=135, keep="mask", b=2, cached=True),
+        prefill_case("pf_bf16_gqa4_d64_causal_4095", "bf16", 4, 1, 64, (4095,)),
+    ]
+
+
 def _attention_cases() -> list[Case]:
     return [
         attention_case("att_f16_gqa8_d128_s513", "f16", 4, 32, 4, 128, 513),
@@ -415,7 +472,7 @@ def _cases() -> list[Case]:
                 rope_case(f"{v}_pair", dt, 2, 1, 3, 2, interleaved=inter, table="one"),
                 rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6),
             ]
-    out += _store_cases() + _attention_cases() + _linear_cases() + _quantized_cases()
+    out += _store_cases() + _attention_cases() + _prefill_cases() + _linear_cases() + _quantized_cases()
     return [replace(c, name=f"kernel.{c.name}") for c in out]
 
 

@@ -189,13 +189,81 @@ def test_decode_attention_kernel_is_chosen_and_reads_the_cache_in_place():
     [
         ((1, 4, 1, 48), 48, "head dim 48"),  # not a multiple of a wave's lanes
         ((1, 4, 1, 64), 32, "v's head dim 32"),
-        ((1, 64, 1, 64), 64, "64 query heads a kv head"),  # more rows than a workgroup holds
     ],
 )
 def test_decode_attention_kernel_states_why_it_passes_over(shape, dv, why):
     g = _graph(shape, (1, 1, 20, shape[3]), dv, "f16")
     art = rocmc.compile(g, "cuda:sm_80", impl={"sdpa": "kernel"})
     assert why in art.summary() and not art.metadata["kernels"]
+
+
+def test_rows_the_decode_kernel_cannot_hold_are_the_prefill_kernels():
+    g = _graph((1, 64, 1, 64), (1, 1, 20, 64), 64, "f16")  # 64 query heads a kv head
+    assert [k["symbol"] for k in rocmc.compile(g, "cuda:sm_80").metadata["kernels"]] == ["attention_prefill_f16_d64"]
+    art = rocmc.compile(_graph((1, 64, 1, 64), (1, 1, 20, 64), 64, "f32"), "cuda:sm_80", impl={"sdpa": "kernel"})
+    assert "q is f32; the prefill kernel takes f16, bf16 (decode kernel: 64 query heads a kv head" in art.summary()
+
+
+# ---- sdpa_cached with slots and positions: a prefill's row in its own slot, its first kv positions -------------
+
+
+def _prefill_graph(dtype="f16", hq=8, hkv=2, d=64, n=5, S=40, slots="i64", mask=True, positions="kv", b=1):
+    g = rocmc.Graph("p")
+    q = g.input("q", (b, hq, "s", d), dtype)
+    cache = g.input("cache", (n, hkv, S, d), dtype)
+    m = g.input("mask", (1, 1, "s", positions), "bool") if mask else None
+    sl = g.input("slot", (b,), slots) if slots else None
+    g.output(ops.sdpa_cached(q, cache, (0, 2), mask=m, slots=sl, positions=positions))
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_sdpa_cached_reads_each_rows_slot_at_its_first_positions(dtype, rng):
+    g = _prefill_graph(dtype, b=2)
+    s, kv = 7, 19
+    q, cache = rand(rng, (2, 8, s, 64), dtype), rand(rng, (5, 2, 40, 64), dtype)
+    mask = (np.arange(kv)[None, :] <= np.arange(s)[:, None] + kv - s)[None, None]
+    slot = np.array([2, 0])
+    check(g, q, cache, mask, slot)
+    # The reference is sdpa of the rows' entries (keys at 0 + slot, values at 2 + slot), first kv positions.
+    want = rocmc.evaluate(
+        _graph((2, 8, s, 64), (2, 2, kv, 64), 64, "f64", ((1, 1, s, kv), "bool")),
+        q.astype(np.float64),
+        cache[slot, :, :kv].astype(np.float64),
+        cache[slot + 2, :, :kv].astype(np.float64),
+        mask,
+    )
+    np.testing.assert_allclose(rocmc.evaluate(g, q, cache, mask, slot), want, rtol=1e-12)
+    with pytest.raises(rocmc.InputError, match=r"slots \[3, 0\] reach entries outside \[0, 5\)"):
+        rocmc.evaluate(g, q, cache, mask, np.array([3, 0]))
+
+
+def test_prefill_attention_kernel_is_chosen_and_reads_the_cache_in_place():
+    g = _prefill_graph()
+    art = rocmc.compile(g, "cuda:sm_80")
+    assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_prefill_f16_d64"]
+    assert art.call_structure()["main"].copies == 0
+    # ROCm: IREE's attention unless asked for (the kernel's AMD code has not run on an AMD GPU).
+    art = rocmc.compile(g, "gfx942")
+    assert not art.metadata["kernels"] and "its AMD code has not run on an AMD GPU" in art.summary()
+    art = rocmc.compile(g, "gfx942", impl={"sdpa_cached": "kernel"})
+    assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_prefill_f16_d64"]
+    for graph, target, why in [
+        (_prefill_graph(d=96), "cuda:sm_80", "head dim 96: the prefill kernel is built for 64, 128, 256"),
+        (_prefill_graph("f32"), "cuda:sm_80", "q is f32; the prefill kernel takes f16, bf16"),
+        (_prefill_graph(), "gfx1100", "gfx1100: the kernel uses the MFMA instructions"),
+    ]:
+        art = rocmc.compile(graph, target, impl={"sdpa_cached": "kernel"})
+        assert not art.metadata["kernels"] and why in art.summary(), art.summary()
+
+
+def test_sdpa_cached_bad_slots_and_positions_are_graph_errors():
+    with pytest.raises(rocmc.GraphError, match=r"'slots' is f32\[1\], expected i32 or i64 of shape \[1\]"):
+        _prefill_graph(slots="f32")
+    with pytest.raises(rocmc.GraphError, match=r"positions=50, expected an int in \[1, 40\]"):
+        _prefill_graph(positions=50, mask=False)
+    with pytest.raises(rocmc.GraphError, match=r"positions='zz' is not a size over the dims"):
+        _prefill_graph(positions="zz", mask=False)
 
 
 def test_sdpa_cached_bad_entries_are_graph_errors():

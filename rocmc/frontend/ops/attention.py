@@ -7,7 +7,9 @@ ONNX Attention documents). A query row whose keys are all masked has no defined 
 gives NaN, as torch does). softmax in f32.
 
 sdpa_cached is sdpa with the keys and values read from a KV cache as stored: entries (E, hkv, S, d) of which
-batch row i reads keys from entry entries[0] + i and values from entry entries[1] + i (a decoder's slots).
+batch row i reads keys from entry entries[0] + i and values from entry entries[1] + i (a decoder's slots), or
+from entries[0] + slots[i] and entries[1] + slots[i] with `slots` (b,) given (rows that live in any slot, as a
+prefill's), at the first `positions` of the S positions (all by default).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import math
 
 import numpy as np
 
-from ...errors import GraphError
+from ... import symbolic
+from ...errors import GraphError, InputError
 from ..graph import TensorType
 from ..opdef import as_value, broadcast_shapes, builder, defop, graph_of, int_tuple, is_int, reference
+from ..reference import symbol_sizes
 
 __all__ = ["sdpa", "sdpa_cached"]
 
@@ -123,34 +127,65 @@ def _attrs(op: str, q, is_causal, scale) -> dict:
     return {"is_causal": bool(is_causal), "scale": float(scale)}
 
 
-@defop("sdpa_cached", attrs=("entries", "is_causal", "scale"))
+@defop("sdpa_cached", attrs=("entries", "is_causal", "scale", "positions"))
 def _sdpa_cached(node, types, attrs):
-    q, cache, mask = types
+    q, cache, mask, slots = (list(types) + [None])[:4]
     desc = node.describe()
     b = q.shape[0] if q.rank == 4 else None
     if cache.rank != 4 or not all(isinstance(n, int) for n in cache.shape) or not isinstance(b, int):
         raise GraphError(f"{desc}: 'q' is {q} and 'cache' is {cache}, expected a static batch and a static cache")
     entries = attrs["entries"]
     n = cache.shape[0]
-    if not (isinstance(entries, tuple) and len(entries) == 2 and all(is_int(e) and 0 <= e <= n - b for e in entries)):
-        raise GraphError(f"{desc}: entries={entries!r}, expected (keys' first, values' first) entries in [0, {n - b}]")
-    block = TensorType((b,) + tuple(cache.shape[1:]), cache.dtype)
+    # With slots a row's entry is entries[i] + its slot, checked when the module is called.
+    last = n - 1 if slots is not None else n - b
+    if not (isinstance(entries, tuple) and len(entries) == 2 and all(is_int(e) and 0 <= e <= last for e in entries)):
+        raise GraphError(f"{desc}: entries={entries!r}, expected (keys' first, values' first) entries in [0, {last}]")
+    if slots is not None and (slots.dtype.name not in ("i32", "i64") or slots.shape != (b,)):
+        raise GraphError(f"{desc}: 'slots' is {slots}, expected i32 or i64 of shape [{b}] (a slot for each batch row)")
+    positions = attrs.get("positions")
+    if positions is None:
+        positions = cache.shape[2]
+    elif isinstance(positions, str):
+        symbols = node.inputs[0].graph.symbols()
+        if not symbolic.parse(positions).symbols() <= set(symbols):
+            raise GraphError(
+                f"{desc}: positions={positions!r} is not a size over the dims of the graph's inputs "
+                f"(symbols: {', '.join(symbols) or 'none'})"
+            )
+    elif not is_int(positions) or not 0 < positions <= cache.shape[2]:
+        raise GraphError(f"{desc}: positions={positions!r}, expected an int in [1, {cache.shape[2]}] or a size")
+    block = TensorType((b,) + (cache.shape[1], positions, cache.shape[3]), cache.dtype)
     return _sdpa(node, [q, block, block, mask], attrs)
 
 
 @reference("sdpa_cached")
 def _sdpa_cached_ref(node, ins, attrs):
-    q, cache, mask = ins
-    b = q.shape[0]
-    k0, v0 = attrs["entries"]
-    return _sdpa_ref(node, [q, cache[k0 : k0 + b], cache[v0 : v0 + b], mask], attrs)
+    q, cache, mask, slots = (list(ins) + [None])[:4]
+    b, (k0, v0) = q.shape[0], attrs["entries"]
+    positions = attrs.get("positions")
+    if positions is None:
+        positions = cache.shape[2]
+    elif isinstance(positions, str):
+        positions = symbolic.parse(positions).evaluate(symbol_sizes())
+    if positions > cache.shape[2]:
+        raise InputError(f"{node.describe()}: positions {positions} past the cache's {cache.shape[2]}")
+    rows = np.arange(b) if slots is None else slots.astype(np.int64)
+    for first in (k0, v0):
+        if rows.min() + first < 0 or rows.max() + first >= cache.shape[0]:
+            raise InputError(f"{node.describe()}: slots {rows.tolist()} reach entries outside [0, {cache.shape[0]})")
+    k, v = cache[k0 + rows, :, :positions], cache[v0 + rows, :, :positions]
+    return _sdpa_ref(node, [q, k, v, mask], attrs)
 
 
 @builder
-def sdpa_cached(q, cache, entries, mask=None, is_causal=False, scale=None):
+def sdpa_cached(q, cache, entries, mask=None, is_causal=False, scale=None, slots=None, positions=None):
     """sdpa(q, cache[k0 : k0 + b], cache[v0 : v0 + b], mask, is_causal, scale) with (k0, v0) = entries and b the
     batch of q (b, hq, s, d): attention to the keys and values of a KV cache (E, hkv, S, d) as stored, each batch
-    row reading its own entries. A kernel reads the cache in place where a slice of it would be a copy."""
+    row reading its own entries. A kernel reads the cache in place where a slice of it would be a copy.
+
+    slots: (b,) i32/i64, batch row i reads entries k0 + slots[i] and v0 + slots[i] instead. positions: attend to
+    the first `positions` of each entry's S positions (an int, or a size over the graph's symbols such as a
+    mask's "kv"); all S by default."""
     g = graph_of("sdpa_cached", q, cache)
     qv = as_value("sdpa_cached", "q", q, g)
     operands = [
@@ -158,5 +193,11 @@ def sdpa_cached(q, cache, entries, mask=None, is_causal=False, scale=None):
         as_value("sdpa_cached", "cache", cache, g),
         None if mask is None else as_value("sdpa_cached", "mask", mask, g, qv),
     ]
+    if slots is not None:
+        operands.append(as_value("sdpa_cached", "slots", slots, g))
     attrs = {"entries": int_tuple(entries)} | _attrs("sdpa_cached", qv, is_causal, scale)
+    if positions is not None:
+        if not (is_int(positions) or isinstance(positions, str)):
+            raise GraphError(f"sdpa_cached: positions={positions!r}, expected an int or a size expression")
+        attrs["positions"] = int(positions) if is_int(positions) else positions
     return g.apply("sdpa_cached", operands, attrs)[0]

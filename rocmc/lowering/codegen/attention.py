@@ -31,7 +31,9 @@ from __future__ import annotations
 
 from ..emitter import Emitter, T, affine_map, float_literal, tensor_type
 from ..registry import lowering
+from .index import _size
 from .padding import multiple_for, pad_axes, slice_to
+from .shape import _check_le
 
 B, H, G, M, K1, K2, N = range(7)
 NLOOPS = 7
@@ -283,18 +285,44 @@ def lower_sdpa(E: Emitter, node, ins, ctx):
 
 @lowering("sdpa_cached")
 def lower_sdpa_cached(E: Emitter, node, ins, ctx):
-    """sdpa of the cache's key and value blocks (slices of it: IREE reads them in place inside its dispatch)."""
-    q, cache, mask = ins
+    """sdpa of the cache's key and value blocks (slices of it: IREE reads them in place inside its dispatch). With
+    slots, each batch row's block is its own slice (at its slot's entry), stacked; with positions, their first
+    positions."""
+    q, cache, mask = ins[:3]
+    slots = ins[3] if len(ins) > 3 else None
     b = q.shape[0]
+    block = node.outputs[0].type.with_shape((b,) + tuple(cache.shape[1:]))
+    positions = node.attrs.get("positions")
+    if positions is not None:
+        block = block.with_shape((b, cache.shape[1], positions, cache.shape[3]))
+    length = cache.shape[2] if positions is None else _size(E, positions, ctx)
+    if positions is not None:
+        _check_le(E, node, length, cache.shape[2], "positions past the cache's")
+    sizes = lambda rows: ", ".join(str(n) for n in (rows, cache.shape[1], length, cache.shape[3]))  # noqa: E731
+    ty = T("", block, cache.elt)
     blocks = []
     for first in node.attrs["entries"]:
-        ty = cache.type.with_shape((b,) + tuple(cache.shape[1:]))
-        sizes = ", ".join(str(n) for n in ty.shape)
-        r = E.op(
-            f"tensor.extract_slice {cache.name}[{first}, 0, 0, 0] [{sizes}] [1, 1, 1, 1] : {cache.mlir} to "
-            f"{T('', ty).mlir}"
-        )
-        blocks.append(T(r, ty, cache.elt))
+        if slots is None:
+            r = E.op(
+                f"tensor.extract_slice {cache.name}[{first}, 0, 0, 0] [{sizes(b)}] [1, 1, 1, 1] : "
+                f"{cache.mlir} to {ty.mlir}"
+            )
+        else:
+            row_ty = T("", block.with_shape((1,) + tuple(block.shape[1:])), cache.elt)
+            r = E.op(f"tensor.empty({'' if isinstance(length, int) else length}) : {ty.mlir}")
+            for i in range(b):
+                v = E.op(f"tensor.extract {slots.name}[{E.index(i)}] : {slots.mlir}")
+                entry = E.addi(E.op(f"arith.index_cast {v} : {slots.mlir_elt} to index"), first)
+                _check_le(E, node, entry, cache.shape[0] - 1, "a slot's entry past the cache's")
+                row = E.op(
+                    f"tensor.extract_slice {cache.name}[{entry}, 0, 0, 0] [{sizes(1)}] [1, 1, 1, 1] : "
+                    f"{cache.mlir} to {row_ty.mlir}"
+                )
+                r = E.op(
+                    f"tensor.insert_slice {row} into {r}[{i}, 0, 0, 0] [{sizes(1)}] [1, 1, 1, 1] : "
+                    f"{row_ty.mlir} into {ty.mlir}"
+                )
+        blocks.append(T(r, block, cache.elt))
     return lower_sdpa(E, node, [q, *blocks, mask], ctx)
 
 

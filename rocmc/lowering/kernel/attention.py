@@ -1,11 +1,16 @@
-"""sdpa and sdpa_cached of a few queries per head as a hand-written kernel (custom_kernels/attention_decode.hip):
-a decode step's attention, one workgroup per (batch row, kv head), reading the keys and values as stored (a KV
-cache's block: no transpose, no copy) and only at the positions the mask keeps.
+"""sdpa and sdpa_cached as hand-written kernels, reading the keys and values as stored (a KV cache's block: no
+transpose, no copy) and only at the positions the mask keeps. Both take bool masks (or none) broadcastable to
+(b, hq, sq, S) whose last dim is the positions', is_causal and GQA.
 
-It takes bool masks (or none) broadcastable to (b, hq, sq, S) whose last dim is the positions', is_causal, GQA,
-and head dims a wave's lanes split evenly (d / wave of 1, 2, 4 or 8 elements a lane) with few query rows per
-workgroup (hq / hkv * sq, at most 16, 8 or 4 as a lane holds 1-2, 4 or 8 elements; on AMDGPU at most 4).
-Anything else, prefill's many queries included, is IREE's attention; so is a batch of few workgroups (`rule`).
+- A few queries per head (a decode step; custom_kernels/attention_decode.hip): one workgroup per (batch row, kv
+  head), head dims a wave's lanes split evenly (d / wave of 1, 2, 4 or 8 elements a lane), at most 16, 8 or 4
+  query rows per workgroup (hq / hkv * sq) as a lane holds 1-2, 4 or 8 elements (on AMDGPU at most 4). A batch of
+  few workgroups is IREE's attention (`rule`).
+- More, or a symbolic number (a prefill; custom_kernels/attention_prefill.hip): flash attention on the matrix
+  units, a workgroup per (batch row, query head, 16 query rows a wave), f16/bf16 and head dims 64, 128 and 256,
+  on NVIDIA sm_80+ and AMD gfx90a / gfx94x. The default on NVIDIA; on ROCm asked for by name (`rule` says why).
+
+Anything else is IREE's attention, with the reason in the summary.
 """
 
 from __future__ import annotations
@@ -17,8 +22,13 @@ from ..module import LowerContext
 from ..registry import lowering
 from ..target import Target
 from .dispatch import dispatch, f32_bits
+from ..codegen.index import _size
+from .linear import matrix_problem
 
 FAMILY = kernels.FAMILIES["attention_decode"]
+PREFILL = kernels.FAMILIES["attention_prefill"]
+PREFILL_HEAD_DIMS = (64, 128, 256)  # attention_prefill.hip's entry points, one a head dim
+PREFILL_DTYPES = ("f16", "bf16")  # what the matrix instructions take
 # attention_decode.hip's MAX_ROWS (query rows of a workgroup; AMDGPU: 4, more spill its scalar registers) and
 # MAX_CELLS (rows x elements a lane).
 MAX_ROWS = {"rocm": 4, "cuda": 16}
@@ -34,42 +44,99 @@ def _rows_limit(per_lane: int, kind: str) -> int:
     return min(MAX_ROWS[kind], MAX_CELLS // max(per_lane, 2))
 
 
-def supports(node: Node, target: Target):
-    q, k, mask = _operands(node.inputs)
+def _mask_problem(node: Node) -> str | None:
+    q, k, _, mask, _ = _operands(node)
+    if mask is not None:
+        if mask.dtype.kind != "bool":
+            return f"the mask is {mask.dtype} (additive); the kernels read bool masks"
+        if mask.rank == 0 or mask.shape[-1] != _positions(node):
+            return f"the mask is {mask}; the kernels read one whose last dim is the positions ({_positions(node)})"
+    return None
+
+
+def _decode_problem(node: Node, target: Target) -> str | None:
+    """Why attention_decode does not take the op (None: it does)."""
+    q, k, _, _, slots = _operands(node)
+    if slots is not None or _positions(node) != k.shape[2]:
+        return "slots or positions: the decode kernel reads row i's entries at all their positions"
     if q.dtype.name not in kernels.DTYPES:
         return f"q is {q.dtype}; the kernel is built for {', '.join(kernels.DTYPES)}"
     b, hq, sq, d = q.shape
-    hkv, positions = k.shape[1], k.shape[2]
+    hkv = k.shape[1]
     if not isinstance(sq, int) or not all(isinstance(n, int) for n in (hq, hkv, d)):
-        return f"q is {q}: the kernel takes a static few queries per head with static heads and head dim"
+        return f"q is {q}: the decode kernel takes a static few queries per head with static heads and head dim"
     wave = wave_size(target.code_arch)
     if d % wave or d // wave not in (1, 2, 4, 8):
-        return f"head dim {d}: the kernel splits it over a wave's {wave} lanes, 1, 2, 4 or 8 elements a lane"
-    dv = node.inputs[2].shape[3] if len(node.inputs) == 4 else d  # sdpa_cached: k and v are the cache's
+        return f"head dim {d}: the decode kernel splits it over a wave's {wave} lanes, 1, 2, 4 or 8 elements a lane"
+    dv = _operands(node)[2].shape[3]
     if dv != d:
-        return f"v's head dim {dv} is not q's {d}; the kernel reads one head dim"
+        return f"v's head dim {dv} is not q's {d}; the kernels read one head dim"
     rows, limit = hq // hkv * sq, _rows_limit(d // wave, target.kind)
     if rows > limit:
-        return f"{hq // hkv} query heads a kv head x {sq} queries = {rows} rows; the kernel holds at most {limit}"
-    if mask is not None:
-        if mask.dtype.kind != "bool":
-            return f"the mask is {mask.dtype} (additive); the kernel reads bool masks"
-        if mask.rank == 0 or mask.shape[-1] != positions:
-            return f"the mask is {mask}; the kernel reads one whose last dim is the positions ({positions})"
-    return kernels.arch_problem(target.code_arch)
+        return (
+            f"{hq // hkv} query heads a kv head x {sq} queries = {rows} rows; the decode kernel holds at most {limit}"
+        )
+    return None
 
 
-def _operands(ins):
-    """(q, k, mask) of an sdpa's or sdpa_cached's operands (k: the cache for sdpa_cached)."""
-    return (ins[0], ins[1], ins[3]) if len(ins) == 4 else (ins[0], ins[1], ins[2])
+def _prefill_problem(node: Node, target: Target) -> str | None:
+    """Why attention_prefill does not take the op (None: it does)."""
+    q, k, *_ = _operands(node)
+    if q.dtype.name not in PREFILL_DTYPES:
+        return f"q is {q.dtype}; the prefill kernel takes {', '.join(PREFILL_DTYPES)}"
+    hq, d, hkv = q.shape[1], q.shape[3], k.shape[1]
+    if not all(isinstance(n, int) for n in (hq, hkv)):
+        return f"q is {q}, k {k}: the prefill kernel takes static heads"
+    if d not in PREFILL_HEAD_DIMS:
+        return f"head dim {d}: the prefill kernel is built for {', '.join(map(str, PREFILL_HEAD_DIMS))}"
+    dv = _operands(node)[2].shape[3]
+    if dv != d:
+        return f"v's head dim {dv} is not q's {d}; the kernels read one head dim"
+    return matrix_problem(target)
+
+
+def _form(node: Node, target: Target) -> tuple[str, str | None]:
+    """("decode" or "prefill", why that kernel does not take the op): the decode kernel where it takes the op; the
+    prefill kernel for the rest (many queries, a symbolic number, or a head dim the decode kernel can't split)."""
+    decode = _decode_problem(node, target)
+    if decode is None:
+        return "decode", None
+    prefill = _prefill_problem(node, target)
+    if prefill is None:
+        return "prefill", None
+    sq = node.inputs[0].shape[2]
+    few = isinstance(sq, int) and node.inputs[0].shape[1] // node.inputs[1].shape[1] * sq <= MAX_ROWS[target.kind]
+    return ("decode", decode) if few else ("prefill", f"{prefill} (decode kernel: {decode})")
+
+
+def supports(node: Node, target: Target):
+    problem = _mask_problem(node)
+    if problem is None:
+        problem = _form(node, target)[1]
+    return problem or kernels.arch_problem(target.code_arch)
+
+
+def _operands(node: Node, ins=None):
+    """(q, k, v, mask, slots) of an sdpa's or sdpa_cached's operands (`ins`, by default the node's inputs); k and
+    v are the cache for sdpa_cached."""
+    ins = node.inputs if ins is None else ins
+    if node.op == "sdpa":
+        return ins[0], ins[1], ins[2], ins[3], None
+    return ins[0], ins[1], ins[1], ins[2], ins[3] if len(ins) > 3 else None
+
+
+def _positions(node: Node):
+    """The positions attended: k's (sdpa), or sdpa_cached's `positions` (by default the cache's)."""
+    return node.attrs.get("positions", node.inputs[1].shape[2])
 
 
 def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
-    q, k, mask = _operands(ins)
-    v = ins[2] if len(ins) == 4 else k  # sdpa_cached: keys and values are entries of one cache
+    q, k, v, mask, slots = _operands(node, ins)
     kb, vb = node.attrs.get("entries", (0, 0))
     b, hq, sq, d = E.dims(q)
-    hkv, positions = E.dim(k, 1), E.dim(k, 2)
+    hkv, stored = E.dim(k, 1), E.dim(k, 2)
+    positions = node.attrs.get("positions")
+    positions = stored if positions is None else _size(E, positions, ctx)
     strides = {"mask_b": 0, "mask_h": 0, "mask_q": 0}
     if mask is not None:
         # The mask right-aligned to (b, hq, sq, S): a dim of size 1 (or absent) broadcasts (stride 0).
@@ -88,14 +155,27 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         "vb": vb,
         **strides,
         "scale": f32_bits(node.attrs["scale"]),
-        "flags": FAMILY.flag_bits(mask=mask is not None, causal=node.attrs["is_causal"]),
     }
-    groups = E.product([b, hkv])
-    symbol = f"attention_decode_{q.type.dtype.name}"
+    operands = {"q": q, "k": k, "v": v, "mask": mask}
+    dt = q.type.dtype.name
+    flags = {"mask": mask is not None, "causal": node.attrs["is_causal"]}
+    if _form(node, ctx.target)[0] == "prefill":
+        rows = 16 * (PREFILL.block // wave_size(ctx.target.code_arch))  # query rows of a workgroup: 16 a wave
+        groups = E.product([b, hq, E.ceildivui(sq, rows)])
+        symbol = f"attention_prefill_{dt}_d{node.inputs[0].shape[3]}"
+        wide = slots is not None and slots.type.dtype.name == "i64"
+        constants |= {
+            "flags": PREFILL.flag_bits(**flags, slots=slots is not None, slots_i64=wide),
+            "stride": stored,
+            "E": E.dim(k, 0),
+        }
+        operands["slots"] = slots
+    else:
+        groups = E.product([b, hkv])
+        symbol = f"attention_decode_{dt}"
+        constants["flags"] = FAMILY.flag_bits(**flags)
     out = node.outputs[0].type
-    return [
-        dispatch(E, ctx, node, symbol, constants, {"q": q, "k": k, "v": v, "mask": mask}, out, [b, hq, sq, d], groups)
-    ]
+    return [dispatch(E, ctx, node, symbol, constants, operands, out, [b, hq, sq, d], groups)]
 
 
 # Workgroups (batch rows x kv heads) from which the kernel is chosen by default. Measured on an H100 (7B f16
@@ -106,7 +186,15 @@ MIN_WORKGROUPS = 128
 
 
 def rule(node: Node, target: Target):
-    q, k, _ = _operands(node.inputs)
+    if _form(node, target)[0] == "prefill":
+        # On an H200 (7B f16 prefill, bench/llm_gpu.py, BENCHMARKS.md) IREE's sm_80 attention took 23 ms of 62.
+        if target.kind == "rocm":
+            return (
+                "many queries: on ROCm the flash-attention kernel (attention_prefill) is taken when asked for (its "
+                "AMD code has not run on an AMD GPU); impl={'sdpa': 'kernel'} asks for it"
+            )
+        return None
+    q, k, *_ = _operands(node)
     b, hkv = q.shape[0], k.shape[1]
     if isinstance(b, int) and isinstance(hkv, int) and b * hkv < MIN_WORKGROUPS:
         return f"{b} x {hkv} workgroups (batch x kv heads): fewer than {MIN_WORKGROUPS}, IREE's attention is faster"

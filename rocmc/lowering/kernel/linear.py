@@ -39,7 +39,8 @@ DTYPES = ("f16", "bf16")  # what the matrix instructions take (tf32 would change
 MFMA_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942")
 
 
-def _arch_problem(target: Target) -> str | None:
+def matrix_problem(target: Target) -> str | None:
+    """Why `target` lacks the matrix instructions the kernels of mma.h are written for (None: it has them)."""
     arch = target.code_arch
     if target.kind == "cuda":
         sm = re.fullmatch(r"sm_(\d+)a?", arch)
@@ -73,7 +74,7 @@ def supports(node: Node, target: Target):
     # they are written for.
     if m is not None and m <= VEC_MAX_M:
         return kernels.arch_problem(target.code_arch)
-    return _arch_problem(target)
+    return matrix_problem(target)
 
 
 def lower(E: Emitter, node: Node, ins, ctx: LowerContext):

@@ -27,7 +27,7 @@ from ..registry import lowering
 from ..target import Target
 from .dispatch import dispatch, f32_bits
 from .attention import wave_size
-from .linear import _arch_problem as matrix_problem
+from .linear import matrix_problem
 from .norm import norm_kernel
 
 FAMILY = kernels.FAMILIES["linear_q"]
