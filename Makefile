@@ -29,7 +29,7 @@ demo: $(STAMP) $(APTSTAMP)
 	$(BIN)/python examples/llama_block.py --demo
 
 test: $(STAMP) $(APTSTAMP)
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 --durations=20 tests
 
 # The linter and formatter (ruff, configured in pyproject.toml) and the type checker over the core (mypy).
 lint: $(STAMP)

@@ -5,6 +5,10 @@ steps have run. Clean means: no error from the runtime, every request complete, 
 vocabulary. Also counted: the prompts whose first token (greedy) is the one the same prompt gets alone in a fresh
 engine (the prefill of one row reads nothing of the others; random weights leave near ties, so a count).
 
+Then the batched prefill of the prefill issue: max_batch prompts of 1024 / max_batch tokens, each prefilled into its
+slot (one call each: rows are prefilled one at a time), against one prompt of 1024 tokens prefilled whole, wall
+time until the last row's first token is on the host (median of 3, fresh slot tables).
+
     python -m bench.llm_gpu compile --dir out/soak --targets cuda:sm_80 --batches 8 --max-seq-len 1280   # here
     python3 -m bench.soak_gpu --dir out/soak --max-batch 8 --json out.json                               # GPU machine
 """
@@ -12,6 +16,7 @@ engine (the prefill of one row reads nothing of the others; random weights leave
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -19,6 +24,28 @@ import numpy as np
 
 from bench.engine_gpu import module_arguments
 from bench.llm_gpu import vmfb_name, write_checkpoint
+
+
+def batched_prefill(lm, vocab: int, rows: int, rng, total: int) -> dict:
+    """Seconds (median of 3) to prefill `rows` prompts of total / rows tokens into their slots, and one prompt of
+    `total` tokens, each whole in one call (fresh slot tables)."""
+    from rocmc.llm.runtime import _SlotTable
+
+    def run(prompts) -> float:
+        slots = _SlotTable(lm.sizes, lm.config, chunk=total)
+        t = time.perf_counter()
+        for r, ids in enumerate(prompts):
+            for feeds in slots.prefill(r, ids):
+                out = lm.module.prefill(**feeds, output="device")
+            out[0].to_host()
+        return time.perf_counter() - t
+
+    many = [[int(t) for t in rng.integers(3, vocab, total // rows)] for _ in range(rows)]
+    one = [[int(t) for t in rng.integers(3, vocab, total)]]
+    run(many), run(one)  # warm: each length's first call
+    t_many = statistics.median(run(many) for _ in range(3))
+    t_one = statistics.median(run(one) for _ in range(3))
+    return {"rows": rows, "tokens": total, "rows_ms": 1e3 * t_many, "one_ms": 1e3 * t_one, "ratio": t_many / t_one}
 
 
 def main() -> int:
@@ -67,6 +94,8 @@ def main() -> int:
     out["complete"] = all(len(ts) == new for ts in tokens)
     out["first_token_equals_alone"] = sum(ts[:1] == [t] for ts, t in zip(tokens, alone))
     out["clean"] = not out["errors"] and out["tokens_in_vocab"] and out["complete"]
+    total = min(1024, lm.sizes.max_seq_len) // a.max_batch * a.max_batch
+    out["batched_prefill"] = batched_prefill(lm, vocab, a.max_batch, rng, total)
     Path(a.json).write_text(json.dumps(out, indent=1))
     print(json.dumps(out), flush=True)
     return 0 if out["clean"] else 1

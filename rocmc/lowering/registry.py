@@ -32,6 +32,11 @@ class Impl:
     # Eligible on every target of `kinds` even where not enabled (default_on, libraries): what lowers
     # a node when nothing preferred can (the generated implementation)
     fallback: bool = False
+    # (node, target) -> int: the priority for this node where it differs from `priority`
+    priority_for: Callable | None = None
+
+    def rank(self, node: Node, target: Target) -> int:
+        return self.priority if self.priority_for is None else self.priority_for(node, target)
 
 
 REGISTRY: dict[str, dict[str, Impl]] = {}
@@ -50,6 +55,7 @@ def lowering(
     library: str | None = None,
     rule=None,
     fallback: bool | None = None,
+    priority_for=None,
 ):
     """Register a lowering for one or more ops. The generated implementation (the default `impl`)
     is each op's fallback unless `fallback` says otherwise."""
@@ -68,6 +74,7 @@ def lowering(
                 library,
                 rule,
                 fallback,
+                priority_for,
             )
         return fn
 
@@ -156,7 +163,10 @@ def choose(node: Node, target: Target, impl=None, libraries=()) -> Choice:
             skipped.append((cand.name, reason))
     order = sorted(
         (i for i in impls.values() if i.name != requested),
-        key=lambda i: (0 if (target.kind in i.default_on or (i.library and i.library in libraries)) else 1, i.priority),
+        key=lambda i: (
+            0 if (target.kind in i.default_on or (i.library and i.library in libraries)) else 1,
+            i.rank(node, target),
+        ),
     )
     for cand in order:
         enabled = target.kind in cand.default_on or (cand.library is not None and cand.library in libraries)

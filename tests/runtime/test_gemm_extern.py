@@ -134,7 +134,9 @@ def test_size_rule_keeps_small_gemms_generated_and_says_why(target):
     assert choice.impl.name == "generated"
     assert any(n == "blas" and f"M={MIN_ROWS - 1} rows" in r for n, r in choice.skipped)
     narrow = registry.choose(_node(_linear_graph(512, n=MIN_COLS - 1), "linear"), t, libraries=lib)
-    assert narrow.impl.name == "generated" and any(n == "blas" and "N=" in r for n, r in narrow.skipped)
+    # passed over by the library, the N-row GEMM is linear_mm's on NVIDIA (its default there), IREE's on ROCm
+    assert narrow.impl.name == ("kernel" if t.kind == "cuda" else "generated")
+    assert any(n == "blas" and "N=" in r for n, r in narrow.skipped)
     # asked for by name, the size rule does not apply; impl="generated" turns the library off
     assert registry.choose(_node(small, "linear"), t, impl={"linear": "blas"}).impl.name == "blas"
     assert registry.choose(_node(big, "linear"), t, impl="generated").impl.name == "generated"

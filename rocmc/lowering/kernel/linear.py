@@ -142,6 +142,13 @@ def rule(node: Node, target: Target):
 # 4096-wide ones (32 workgroups for 132 multiprocessors) about even.
 
 
+def priority(node: Node, target: Target) -> int:
+    """Ahead of a library the compile opts into (blas: 20) for a few rows, where a synchronous call per GEMM would
+    cost a decode step more; behind it for more (linear_mm), where the library was asked for and pays."""
+    m = rows(node)
+    return 10 if m is not None and m <= MAX_M else 30
+
+
 # Every activation the ops name is one the kernel computes.
 assert set(LINEAR_ACTIVATIONS) | set(GATE_ACTIVATIONS) <= {"none", "relu", "silu", "gelu_tanh"}
 
@@ -153,6 +160,7 @@ lowering(
     impl="kernel",
     kinds=("rocm", "cuda"),
     priority=10,
+    priority_for=priority,
     supports=supports,
     rule=rule,
 )(lower)
