@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable, Iterable, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from ..dtypes import ALL as DTYPES, of_mlir
@@ -187,6 +188,8 @@ class Emitter:
                 v = self.cast_scalar(v, src, "f32")
                 src, bs = "f32", 32
             op = "arith.extf" if bd > bs else "arith.truncf"
+            if bd == 8:
+                v = self._float8_carry(v, dst)
             return self.op(f"{op} {v} : {src} to {dst}")
         if fs != fd and 8 in (of_mlir(src).bits if fs else 0, of_mlir(dst).bits if fd else 0):
             # float8 <-> integers and bool through f32 (IREE's CPU code converts float8 to and from f32 only)
@@ -206,6 +209,20 @@ class Emitter:
             op = "arith.extui" if (src == "i1" or unsigned_src) else "arith.extsi"
             return self.op(f"{op} {v} : {src} to {dst}")
         return self.op(f"arith.trunci {v} : {src} to {dst}")
+
+    def _float8_carry(self, v: str, dst: str) -> str:
+        """f32 `v` with the values that round up from float8 `dst`'s largest subnormal to its smallest normal set
+        to that normal (sign kept): IREE 3.13's f32 -> float8 truncation gives them 0 (every float8 type, CPU
+        code; from the midpoint, a tie, which goes to the even normal, to the normal itself)."""
+        info = ml_dtypes.finfo(of_mlir(dst).np)
+        tiny = float(info.smallest_normal)
+        mid = tiny * (1.0 - 2.0 ** -(int(info.nmant) + 1))
+        a = self.op(f"math.absf {v} : f32")
+        up = self.op(f"arith.cmpf oge, {a}, {self.const(mid, 'f32')} : f32")
+        below = self.op(f"arith.cmpf olt, {a}, {self.const(tiny, 'f32')} : f32")
+        both = self.op(f"arith.andi {up}, {below} : i1")
+        normal = self.op(f"math.copysign {self.const(tiny, 'f32')}, {v} : f32")
+        return self.op(f"arith.select {both}, {normal}, {v} : f32")
 
     # ---- index arithmetic ---------------------------------------------------------------
     # Sizes are ints when static and `index` SSA values otherwise: these fold the former and emit
