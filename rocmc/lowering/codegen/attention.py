@@ -290,14 +290,10 @@ def lower_sdpa_cached(E: Emitter, node, ins, ctx):
     positions."""
     q, cache, mask = ins[:3]
     slots = ins[3] if len(ins) > 3 else None
-    b = q.shape[0]
-    block = node.outputs[0].type.with_shape((b,) + tuple(cache.shape[1:]))
-    positions = node.attrs.get("positions")
-    if positions is not None:
-        block = block.with_shape((b, cache.shape[1], positions, cache.shape[3]))
-    length = cache.shape[2] if positions is None else _size(E, positions, ctx)
-    if positions is not None:
-        _check_le(E, node, length, cache.shape[2], "positions past the cache's")
+    b, positions = q.shape[0], node.attrs.get("positions", cache.shape[2])
+    block = node.outputs[0].type.with_shape((b, cache.shape[1], positions, cache.shape[3]))
+    length = _size(E, positions, ctx)
+    _check_le(E, node, length, cache.shape[2], "positions past the cache's")
     sizes = lambda rows: ", ".join(str(n) for n in (rows, cache.shape[1], length, cache.shape[3]))  # noqa: E731
     ty = T("", block, cache.elt)
     blocks = []

@@ -23,12 +23,12 @@ from ..registry import lowering
 from ..target import Target
 from .dispatch import dispatch, f32_bits
 from ..codegen.index import _size
-from .linear import matrix_problem
+from .linear import DTYPES as PREFILL_DTYPES, matrix_problem
 
 FAMILY = kernels.FAMILIES["attention_decode"]
 PREFILL = kernels.FAMILIES["attention_prefill"]
-PREFILL_HEAD_DIMS = (64, 128, 256)  # attention_prefill.hip's entry points, one a head dim
-PREFILL_DTYPES = ("f16", "bf16")  # what the matrix instructions take
+# attention_prefill.hip's entry points, one a head dim (attention_prefill_{dtype}_d{head dim}).
+PREFILL_HEAD_DIMS = tuple(sorted({int(s.rsplit("_d", 1)[1]) for s in PREFILL.symbols}))
 # attention_decode.hip's MAX_ROWS (query rows of a workgroup; AMDGPU: 4, more spill its scalar registers) and
 # MAX_CELLS (rows x elements a lane).
 MAX_ROWS = {"rocm": 4, "cuda": 16}

@@ -138,8 +138,8 @@ def rule(node: Node, target: Target):
 
 
 # linear_mm on an H200 (bench/prefill_gpu.py, BENCHMARKS.md): a 7B prefill's projections at 512 and 2048 rows
-# 1.5-3.3x faster than IREE's sm_80 GEMMs (the 4096^3 GEMM 216 against 120 TFLOP/s); at 128 rows of the
-# 4096-wide ones (32 workgroups for 132 multiprocessors) about even.
+# 2.3-3.3x faster than IREE's sm_80 GEMMs (the 4096^3 GEMM 216 against 120 TFLOP/s); at 128 rows from 0.84x
+# (down + residual: 32 workgroups for 132 multiprocessors) to 2.6x.
 
 
 def priority(node: Node, target: Target) -> int:
