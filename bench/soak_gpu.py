@@ -5,9 +5,9 @@ steps have run. Clean means: no error from the runtime, every request complete, 
 vocabulary. Also counted: the prompts whose first token (greedy) is the one the same prompt gets alone in a fresh
 engine (the prefill of one row reads nothing of the others; random weights leave near ties, so a count).
 
-Then the batched prefill of the prefill issue: max_batch prompts of 1024 / max_batch tokens, each prefilled into its
-slot (one call each: rows are prefilled one at a time), against one prompt of 1024 tokens prefilled whole, wall
-time until the last row's first token is on the host (median of 3, fresh slot tables).
+Then the batched prefill: max_batch prompts of 1024 / max_batch tokens prefilled into their slots, one call a row
+and all rows in one call, against one prompt of 1024 tokens prefilled whole, wall time until every row's last
+logits are on the host (median of 3, fresh slot tables), and how far the rows' last logits of the two ways differ.
 
     python -m bench.llm_gpu compile --dir out/soak --targets cuda:sm_80 --batches 8 --max-seq-len 1280   # here
     python3 -m bench.soak_gpu --dir out/soak --max-batch 8 --json out.json                               # GPU machine
@@ -27,25 +27,42 @@ from bench.llm_gpu import vmfb_name, write_checkpoint
 
 
 def batched_prefill(lm, vocab: int, rows: int, rng, total: int) -> dict:
-    """Seconds (median of 3) to prefill `rows` prompts of total / rows tokens into their slots, and one prompt of
-    `total` tokens, each whole in one call (fresh slot tables)."""
+    """Seconds (median of 3; fresh slot tables) to prefill `rows` prompts of total / rows tokens into their slots,
+    one call each and all in one call (rows folded into the projections' rows), against one prompt of `total`
+    tokens in one call; and the largest relative difference of a row's last logits between the two ways."""
     from rocmc.llm.runtime import _SlotTable
 
-    def run(prompts) -> float:
+    def run(prompts, together: bool):
         slots = _SlotTable(lm.sizes, lm.config, chunk=total)
+        pairs = list(enumerate(prompts))
+        calls = list(slots.prefill_rows(pairs)) if together else [c for p in pairs for c in slots.prefill_rows([p])]
         t = time.perf_counter()
-        for r, ids in enumerate(prompts):
-            for feeds in slots.prefill(r, ids):
-                out = lm.module.prefill(**feeds, output="device")
-            out[0].to_host()
-        return time.perf_counter() - t
+        outs = [(call, lm.module.prefill(**feeds, output="device")) for call, feeds in calls]
+        logits = {slot: out[1].to_host()[j] for call, out in outs for j, slot in enumerate(call)}
+        return time.perf_counter() - t, logits, len(calls)
 
     many = [[int(t) for t in rng.integers(3, vocab, total // rows)] for _ in range(rows)]
     one = [[int(t) for t in rng.integers(3, vocab, total)]]
-    run(many), run(one)  # warm: each length's first call
-    t_many = statistics.median(run(many) for _ in range(3))
-    t_one = statistics.median(run(one) for _ in range(3))
-    return {"rows": rows, "tokens": total, "rows_ms": 1e3 * t_many, "one_ms": 1e3 * t_one, "ratio": t_many / t_one}
+    _, alone, _ = run(many, False)  # (and warm: each length's first call)
+    _, together, n_calls = run(many, True)
+    run(one, False)
+    diff = max(
+        float(np.linalg.norm(together[r].astype(np.float64) - alone[r]) / np.linalg.norm(alone[r])) for r in alone
+    )
+    t_alone = statistics.median(run(many, False)[0] for _ in range(3))
+    t_together = statistics.median(run(many, True)[0] for _ in range(3))
+    t_one = statistics.median(run(one, False)[0] for _ in range(3))
+    return {
+        "rows": rows,
+        "tokens": total,
+        "one_call_a_row_ms": 1e3 * t_alone,
+        "rows_in_one_call_ms": 1e3 * t_together,
+        "calls": n_calls,
+        "one_prompt_ms": 1e3 * t_one,
+        "ratio": t_together / t_one,
+        "ratio_one_call_a_row": t_alone / t_one,
+        "last_logits_rel_diff": diff,
+    }
 
 
 def main() -> int:

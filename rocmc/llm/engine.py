@@ -1,9 +1,10 @@
 """Continuous batching: requests join the running decode batch at the next step and leave it when they end.
 
 The engine schedules requests onto the KV cache's slots (rocmc.llm.runtime._SlotTable; a slot is a row of the
-decode step). A request waits until a slot is free; then its prompt is prefilled into that slot one chunk a
-step (at most `prefill_chunk` tokens, while other rows decode), so a long prompt stalls the running rows by one
-chunk's time at a time, never by the whole prompt; its first token comes from the prefill's last logits; after
+decode step). A request waits until a slot is free; then its prompt is prefilled into that slot, several
+prefilling rows a call (each row its prompt's next chunk, padded to the call's longest; at most `prefill_chunk`
+tokens a call, one call a step while other rows decode), so a long prompt stalls the running rows by one call's
+time at a time, never by the whole prompt; its first token comes from the prefill's last logits; after
 that every decode step runs each decoding row at its own position. A row that ends (a stop token or string, its
 token limit) or is cancelled frees its slot at once, for the next waiting request.
 
@@ -71,7 +72,6 @@ class Request:
     finish_reason: str | None = None
     cancelled: bool = False
     top_logprobs: int = 0  # the most likely tokens to give with each chosen one (with their log-probabilities)
-    _chunks: Iterator | None = None
     _sampler: HostSampler | None = None
     _tracker: StopTracker | None = None
     _next: int | None = None
@@ -164,7 +164,7 @@ class Engine:
     # ---- steps -----------------------------------------------------------------------------------------
 
     def step(self) -> list:
-        """One round: cancellations, admissions to free slots, one prefill chunk (all of a prompt when no row
+        """One round: cancellations, admissions to free slots, one prefill call (every prompt when no row
         decodes), then one decode step of the decoding rows. Returns the round's Events in order."""
         events: list = []
         self.last_rows = self.last_prefills = 0
@@ -192,28 +192,38 @@ class Engine:
             if self.rows[slot] is None and self.waiting:
                 req = self.waiting.popleft()
                 req.slot, req.state = slot, "prefill"
-                req._chunks = self.slots.prefill(slot, req.ids)
                 self.rows[slot] = req
 
     def _prefill(self, events: list) -> None:
-        """One chunk of the oldest prefilling request; its whole prompt when no row decodes (nothing to stall)."""
-        pending = sorted((r for r in self.running if r.state == "prefill"), key=lambda r: r.id)
-        if not pending:
-            return
-        req = pending[0]
+        """Prefill calls of the prefilling requests, several rows a call (each row its prompt's next chunk, the
+        oldest request's in the first call, at most prefill_chunk tokens a call): one call while other rows
+        decode (nothing stalls them longer), else calls until every prompt is in."""
         decoding = any(r.state == "decode" for r in self.running)
-        for feeds in req._chunks:
-            out = self.lm.module.prefill(**feeds, output="device")
+        while True:
+            pending = sorted((r for r in self.running if r.state == "prefill"), key=lambda r: r.id)
+            if not pending:
+                return
+            by_slot = {r.slot: r for r in pending}
+            chunk = self.slots.chunk
+            parts = [(r.slot, r.ids[self.slots.lengths[r.slot] :][:chunk]) for r in pending]
+            call = self.slots.calls(parts)[0]
+            out = self.lm.module.prefill(**self.slots.prefill_call(call), output="device")
             self.last_prefills += 1
+            done = [(j, by_slot[slot]) for j, (slot, _) in enumerate(call)]
+            done = [(j, r) for j, r in done if self.slots.lengths[r.slot] >= len(r.ids)]
+            if done:
+                argmax = host_copy(out[0], i64)
+                logits = host_copy(out[1], f32) if any(r.on_host for _, r in done) else None
+            for j, req in done:
+                if req.on_host:
+                    token, logprob, top = self._sample(req, logits[j])
+                else:
+                    token, logprob, top = int(argmax[j]), None, None
+                self._push(req, token, logprob, events, top)
+                if not req.done:
+                    req.state = "decode"
             if decoding:
-                break
-        if self.slots.lengths[req.slot] < len(req.ids):
-            return  # more chunks next step
-        req._chunks = None
-        token, logprob, top = self._choose(req, out)
-        self._push(req, token, logprob, events, top)
-        if not req.done:
-            req.state = "decode"
+                return
 
     def _decode(self, events: list) -> None:
         rows = [r for r in self.running if r.state == "decode"]
@@ -233,12 +243,6 @@ class Engine:
             else:
                 token, logprob, top = int(argmax[r.slot]), None, None
             self._push(r, token, logprob, events, top)
-
-    def _choose(self, req: Request, out) -> tuple:
-        """The first token from a prefill's outputs (argmax (1,), last logits (1, vocab))."""
-        if req.on_host:
-            return self._sample(req, host_copy(out[1], f32)[0])
-        return int(host_copy(out[0], i64)[0]), None, None
 
     @staticmethod
     def _sample(req: Request, logits: np.ndarray) -> tuple:
@@ -268,6 +272,6 @@ class Engine:
         if req.slot is not None and self.rows[req.slot] is req:
             self.rows[req.slot] = None
             self.slots.release(req.slot)
-        req.state, req.finish_reason, req._chunks = "done", reason, None
+        req.state, req.finish_reason = "done", reason
         if events is not None:
             events.append(Event(req, None, None, reason))

@@ -16,8 +16,9 @@ decode is static: one token per slot at each slot's own position (an input); eac
 (q, k and v joined at load) is rotated and its keys and values stored in place by one rope_store_kv;
 attention reads the whole slot with the positions past the row's own masked on the device, so a step is one
 queue submission with no host wait, copy, fill or allocation inside it (tests/llm/test_call_structure.py).
-prefill takes one row: a prompt, or a chunk of one, into its slot at its positions, attending to the slot's
-first `kv` positions (earlier chunks and its own).
+prefill takes `rows` rows of `s` tokens each: a prompt, or a chunk of one, into each row's slot at its positions,
+attending to the slot's first `kv` positions (earlier chunks and its own); the rows' tokens are one (rows x s)
+row dimension for the projections.
 """
 
 from __future__ import annotations
@@ -65,15 +66,16 @@ def build(cfg: LlmConfig, shape: Shape, functions=None, plan: Plan | None = None
 
 
 def _prefill(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
-    """A prompt, or a chunk of one, of `s` tokens of one row -> the next token (greedy), the last position's
-    logits, and the logits of every position (f32, as transformers returns them; a caller that wants only the
-    token leaves them on the device: the lm_head over every position is a few percent of a prefill).
+    """Prompts, or chunks of them, of `s` tokens in each of `rows` rows -> each row's next token (greedy), its last
+    position's logits, and the logits of every position (f32, as transformers returns them; a caller that wants
+    only the tokens leaves them on the device: the lm_head over every position is a few percent of a prefill).
 
-    The row's keys and values go to its cache slot (input `slot`) at `positions`; the chunk attends to the
-    slot's first `kv` positions (earlier chunks and its own), as `mask` (1, 1, s, kv) says."""
+    Row i's keys and values go to its cache slot (input `slot`, (rows,)) at `positions`; it attends to its slot's
+    first `kv` positions (earlier chunks and its own), as `mask` (rows, 1, s, kv) says. A row shorter than `s`
+    is padded by the caller (runtime._SlotTable.prefill_call: its last token repeated at its last position)."""
     g, w, h = _forward(cfg, shape, "prefill", plan)
-    every = _lm_head(cfg, w, h)  # (1, s, vocab)
-    logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), (1, cfg.vocab_size))
+    every = _lm_head(cfg, w, h)  # (rows, s, vocab)
+    logits = ops.reshape(ops.gather(every, np.array([-1], dtype=np.int64), axis=1), ("rows", cfg.vocab_size))
     g.output(ops.argmax(logits, axis=-1), logits, every)
     return g
 
@@ -133,9 +135,10 @@ class _Weights:
 
     def most(self, x: Value) -> int:
         """The most elements of an activation (b, t, k) of a call: what a collective is padded to on a GPU
-        when t is symbolic (one collective, not a loop of pieces)."""
-        b, _, k = x.shape
-        return b * self.positions * k
+        when the rows are symbolic (one collective, not a loop of pieces). A prefill call takes at most
+        `positions` tokens in all (its rows times its length)."""
+        b, t, k = x.shape
+        return (b * t if isinstance(b, int) and isinstance(t, int) else self.positions) * k
 
     def __call__(self, name: str) -> Value:
         if name not in self.values:  # a tied embedding is read twice, as one parameter
@@ -156,14 +159,14 @@ class _Weights:
 
 
 def _forward(cfg: LlmConfig, shape: Shape, name: str, plan: Plan | None = None):
-    """The decoder stack over the call's new tokens (decode: one per row of max_batch; prefill: `s` of one
-    row): returns the graph, its weights and the final hidden states (b, t, hidden)."""
+    """The decoder stack over the call's new tokens (decode: one per row of max_batch; prefill: `s` in each
+    of `rows` rows): returns the graph, its weights and the final hidden states (b, t, hidden)."""
     dt = shape.dtype
     g = Graph(name)
-    b, t = (shape.max_batch, 1) if name == "decode" else (1, "s")
+    b, t = (shape.max_batch, 1) if name == "decode" else ("rows", "s")
     tokens = g.input("tokens", (b, t), "i64")
     positions = g.input("positions", (b, t), "i64")
-    w = _Weights(g, cfg, dt, plan, positions=shape.max_seq_len if t == "s" else t)
+    w = _Weights(g, cfg, dt, plan, positions=shape.max_seq_len if t == "s" else b * t)
     slots = _Slots(g, cfg, shape, w.n, positions)
     # The tables in the activations' dtype, as transformers casts them before rotating.
     cos, sin = (
@@ -192,8 +195,8 @@ class _Slots:
 
     decode: slot r of the cache is batch row r; each row stores its one new position (`positions`) and
     attends to the slot's positions up to it (masked on the device: the whole slot is read, every shape
-    static). prefill: one row, its slot an input (`slot`, shape (1,)), storing `positions` and attending to
-    the slot's first `kv` positions as `mask` (1, 1, s, kv) says."""
+    static). prefill: `rows` rows, their slots an input (`slot`, shape (rows,)), storing `positions` and
+    attending to each slot's first `kv` positions as `mask` (rows, 1, s, kv) says."""
 
     def __init__(self, g: Graph, cfg: LlmConfig, shape: Shape, n: int, positions: Value):
         self.g, self.cfg, self.shape = g, cfg, shape
@@ -211,10 +214,10 @@ class _Slots:
                 near = ops.less(positions - j, np.int64(cfg.sliding_window))
                 self.masks["sliding_attention"] = ops.reshape(ops.logical_and(keep, near), (b, 1, 1, s))
         else:
-            self.slots = g.input("slot", (1,), "i64")
-            self.masks = {"full_attention": g.input("mask", (1, 1, "s", "kv"), "bool")}
+            self.slots = g.input("slot", ("rows",), "i64")
+            self.masks = {"full_attention": g.input("mask", ("rows", 1, "s", "kv"), "bool")}
             if "sliding_attention" in cfg.layer_types:
-                self.masks["sliding_attention"] = g.input("window_mask", (1, 1, "s", "kv"), "bool")
+                self.masks["sliding_attention"] = g.input("window_mask", ("rows", 1, "s", "kv"), "bool")
 
     def entries(self, layer: int) -> tuple[int, int]:
         """The first entry of layer `layer`'s keys and of its values (slot 0's)."""

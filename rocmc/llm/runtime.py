@@ -1,9 +1,10 @@
 """Running a compiled causal LM: prompts in, tokens (or text) out.
 
 The host keeps only token ids and each row's length; the weights and the KV cache stay on the device.
-Every row of a batch lives in its own cache slot (rocmc.llm.model._Slots): its prompt is prefilled alone
-(in chunks of at most PREFILL_CHUNK tokens), then each decode step runs every row at its own position, so
-rows of different lengths need no padding and one row never waits on or disturbs another.
+Every row of a batch lives in its own cache slot (rocmc.llm.model._Slots): the prompts are prefilled several
+rows a call (rows of similar lengths together, each padded to its call's longest by repeating its last token,
+at most PREFILL_CHUNK tokens a call, a longer prompt in chunks), then each decode step runs every row at its own
+position, so rows of different lengths never wait on or disturb one another.
 """
 
 from __future__ import annotations
@@ -210,13 +211,12 @@ class LanguageModel:
         prompts, _ = _prompts(ids)
         rows = self._rows(prompts, 0)
         out = np.zeros((len(rows), max(len(r) for r in rows), self.config.vocab_size), np.float32)
-        for i, r in enumerate(rows):
-            slots = _SlotTable(self.sizes, self.config)
-            at = 0
-            for feeds in slots.prefill(0, r):
-                every = host_copy(self.module.prefill(**feeds, output="device")[2], f32)[0]
-                out[i, at : at + len(every)] = every
-                at += len(every)
+        slots = _SlotTable(self.sizes, self.config)
+        for call, feeds in slots.prefill_rows(list(enumerate(rows))):
+            every = host_copy(self.module.prefill(**feeds, output="device")[2], f32)
+            for j, slot in enumerate(call):  # a row's positions, its pads repeating the last
+                begin, end = (int(p) for p in feeds["positions"][j, [0, -1]])
+                out[slot, begin : end + 1] = every[j, : end + 1 - begin]
         return out
 
     def generation_config(self, **settings) -> GenerationConfig:
@@ -458,11 +458,11 @@ class LanguageModel:
         on the host (rows past the prompts: zeros)."""
         b = self.sizes.max_batch
         tokens, logits = np.zeros(b, np.int64), np.zeros((b, self.config.vocab_size), np.float32)
-        for r, ids in enumerate(rows):
-            for feeds in slots.prefill(r, ids):
-                out = self.module.prefill(**feeds, output="device")
-            tokens[r] = host_copy(out[0], i64)[0]
-            logits[r] = host_copy(out[1], f32)[0]
+        for call, feeds in slots.prefill_rows(list(enumerate(rows))):
+            out = self.module.prefill(**feeds, output="device")
+            # A row's last call sets its first token (an earlier chunk's is overwritten by the next).
+            tokens[call] = host_copy(out[0], i64)
+            logits[call] = host_copy(out[1], f32)
         return tokens, logits
 
     def _sampler(self, cfg: GenerationConfig, n_rows: int, seed, first_row: int = 0):
@@ -616,29 +616,75 @@ class _SlotTable:
         self.pad = cfg.pad_token_id or 0
         self.chunk = chunk
 
+    @property
+    def budget(self) -> int:
+        """The most tokens a prefill call takes in all, its rows padded to the longest (a tensor-parallel
+        module's collectives are sized for max_seq_len tokens)."""
+        return min(self.chunk, self.max_seq_len)
+
     def prefill(self, slot: int, ids: list) -> Iterator[dict]:
         """The inputs of each prefill call that appends `ids` to `slot` (a chunk of at most `chunk` tokens at
         a time: call them in order)."""
-        if not 0 <= slot < len(self.lengths):
-            raise InputError(f"slot {slot} is outside the module's {len(self.lengths)} slots (max_batch)")
-        self._fits(slot, len(ids))
-        self.active[slot] = True
-        for c in range(0, len(ids), self.chunk):
-            part = ids[c : c + self.chunk]
-            begin = int(self.lengths[slot])
-            kv = begin + len(part)
-            i, j = np.arange(begin, kv)[:, None], np.arange(kv)[None, :]
-            keep = j <= i
-            feeds = {
-                "tokens": np.array([part], np.int64),
-                "positions": np.arange(begin, kv, dtype=np.int64)[None],
-                "slot": np.array([slot], np.int64),
-                "mask": keep[None, None],
-            }
-            if self.window:
-                feeds["window_mask"] = (keep & (i - j < self.window))[None, None]
-            self.lengths[slot] = kv
+        for _, feeds in self.prefill_rows([(slot, ids)]):
             yield feeds
+
+    def prefill_rows(self, rows: list) -> Iterator[tuple[list, dict]]:
+        """(the call's slots, its inputs) of each prefill call that appends every (slot, ids) of `rows` to its
+        slot: several rows a call (rows of similar lengths together), at most `budget` tokens a call; a row
+        longer than `chunk` goes in chunks, its later chunks in later calls. Call them in order."""
+        for slot, ids in rows:
+            self._check(slot)
+            self._fits(slot, len(ids))
+        if len({slot for slot, _ in rows}) < len(rows):
+            raise InputError(f"prefill: slots {[slot for slot, _ in rows]} name a slot twice")
+        for c in range(0, max((len(ids) for _, ids in rows), default=0), self.chunk):
+            parts = sorted(
+                ((slot, ids[c : c + self.chunk]) for slot, ids in rows if len(ids) > c), key=lambda p: -len(p[1])
+            )
+            for group in self.calls(parts):
+                yield [slot for slot, _ in group], self.prefill_call(group)
+
+    def calls(self, parts: list) -> list:
+        """`parts` (slot, ids) grouped into calls, each part into the first call it fits (a call takes at most
+        `budget` tokens once its rows are padded to its longest): the first call holds the first part."""
+        groups: list = []
+        for part in parts:
+            for group in groups:
+                if (len(group) + 1) * max(len(ids) for _, ids in group + [part]) <= self.budget:
+                    group.append(part)
+                    break
+            else:
+                groups.append([part])
+        return groups
+
+    def prefill_call(self, parts: list) -> dict:
+        """The inputs of one prefill call appending each part (slot, ids) of `parts` (distinct slots, each part
+        non-empty) at its slot's length. A row shorter than the call's longest is padded by repeating its last
+        token at its last position: the pad computes and stores what that token does (the same keys and values
+        at the same place), so the row's last logits are the call's last position's, and nothing past the row's
+        length is written."""
+        s = max(len(ids) for _, ids in parts)
+        begins = [int(self.lengths[slot]) for slot, _ in parts]
+        kv = max(b + len(ids) for b, (_, ids) in zip(begins, parts))
+        tokens = np.empty((len(parts), s), np.int64)
+        positions = np.empty((len(parts), s), np.int64)
+        for r, ((slot, ids), begin) in enumerate(zip(parts, begins)):
+            n = len(ids)
+            tokens[r, :n], tokens[r, n:] = ids, ids[-1]
+            positions[r] = begin + np.minimum(np.arange(s), n - 1)
+            self.lengths[slot] = begin + n
+            self.active[slot] = True
+        j = np.arange(kv)[None, None, None, :]
+        keep = j <= positions[:, None, :, None]  # (rows, 1, s, kv)
+        feeds = {
+            "tokens": tokens,
+            "positions": positions,
+            "slot": np.array([slot for slot, _ in parts], np.int64),
+            "mask": keep,
+        }
+        if self.window:
+            feeds["window_mask"] = keep & (positions[:, None, :, None] - j < self.window)
+        return feeds
 
     def decode(self, tokens, rows=None) -> dict:
         """The inputs of a decode step appending `tokens` (one per slot) to the slots of `rows` (a mask; default:
@@ -655,6 +701,10 @@ class _SlotTable:
     def release(self, slot: int) -> None:
         """Empty `slot` (its row has ended): it computes at position 0 unkept until a prefill fills it again."""
         self.lengths[slot], self.active[slot] = 0, False
+
+    def _check(self, slot: int) -> None:
+        if not 0 <= slot < len(self.lengths):
+            raise InputError(f"slot {slot} is outside the module's {len(self.lengths)} slots (max_batch)")
 
     def _fits(self, slot: int, more: int) -> None:
         if self.lengths[slot] + more > self.max_seq_len:

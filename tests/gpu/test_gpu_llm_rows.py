@@ -86,6 +86,34 @@ def test_rows_at_their_own_positions(gpu_step, family):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_prefilled_in_one_call(gpu_step, family):
+    """Prompts of 3, 17, 24 and 11 tokens prefilled in one call (4 x 24 tokens: the module's 96 positions; rows
+    folded into the projections' rows, each row's attention at its own slot, the shorter rows padded by repeating
+    their last token): every row's logits at every position equal the row prefilled alone (f16 rounding), and
+    the decode step after gives each row the logits it gets alone."""
+    d = _dir(gpu_step, family)
+    if isinstance(gpu_step, Compiler):
+        pytest.skip("the module is test_rows_at_their_own_positions's")
+    lm = rocmc.llm.load(d / "m.vmfb", d / "ckpt", device="cuda")
+    rng = np.random.default_rng(6)
+    prompts = [[int(t) for t in rng.integers(3, lm.config.vocab_size, n)] for n in (3, 17, 24, 11)]
+    # Alone first (each in slot 0 of fresh tables, which the batch's prefill then overwrites).
+    alone = [greedy_alone(lm, ids, 2) for ids in prompts]
+    every_alone = [lm.logits(ids)[0] for ids in prompts]
+    slots = _SlotTable(lm.sizes, lm.config)
+    ((call, feeds),) = slots.prefill_rows(list(enumerate(prompts)))
+    _, _, every = lm.module.prefill(**feeds)
+    step = np.zeros(B, np.int64)
+    step[: len(prompts)] = [toks[0] for toks, _ in alone]  # each row's own first token (no near tie followed)
+    _, logits = lm.module.decode(**slots.decode(step))
+    for j, slot in enumerate(call):
+        n = len(prompts[slot])
+        assert rel_l2(every[j, :n], every_alone[slot]) < 2e-3, (slot, rel_l2(every[j, :n], every_alone[slot]))
+        assert rel_l2(logits[slot], alone[slot][1][1]) < 2e-3
+
+
+@pytest.mark.gpu
 def test_the_engine_runs_on_a_thread_of_its_own(gpu_step):
     """rocmc serve loads the model on the main thread and steps its engine on another: IREE's CUDA driver makes
     its context current on the thread that created the device only (before rocmc.runtime.devices.bind_thread, a

@@ -95,6 +95,8 @@ def test_slots_refuse_what_does_not_fit(models):
         next(slots.prefill(2, [5, 6]))
     with pytest.raises(rocmc.InputError, match="exceed the KV cache's 64 positions"):
         next(slots.prefill(0, [5] * 65))
+    with pytest.raises(rocmc.InputError, match=r"slots \[0, 0\] name a slot twice"):
+        next(slots.prefill_rows([(0, [5]), (0, [6])]))
     for feeds in slots.prefill(1, [5] * 64):
         lm.module.prefill(**feeds)
     with pytest.raises(rocmc.InputError, match="slot 1 holds 64 positions; 1 more exceed"):
@@ -113,6 +115,46 @@ def test_chunked_prefill_equals_one_call(models):
     assert len(parts) == -(-len(PROMPT_IDS) // 4)
     whole = lm.logits(list(PROMPT_IDS))[0]
     assert _rel(np.concatenate(parts), whole) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_rows_prefilled_in_one_call_equal_each_alone(models, rng, family):
+    """Prompts of different lengths prefilled together (one call, each row padded to the longest by repeating
+    its last token; then a second round in chunks): every row's logits at every position, its first token and
+    its cache (the decode steps after) equal the row's prefilled alone."""
+    lm = models(family)  # mistral: sliding-window layers, whose window masks are per row too
+    short, long = [int(t) for t in rng.integers(4, 250, size=3)], list(PROMPT_IDS)
+    # Alone first: each in slot 0 of fresh tables (the module's cache is one state, which the calls below overwrite).
+    alone = {slot: lm.logits(ids)[0] for slot, ids in ((0, short), (1, long))}
+    second = {slot: greedy_alone(lm, ids, 2)[0][1] for slot, ids in ((0, short), (1, long))}
+    slots = _SlotTable(lm.sizes, lm.config)
+    (call, feeds), *more = slots.prefill_rows([(0, short), (1, long)])
+    assert not more and call == [1, 0] and feeds["tokens"].shape == (2, len(long))  # the longest row first
+    assert feeds["tokens"][1, 3:].tolist() == [short[-1]] * (len(long) - 3)
+    assert feeds["positions"][1].tolist() == [0, 1] + [2] * (len(long) - 2)
+    nxt, last, every = lm.module.prefill(**feeds)
+    for j, slot in enumerate(call):
+        n = len(alone[slot])
+        assert _rel(every[j, :n], alone[slot]) < 1e-5 and _rel(last[j], alone[slot][-1]) < 1e-5
+        assert int(nxt[j]) == int(np.argmax(alone[slot][-1]))
+    step = np.zeros(lm.sizes.max_batch, np.int64)
+    step[call] = nxt
+    toks = lm.module.decode(**slots.decode(step))[0]
+    assert [int(toks[0]), int(toks[1])] == [second[0], second[1]]
+    # At most 6 tokens a call: the long row in chunks of 6, each a call (2 x 6 > 6), the short row a call of its
+    # own; every position's logits as alone.
+    slots = _SlotTable(lm.sizes, lm.config, chunk=6)
+    rows = [(0, short), (1, long)]
+    calls = list(slots.prefill_rows(rows))
+    assert len(calls) == -(-len(long) // 6) + 1 and [c for c, _ in calls[:2]] == [[1], [0]]
+    got: dict = {0: [], 1: []}
+    for call, feeds in calls:
+        every = lm.module.prefill(**feeds)[2]
+        for j, slot in enumerate(call):
+            begin, end = feeds["positions"][j, [0, -1]]
+            got[slot].append(every[j, : end + 1 - begin])
+    for slot, ids in rows:
+        assert _rel(np.concatenate(got[slot]), alone[slot]) < 1e-5
 
 
 def test_batch_of_prompts_of_different_lengths(models, rng):

@@ -7,7 +7,7 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import check, compile_gpu, rand
+from helpers import TOL, check, compile_gpu, rand
 
 
 def _inputs(rng, q_shape, kv_shape, dv, dtype):
@@ -207,11 +207,11 @@ def test_rows_the_decode_kernel_cannot_hold_are_the_prefill_kernels():
 # ---- sdpa_cached with slots and positions: a prefill's row in its own slot, its first kv positions -------------
 
 
-def _prefill_graph(dtype="f16", hq=8, hkv=2, d=64, n=5, S=40, slots="i64", mask=True, positions="kv", b=1):
+def _prefill_graph(dtype="f16", hq=8, hkv=2, d=64, n=5, S=40, slots="i64", mask=True, positions="kv", b=1, mb=1):
     g = rocmc.Graph("p")
     q = g.input("q", (b, hq, "s", d), dtype)
     cache = g.input("cache", (n, hkv, S, d), dtype)
-    m = g.input("mask", (1, 1, "s", positions), "bool") if mask else None
+    m = g.input("mask", (mb, 1, "s", positions), "bool") if mask else None
     sl = g.input("slot", (b,), slots) if slots else None
     g.output(ops.sdpa_cached(q, cache, (0, 2), mask=m, slots=sl, positions=positions))
     return g
@@ -236,6 +236,25 @@ def test_sdpa_cached_reads_each_rows_slot_at_its_first_positions(dtype, rng):
     np.testing.assert_allclose(rocmc.evaluate(g, q, cache, mask, slot), want, rtol=1e-12)
     with pytest.raises(rocmc.InputError, match=r"slots \[3, 0\] reach entries outside \[0, 5\)"):
         rocmc.evaluate(g, q, cache, mask, np.array([3, 0]))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_sdpa_cached_symbolic_rows_each_read_their_slot(dtype, rng):
+    """A symbolic number of rows (several prompts' prefill in one call), each with its own slot and mask,
+    against float64; a slot past the cache fails the call."""
+    g = _prefill_graph(dtype, b="rows", mb="rows")
+    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    for rows, s, kv in ((3, 7, 19), (1, 5, 5), (2, 1, 33)):
+        q, cache = rand(rng, (rows, 8, s, 64), dtype), rand(rng, (5, 2, 40, 64), dtype)
+        mask = np.arange(kv)[None, None, None, :] <= rng.integers(0, kv, size=(rows, 1, s, 1))
+        slot = rng.permutation(3)[:rows]
+        want = rocmc.evaluate(g, q, cache, mask, slot)
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(mod(q, cache, mask, slot).astype(np.float64), want, rtol=rtol, atol=atol)
+    with pytest.raises(rocmc.InputError, match="a slot's entry past the cache's"):
+        mod(q, cache, mask, np.array([3, 0]))
+    with pytest.raises(rocmc.GraphError, match="a symbolic batch needs 'slots'"):
+        _prefill_graph(dtype, b="rows", mb="rows", slots=None)
 
 
 def test_prefill_attention_kernel_is_chosen_and_reads_the_cache_in_place():

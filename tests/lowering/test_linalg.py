@@ -85,6 +85,30 @@ def test_gpu_targets_compile():
     compile_gpu(g)
 
 
+def test_a_batch_of_sequences_is_one_gemm_over_their_rows(rng):
+    """x (b, s, k) against a 2-D weight (linear, and matmul with transpose_b as an lm_head is): the leading dims are
+    folded into one row dim, so IREE plans one GEMM (its dispatch has one dynamic row dim), not a loop over a
+    broadcast weight; against float64 with both dims symbolic, and static."""
+    for shape in (("b", "s", 40), (3, "s", 40), (3, 13, 40)):  # (39 static rows: IREE's code, not linear_rows)
+        g = rocmc.Graph("t")
+        x = g.input("x", shape, "f16")
+        w, w2 = g.input("w", (24, 40), "f16"), g.input("w2", (17, 40), "f16")
+        g.output(ops.linear(x, w, g.input("bias", (24,), "f16")), ops.matmul(x, w2, transpose_b=True))
+        inputs = [rand(rng, (3, 13, 40), "f16", -1, 1), rand(rng, (24, 40), "f16", -1, 1)]
+        check(g, *inputs, rand(rng, (17, 40), "f16", -1, 1), rand(rng, (24,), "f16"))
+        names = [d["name"] for d in rocmc.compile(g, "gfx942").dispatches() if "matmul" in d["name"]]
+        rows = "D" if isinstance(shape[1], str) else "39"
+        assert len(names) == 2 and all(f"matmul_like_{rows}x" in n and "DxD" not in n for n in names), names
+    # On a GPU a 2-D x of symbolic rows is contracted as (1, rows, k) too (IREE plans it with matrix-unit tiles);
+    # on the CPU it stays 2-D.
+    g = rocmc.Graph("t")
+    x = g.input("x", ("n", 40), "f16")
+    g.output(ops.linear(x, g.input("w", (24, 40), "f16")))
+    check(g, rand(rng, (37, 40), "f16", -1, 1), rand(rng, (24, 40), "f16", -1, 1))
+    assert "tensor<1x?x40xf16>" in rocmc.compile(g, "cuda:sm_80", impl={"linear": "generated"}).ir("input")
+    assert "tensor<1x?x40xf16>" not in rocmc.compile(g, "cpu").ir("input")
+
+
 def test_matmul_inner_dim_mismatch_names_node_and_dims():
     g = rocmc.Graph("t")
     a, b = g.input("a", (8, 4096), "f16"), g.input("b", (1024, 8), "f16")

@@ -132,8 +132,10 @@ def _sdpa_cached(node, types, attrs):
     q, cache, mask, slots = (list(types) + [None])[:4]
     desc = node.describe()
     b = q.shape[0] if q.rank == 4 else None
-    if cache.rank != 4 or not all(isinstance(n, int) for n in cache.shape) or not isinstance(b, int):
-        raise GraphError(f"{desc}: 'q' is {q} and 'cache' is {cache}, expected a static batch and a static cache")
+    if cache.rank != 4 or not all(isinstance(n, int) for n in cache.shape) or b is None:
+        raise GraphError(f"{desc}: 'q' is {q} and 'cache' is {cache}, expected a rank-4 'q' and a static cache")
+    if not isinstance(b, int) and slots is None:
+        raise GraphError(f"{desc}: 'q' is {q}: a symbolic batch needs 'slots' (the entries its rows read)")
     entries = attrs["entries"]
     n = cache.shape[0]
     # With slots a row's entry is entries[i] + its slot, checked when the module is called.

@@ -303,6 +303,8 @@ def lower_sdpa_cached(E: Emitter, node, ins, ctx):
                 f"tensor.extract_slice {cache.name}[{first}, 0, 0, 0] [{sizes(b)}] [1, 1, 1, 1] : "
                 f"{cache.mlir} to {ty.mlir}"
             )
+        elif not isinstance(b, int):
+            r = _gather_rows(E, cache, slots, first, E.dim(q, 0), length, ty)
         else:
             row_ty = T("", block.with_shape((1,) + tuple(block.shape[1:])), cache.elt)
             r = E.op(f"tensor.empty({'' if isinstance(length, int) else length}) : {ty.mlir}")
@@ -319,7 +321,46 @@ def lower_sdpa_cached(E: Emitter, node, ins, ctx):
                     f"{row_ty.mlir} into {ty.mlir}"
                 )
         blocks.append(T(r, block, cache.elt))
+    if slots is not None and not isinstance(b, int):
+        _check_entries(E, node, slots, node.attrs["entries"], cache.shape[0])
     return lower_sdpa(E, node, [q, *blocks, mask], ctx)
+
+
+def _gather_rows(E: Emitter, cache: T, slots: T, first: int, b, length, ty: T) -> str:
+    """The blocks of a symbolic number of rows, row i's at entry first + slots[i]: one generic reading the cache
+    with tensor.extract (its entry clamped into the cache; _check_entries fails the call first)."""
+    last = cache.shape[0] - 1
+
+    def body(E: Emitter, args):
+        i = (E.op(f"linalg.index {n} : index") for n in range(1, 4))
+        slot = E.op(f"arith.index_cast {args[0]} : {slots.mlir_elt} to index")
+        entry = E.minsi(E.maxsi(E.addi(slot, first), 0), last)
+        return [E.op(f"tensor.extract {cache.name}[{entry}, {', '.join(i)}] : {cache.mlir}")]
+
+    init = E.empty([b, cache.shape[1], length, cache.shape[3]], cache.mlir_elt)
+    maps = [affine_map(4, [0]), affine_map(4, range(4))]
+    return E.generic([(slots.name, slots.mlir)], [(init, ty.mlir)], maps, ["parallel"] * 4, body)[0]
+
+
+def _check_entries(E: Emitter, node, slots: T, entries, n: int) -> None:
+    """Fail the call when a row's slot reaches an entry outside the cache's n (a symbolic number of rows: one
+    reduction counts them)."""
+    lo, hi = -min(entries), n - 1 - max(entries)
+    i64 = "tensor<i64>"
+
+    def body(E: Emitter, args):
+        v = E.op(f"arith.index_cast {args[0]} : {slots.mlir_elt} to index")
+        low = E.op(f"arith.cmpi slt, {v}, {E.index(lo)} : index")
+        high = E.op(f"arith.cmpi sgt, {v}, {E.index(hi)} : index")
+        bad = E.op(f"arith.extui {E.op(f'arith.ori {low}, {high} : i1')} : i1 to i64")
+        return [E.op(f"arith.addi {args[1]}, {bad} : i64")]
+
+    zero = E.op(f"linalg.fill ins({E.const(0, 'i64')} : i64) outs({E.op(f'tensor.empty() : {i64}')} : {i64}) -> {i64}")
+    (count,) = E.generic(
+        [(slots.name, slots.mlir)], [(zero, i64)], [affine_map(1, [0]), affine_map(1, [])], ["reduction"], body
+    )
+    none = E.op(f"arith.cmpi eq, {E.op(f'tensor.extract {count}[] : {i64}')}, {E.const(0, 'i64')} : i64")
+    E.check(none, f"{node.describe()}: a slot's entry past the cache's")
 
 
 def score_term(node) -> list:

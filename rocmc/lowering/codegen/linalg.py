@@ -97,9 +97,17 @@ def _padded(E: Emitter, ctx, x: T, w: T, x_rows, w_cols, k_axes, out: TensorType
 
 @lowering("matmul")
 def lower_matmul(E: Emitter, node, ins, ctx):
+    """a @ b (either transposed); a batch of sequences against one matrix (a's leading dims, b 2-D) is one GEMM
+    over their rows (_folded)."""
     a, b = ins
     ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
     out = node.outputs[0].type
+    if a.rank >= 2 and b.rank == 2 and not ta and _foldable(a, a.rank - 1, ctx):
+        return [_folded(E, a, a.rank - 1, out, lambda a2, out2: _matmul(E, ctx, a2, b, ta, tb, out2))]
+    return [_matmul(E, ctx, a, b, ta, tb, out)]
+
+
+def _matmul(E: Emitter, ctx, a: T, b: T, ta: bool, tb: bool, out: TensorType) -> T:
     has_m, has_n = a.rank >= 2, b.rank >= 2
     batch = out.rank - has_m - has_n
     m, n, k = batch, batch + has_m, batch + has_m + has_n
@@ -121,14 +129,77 @@ def lower_matmul(E: Emitter, node, ins, ctx):
         sizes.append(E.dim(b, b_cols))
     acc = acc_mlir(a.mlir_elt)
     init = (E.filled(sizes, acc, 0), tensor_type(out_c.shape, acc))
-    return [_contract(E, a, b, maps, nloops, init, out_c, finish)]
+    return _contract(E, a, b, maps, nloops, init, out_c, finish)
+
+
+def _foldable(x: T, lead: int, ctx) -> bool:
+    """Whether x's `lead` leading dims (the rows of a contraction against a weight without them) are computed
+    through _folded: two or more not of static size 1 (a batch of sequences), or on a GPU one symbolic row dim
+    alone (2-D). Measured on an H200 (an lm_head, 1024 x 4096 @ 4096 x 32000, f16; BENCHMARKS.md): a batch of
+    sequences left as a loop over a broadcast weight, or a 2-D GEMM of symbolic rows, IREE 3.13's sm_80 code
+    ran at 205 ms without matrix-unit tiles; the same rows as (1, rows, k) at 29 ms, with them."""
+    rows = [d for d in x.shape[:lead] if d != 1]
+    return len(rows) > 1 or (ctx.target.kind != "cpu" and lead == 1 and not isinstance(x.shape[0], int))
+
+
+def _folded(E: Emitter, x: T, lead: int, out: TensorType, contract) -> T:
+    """contract(x2, out2) over x's `lead` leading dims as one row dim behind a unit batch dim: x2 (1, rows, ...),
+    out2 the result's type (1, rows, ...); its result back in `out`'s shape."""
+    sizes = E.dims(x)[:lead]
+    rows = E.product(sizes)
+    flat = rows if isinstance(rows, int) else "?"
+
+    def view(t: T, shape: tuple, sizes: list, to_unit: bool) -> str:
+        """t (its `lead` row dims, then the rest) as (1, rows, rest) (to_unit), or back."""
+        tail = [E.dim(t, i) for i in range((2 if not to_unit else lead), t.rank)]
+        flat_ty = tensor_type((flat,) + tuple(t.shape[(lead if to_unit else 2) :]), t.mlir_elt)
+        name = t.name
+        if to_unit:
+            if lead > 1:
+                name = E.op(f"tensor.collapse_shape {name} {_row_groups(lead, t.rank)} : {t.mlir} into {flat_ty}")
+            out_sizes = [1, rows] + tail
+            src, dst = (flat_ty if lead > 1 else t.mlir), tensor_type(shape, t.mlir_elt)
+            return E.op(
+                f"tensor.expand_shape {name} {_row_groups(2, len(shape))} output_shape "
+                f"[{', '.join(map(str, out_sizes))}] : {src} into {dst}"
+            )
+        name = E.op(f"tensor.collapse_shape {name} {_row_groups(2, t.rank)} : {t.mlir} into {flat_ty}")
+        if lead == 1:
+            return name
+        dst = tensor_type(shape, t.mlir_elt)
+        return E.op(
+            f"tensor.expand_shape {name} {_row_groups(lead, len(shape))} output_shape "
+            f"[{', '.join(map(str, sizes + tail))}] : {flat_ty} into {dst}"
+        )
+
+    x_shape = (1, flat) + tuple(x.shape[lead:])
+    x2 = T("", x.type.with_shape(x_shape), x.elt)
+    x2.name = view(x, x_shape, sizes, True)
+    if not isinstance(rows, int):
+        E.set_dim(x2, 1, rows)
+    y = contract(x2, out.with_shape((1, flat) + tuple(out.shape[lead:])))
+    res = T("", out, y.elt)
+    res.name = view(y, out.shape, sizes, False)
+    return res
+
+
+def _row_groups(lead: int, rank: int) -> str:
+    """The reassociation of a rank-`rank` tensor's `lead` leading dims as one dim, the others each their own."""
+    return "[" + ", ".join([str(list(range(lead)))] + [f"[{i}]" for i in range(lead, rank)]) + "]"
 
 
 @lowering("linear")
 def lower_linear(E: Emitter, node, ins, ctx, out: TensorType | None = None):
-    """x @ w^T + bias; `out`: the result's type when it is not the node's (gated_linear's joined product)."""
+    """x @ w^T + bias; `out`: the result's type when it is not the node's (gated_linear's joined product). A
+    batch of sequences (two or more row dims) is one GEMM over their rows (_folded)."""
     x, w, bias = ins
     out = node.outputs[0].type if out is None else out
+    if x.rank >= 2 and _foldable(x, x.rank - 1, ctx):
+        return [_folded(E, x, x.rank - 1, out, lambda x2, out2: _linear(E, ctx, x2, w, bias, out2))]
+    return [_linear(E, ctx, x, w, bias, out)]
+
+
+def _linear(E: Emitter, ctx, x: T, w: T, bias: T | None, out: TensorType) -> T:
     lead = x.rank - 1
     rows = next((i for i in reversed(range(lead)) if not isinstance(x.shape[i], int)), None)
     x, w, out_c, finish = _padded(E, ctx, x, w, rows, 0, (lead, 1), out, (rows, lead))
@@ -141,7 +212,7 @@ def lower_linear(E: Emitter, node, ins, ctx, out: TensorType | None = None):
     if bias is not None and not isinstance(w.shape[0], int) and w.shape[0] != out.shape[-1]:
         bias = pad_axes(E, bias, [0], multiple_for(ctx.target))
     init = _bias_init(E, bias, sizes, ty, acc) if bias is not None else E.filled(sizes, acc, 0)
-    return [_contract(E, x, w, maps, nloops, (init, ty), out_c, finish)]
+    return _contract(E, x, w, maps, nloops, (init, ty), out_c, finish)
 
 
 def _bias_init(E: Emitter, bias: T, sizes, ty: str, acc: str) -> str:

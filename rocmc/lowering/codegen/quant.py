@@ -16,7 +16,7 @@ from ...frontend.graph import TensorType
 from ..emitter import Emitter, T, affine_map, tensor_type
 from ..registry import lowering
 from ...dtypes import acc_mlir
-from .linalg import _bias_init, _mac, _padded
+from .linalg import _bias_init, _foldable, _folded, _mac, _padded
 from .fused import epilogue, gate_halves
 from .norm import rms_norm_of
 from .shape import _clamp, _gather_generic
@@ -116,7 +116,11 @@ def product(E: Emitter, node, x: T, w: T, scales: T, zeros: T, bias, perm, out: 
     """x[..., perm] @ W^T + bias, rounded to x's type. The contraction reads x by group, (..., G, K / G),
     against the dequantized (N, G, K / G) weight, both groups and their features reduced: the weight's
     producer then has the contraction's own loops over it, which IREE fuses (as its dequantized-GEMV tests are
-    written); rows symbolic on a GPU padded as linear's."""
+    written); rows symbolic on a GPU padded as linear's, a batch of sequences folded into one row dim as
+    linear's."""
+    if x.rank >= 2 and _foldable(x, x.rank - 1, ctx):
+        fold = lambda x2, out2: product(E, node, x2, w, scales, zeros, bias, perm, out2, ctx)  # noqa: E731
+        return _folded(E, x, x.rank - 1, out, fold)
     if perm is not None:
         x = permuted(E, x, perm)
     weight = dequantized(E, w, scales, zeros, node.attrs["bits"], x, node.attrs.get("format", "uint"))
