@@ -46,6 +46,10 @@ _LLAMA = {
     "kernels+static": {"static": True},
     "blas+static": {**_LIB, "static": True},
     "blas_iree_attention+static": {**_LIB_IREE_ATTENTION, "static": True},
+    # weights embedded (h1024 only: an h4096 module is 400 MB): the rewrite makes each x @ W of a constant W a
+    # linear of W^T (linear_mm on the GPU, the skip connections in its epilogue); "matmul+const" without it
+    "kernels+const": {"const": True},
+    "matmul+const": {"const": True, "rewrite": False},
 }
 CASES = {
     "llama_h1024_s2048_f16": _LLAMA,

@@ -121,3 +121,49 @@ def _linear_activation(node, uses):
 
     nodes = act_nodes + ([view] if view is not None else []) + gemm_nodes
     return Match("fused_linear", nodes, [x, *reads], build)
+
+
+def _residual(add, y):
+    """The other operand of `add` when it is a residual of y's own shape and dtype (a skip connection), else None."""
+    r = next((b for a, b in pairs(add) if a is y), None)
+    if r is None or r is y or r.dtype != y.dtype or r.rank != y.rank:
+        return None
+    return r if all(same_size(a, b) for a, b in zip(r.shape, y.shape)) else None
+
+
+@pattern("linear_residual", "add")
+def _linear_residual(node, uses):
+    """y + r with y = linear(x, w, b), x @ W or x @ W + bias (W as _weight takes it) and r a residual of y's shape
+    -> fused_linear(x, w, b, residual=r): the skip connection added in the GEMM's epilogue (one pass over y)."""
+    for y, _ in pairs(node):
+        found = _gemm(y)
+        r = _residual(node, y) if found is not None else None
+        if r is None:
+            continue
+        gemm_nodes, x, reads, weight, bias = found
+
+        def build(b, x=x, weight=weight, bias=bias, r=r):
+            return ops.fused_linear(b.value(x), weight(b), bias(b), b.value(r))
+
+        return Match("fused_linear", [node, *gemm_nodes], [x, *reads, r], build)
+    return None
+
+
+@pattern("constant_linear", "matmul", "add")
+def _constant_linear(node, uses):
+    """x @ C (+ a row bias) with C a constant stored (in, out) -> linear(x, C^T (+ bias)), C transposed here, at
+    compile time: linear is what the GEMM kernels take (on the GPUs, linear_mm; the (in, out) layout is IREE's
+    code only). A W that is not a constant (a transpose per call) or is stored (out, in) already is left alone."""
+    v = node.outputs[0]
+    found = _gemm(v)
+    if found is None:
+        return None
+    gemm_nodes, x, reads, weight, bias = found
+    mm = next((n for n in gemm_nodes if n.op == "matmul"), None)
+    if mm is None or mm.attrs["transpose_b"]:
+        return None
+
+    def build(b):
+        return ops.linear(b.value(x), weight(b), bias(b))
+
+    return Match("linear", gemm_nodes, [x, *reads], build)

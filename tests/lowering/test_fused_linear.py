@@ -14,7 +14,7 @@ from rocmc import ops
 from rocmc.externs import EPILOGUES
 from rocmc.rewrite import rewrite
 
-from helpers import TOL, rand
+from helpers import TOL, check, rand
 
 K, N = 24, 37
 ROWS = ((2, 5), (1, 1), (3, 17))  # run-time values of the symbolic ("batch", "seq")
@@ -143,7 +143,40 @@ def test_matmul_plus_bias_fuses_where_the_weight_needs_no_transpose_per_call(rng
     assert _records(_matmul_graph("parameter", rng, transpose_b=True)) == [fused]  # W is linear's weight
     assert _records(_matmul_graph("constant", rng, bias_shape=(1, N))) == [fused]
     assert _records(_matmul_graph("parameter", rng)) == []  # a transpose per call
-    assert _records(_matmul_graph("constant", rng, bias_shape=(7, N), rows=7)) == []  # no per-column bias
+    # Not a per-column bias: an addend of the product's shape is a residual, added in the GEMM's epilogue (the
+    # relu after it stays an op of its own).
+    residual = ("linear_residual", "fused_linear", ["add", "matmul"])
+    assert _records(_matmul_graph("constant", rng, bias_shape=(7, N), rows=7)) == [residual]
+    # A parameter stored (K, N) alone: left as it is (a transpose per call); a constant one: linear.
+    g = rocmc.Graph("mm")
+    x = g.input("x", ("n", K), "f32")
+    g.output(ops.matmul(x, g.parameter("w", (K, N), "f32")), ops.matmul(x, rand(rng, (K, N))))
+    assert _records(g) == [("constant_linear", "linear", ["matmul"])]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_a_transformer_blocks_matmuls_of_constant_weights_become_linear_layers(dtype, rng):
+    """A block written with x @ W (constant W stored (in, out), as examples/llama_block.py is): each product
+    becomes a linear of W^T (transposed at compile time), a skip connection added after it that GEMM's epilogue
+    (fused_linear with the residual); against float64, rows symbolic."""
+    g = rocmc.Graph("blk")
+    x = g.input("x", (1, "s", K), dtype)
+    w = {n: rand(rng, shape, dtype, -0.3, 0.3) for n, shape in (("q", (K, K)), ("o", (K, K)), ("up", (K, N)))}
+    w["down"] = rand(rng, (N, K), dtype, -0.3, 0.3)
+    bias = rand(rng, (N,), dtype)
+    h = x + ops.matmul(ops.matmul(x, g.constant("q", w["q"])), g.constant("o", w["o"]))
+    g.output(h + ops.matmul(ops.silu(ops.matmul(h, g.constant("up", w["up"])) + bias), g.constant("down", w["down"])))
+    records = sorted(_records(g))
+    assert records == sorted(
+        [
+            ("constant_linear", "linear", ["matmul"]),  # q
+            ("linear_residual", "fused_linear", ["add", "matmul"]),  # o + x
+            ("constant_linear", "linear", ["add", "matmul"]),  # up + bias
+            ("linear_residual", "fused_linear", ["add", "matmul"]),  # down + h
+        ]
+    )
+    tol = {"f32": (1e-4, 1e-4), "f16": (2e-2, 2e-2)}[dtype]
+    check(g, rand(rng, (1, 9, K), dtype, -1, 1), tol=tol)
 
 
 # ---- the library calls compiled for the GPUs -----------------------------------------------------------
@@ -202,7 +235,9 @@ def _constant(g, name, array):
 def test_gpt2_mlp_with_and_without_the_rewrite(rng, dtype):
     g = _gpt2_mlp(rng, _constant, dtype)
     art = rocmc.compile(g, "cpu")
-    assert [(r["pattern"], r["op"]) for r in art.metadata["rewrites"]] == [("linear_activation", "fused_linear")]
+    # c_fc with its GELU: fused_linear; c_proj (x @ W + b of a constant W): a linear layer of W^T.
+    want = [("linear_activation", "fused_linear"), ("constant_linear", "linear")]
+    assert [(r["pattern"], r["op"]) for r in art.metadata["rewrites"]] == want
     assert {"tanh", "matmul", "add", "reshape"} <= {op for _, op in art.metadata["rewrites"][0]["replaced"]}
     plain = rocmc.load(rocmc.compile(g, "cpu", rewrite=False))
     mod = rocmc.load(art)
