@@ -33,7 +33,7 @@ from ..emitter import Emitter, T, affine_map, float_literal, tensor_type
 from ..registry import lowering
 from .index import _size
 from .padding import multiple_for, pad_axes, slice_to
-from .shape import _check_le
+from .shape import _check_le, _clamp
 
 B, H, G, M, K1, K2, N = range(7)
 NLOOPS = 7
@@ -334,7 +334,7 @@ def _gather_rows(E: Emitter, cache: T, slots: T, first: int, b, length, ty: T) -
     def body(E: Emitter, args):
         i = (E.op(f"linalg.index {n} : index") for n in range(1, 4))
         slot = E.op(f"arith.index_cast {args[0]} : {slots.mlir_elt} to index")
-        entry = E.minsi(E.maxsi(E.addi(slot, first), 0), last)
+        entry = _clamp(E, E.addi(slot, first), last)
         return [E.op(f"tensor.extract {cache.name}[{entry}, {', '.join(i)}] : {cache.mlir}")]
 
     init = E.empty([b, cache.shape[1], length, cache.shape[3]], cache.mlir_elt)
