@@ -20,40 +20,16 @@
 // come out of a word in another order than k's (4-bit: values 0 and 4, 1 and 5, ...; 8-bit: 0 and 2, 1 and 3, ...),
 // and x's 8 values are put in that order too (x_order): a dot product does not care in which order its terms come.
 #if HAS_MMA
-typedef _Float16 h2_t __attribute__((ext_vector_type(2)));
-DEVICE h2_t as_h2(u32 v) { return __builtin_bit_cast(h2_t, v); }
-DEVICE u32 h2_bits(h2_t v) { return __builtin_bit_cast(u32, v); }
-DEVICE u32 lo_pair(u32 a, u32 b) { return (a & 0xFFFFu) | (b << 16); }  // (a's low half, b's low half)
-DEVICE u32 hi_pair(u32 a, u32 b) { return (a >> 16) | (b & 0xFFFF0000u); }
-
-// x's 8 elements (k order) in the order dequant_chunk gives the weights'.
-template <int BITS> DEVICE U4 x_order(const U4& v) {
-  if (BITS == 4) return U4{lo_pair(v.x, v.z), hi_pair(v.x, v.z), lo_pair(v.y, v.w), hi_pair(v.y, v.w)};
-  return U4{lo_pair(v.x, v.y), hi_pair(v.x, v.y), lo_pair(v.z, v.w), hi_pair(v.z, v.w)};
-}
-
 // Chunk j (values 8j .. 8j + 7) of a piece as 8 weights of type T, W = q * s + nzs (nzs = -z * s), in x_order's order.
 template <typename T, int BITS> DEVICE U4 dequant_chunk(const U4& piece, int j, float s, float nzs) {
   const u32 h[4] = {piece.x, piece.y, piece.z, piece.w};
   if constexpr (__is_same(T, _Float16)) {
-    const h2_t sv = {(_Float16)s, (_Float16)s}, zv = {(_Float16)nzs, (_Float16)nzs}, k1024 = {1024.0f16, 1024.0f16};
+    const h2_t sv = {(_Float16)s, (_Float16)s}, zv = {(_Float16)nzs, (_Float16)nzs};
     u32 p[4];
-    if (BITS == 4) {
-      const h2_t sixteenth = {0.0625f16, 0.0625f16}, m64 = {-64.0f16, -64.0f16};
-      const u32 a = h[j], b = a >> 8;
-      const h2_t q[4] = {as_h2((a & 0x000F000Fu) | 0x64006400u) - k1024,
-                         __builtin_elementwise_fma(as_h2((a & 0x00F000F0u) | 0x64006400u), sixteenth, m64),
-                         as_h2((b & 0x000F000Fu) | 0x64006400u) - k1024,
-                         __builtin_elementwise_fma(as_h2((b & 0x00F000F0u) | 0x64006400u), sixteenth, m64)};
+    h2_t qp[4];
+    q_pairs<BITS>(h, j, 0.0f, qp);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] = h2_bits(__builtin_elementwise_fma(q[i], sv, zv));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const u32 a = h[2 * j + i / 2] >> (8 * (i % 2));
-        p[i] = h2_bits(__builtin_elementwise_fma(as_h2((a & 0x00FF00FFu) | 0x64006400u) - k1024, sv, zv));
-      }
-    }
+    for (int i = 0; i < 4; ++i) p[i] = h2_bits(__builtin_elementwise_fma(qp[i], sv, zv));
     return U4{p[0], p[1], p[2], p[3]};
   } else {
     constexpr int ORDER4[8] = {0, 4, 1, 5, 2, 6, 3, 7}, ORDER8[8] = {0, 2, 1, 3, 4, 6, 5, 7};

@@ -43,6 +43,41 @@ template <int BITS> DEVICE void values8(const u32 (&h)[4], int j, float (&q)[8])
   }
 }
 
+// ---- f16 pairs: the packed values as (1024 + q) by their bits, two a register ------------------------------------
+// 0x6400 | q is the f16 1024 + q for q < 1024; a high nibble's 0x6400 | 16 q is 1024 + 16 q, times 1/16 minus 64 is
+// q. The pairs come out of a word in another order than k's (4-bit: values 0 and 4, 1 and 5, ...; 8-bit: 0 and 2, 1
+// and 3, ...); x_order puts x's 8 values in that order too (a dot product does not care in which order its terms
+// come).
+typedef _Float16 h2_t __attribute__((ext_vector_type(2)));
+DEVICE h2_t as_h2(u32 v) { return __builtin_bit_cast(h2_t, v); }
+DEVICE u32 h2_bits(h2_t v) { return __builtin_bit_cast(u32, v); }
+DEVICE h2_t splat_h2(float v) { return h2_t{(_Float16)v, (_Float16)v}; }
+DEVICE u32 lo_pair(u32 a, u32 b) { return (a & 0xFFFFu) | (b << 16); }  // (a's low half, b's low half)
+DEVICE u32 hi_pair(u32 a, u32 b) { return (a >> 16) | (b & 0xFFFF0000u); }
+
+// x's 8 elements (k order, raw 16-bit values) in the order q_pairs gives the weights'.
+template <int BITS> DEVICE U4 x_order(const U4& v) {
+  if (BITS == 4) return U4{lo_pair(v.x, v.z), hi_pair(v.x, v.z), lo_pair(v.y, v.w), hi_pair(v.y, v.w)};
+  return U4{lo_pair(v.x, v.y), hi_pair(v.x, v.y), lo_pair(v.z, v.w), hi_pair(v.z, v.w)};
+}
+
+// Chunk j (values 8j .. 8j + 7) of a piece (h: its 4 words) as q - zi in 4 f16 pairs, x_order's order: exact for an
+// integer zi in [0, 2^BITS) (every value an integer below 2^11).
+template <int BITS> DEVICE void q_pairs(const u32 (&h)[4], int j, float zi, h2_t (&q)[4]) {
+  const h2_t base = splat_h2(1024.0f + zi);
+  if (BITS == 4) {
+    const h2_t sixteenth = splat_h2(0.0625f), high = splat_h2(-64.0f - zi);
+    const u32 a = h[j], b = a >> 8;
+    q[0] = as_h2((a & 0x000F000Fu) | 0x64006400u) - base;
+    q[1] = __builtin_elementwise_fma(as_h2((a & 0x00F000F0u) | 0x64006400u), sixteenth, high);
+    q[2] = as_h2((b & 0x000F000Fu) | 0x64006400u) - base;
+    q[3] = __builtin_elementwise_fma(as_h2((b & 0x00F000F0u) | 0x64006400u), sixteenth, high);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = as_h2(((h[2 * j + i / 2] >> (8 * (i % 2))) & 0x00FF00FFu) | 0x64006400u) - base;
+  }
+}
+
 // An entry point `name` of `entry` (linear_q_bits or linear_qm_bits), compiled for `occ` resident workgroups a
 // multiprocessor (NVPTX; 0: no register limit).
 #define LINEAR_Q(name, entry, T, occ)                                            \

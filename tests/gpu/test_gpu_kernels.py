@@ -359,12 +359,13 @@ def quantized_case(
     gate="none",
     residual=False,
     fmt="uint",
+    fraction=False,
 ) -> Case:
     """quantized_linear of x (*lead, k) against float64: packed random integers, scales, zeros at any integer of
     the range; with `norm` (RMSNorm first), `gate` (n rows: the gate's n / 2, then the up's) or `residual`. A few
     static rows take the linear_q kernel; the rest is generated code (the dequantization fused into the
     product's dispatch). fmt "e4m3fn": the bytes are float8 values (NaN codes left out), no zeros, f32 scales
-    (as fp8 checkpoints load)."""
+    (as fp8 checkpoints load). `fraction`: zeros between the integers (within 0.4 of one)."""
     n_out = n // 2 if gate != "none" else n
     fp8 = fmt == "e4m3fn"
 
@@ -398,7 +399,8 @@ def quantized_case(
             _rand(rng, (n, groups), "f32" if fp8 else dtype, 0.5 * step, 1.5 * step),
         ]
         if not fp8:
-            out += [rng.integers(0, 1 << bits, (n, groups)).astype(rocmc.dtype(dtype).np)]
+            z = rng.integers(0, 1 << bits, (n, groups)) + (rng.uniform(-0.4, 0.4, (n, groups)) if fraction else 0)
+            out += [z.astype(rocmc.dtype(dtype).np)]
         if bias:
             out.append(_rand(rng, (n,), dtype))
         if perm:
@@ -424,6 +426,8 @@ def _quantized_cases() -> list[Case]:
         # The linear_q kernel (1 or 2 static rows): its norm, gate, residual, bias and act-order forms.
         quantized_case("q4k_f16_1_norm_silu", "f16", (1, 1), 600, 4096, 4, 32, norm=True, gate="silu", bias=True),
         quantized_case("q4k_f16_2_residual_odd", "f16", (2, 1), 37, 96, 4, 3, bias=True, residual=True),
+        quantized_case("q4k_f16_2_fraction", "f16", (2, 1), 300, 1024, 4, 8, bias=True, fraction=True),
+        quantized_case("q4k_bf16_1_fraction_norm", "bf16", (1, 1), 96, 512, 4, 4, norm=True, fraction=True),
         quantized_case("q4k_f16_1_down", "f16", (1, 1), 4096, 11008, 4, 86, residual=True),
         quantized_case("q8k_bf16_1_norm", "bf16", (1, 1), 129, 1008, 8, 7, norm=True),
         quantized_case("q8k_f16_2_one_group", "f16", (2,), 300, 4096, 8, 1),

@@ -1,0 +1,195 @@
+"""Side-by-side timing of versions of the linear_q kernel (custom_kernels/linear_q.hip) on a 7B model's decode
+projections over 4- and 8-bit weights (groups of 128), with cuBLAS on the f16 weights and the device copy in the
+same run.
+
+    python -m bench.quant_sweep compile [--out out/quant_sweep]   # here: PTX per version (-D switches)
+    python -m bench.quant_sweep run [--out out/quant_sweep]       # there: CuPy launches, triton do_bench
+
+The projections are a decode step's: q/k/v joined with the RMSNorm (FLAG_NORM), o with the residual, gate/up
+joined with the norm and silu(gate) * up, down with the residual. Every version is checked against torch in f32 on
+the benchmark inputs (the relative L2 error prints with the time; a second set of zeros with fractional parts checks
+the zeros' correction); the table gives each projection's median time in us and its packed bytes (weights, scales,
+zeros) / time in TB/s, for 1 and 2 rows of x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# (name, out features, in features, flags): Llama-2-7B's projections (gate/up joined: 2 x 11008 rows).
+SHAPES = (
+    ("qkv", 12288, 4096, ("norm",)),
+    ("o", 4096, 4096, ("residual",)),
+    ("gate_up", 11008, 4096, ("norm", "gated", "silu")),
+    ("down", 4096, 11008, ("residual",)),
+)
+ROWS = (1, 2)
+BITS = (4, 8)
+GROUP = 128
+# label -> -D switches of linear_q.hip (none: the working tree's source); "REV=<git revision>": that revision's
+# custom_kernels/ instead (a baseline in the same run)
+VERSIONS = {
+    "committed (REV=HEAD)": ["REV=HEAD"],
+    "working tree": [],
+    "4-bit through f32": ["ROCMC_Q_H2=0"],
+    "2 pieces in flight": ["QU4=2"],
+}
+WAVES = 4  # BLOCK 128 / 32
+
+
+def _build(kernels, flags: list[str]):
+    rev = next((f[4:] for f in flags if f.startswith("REV=")), None)
+    switches = [f"-D{f}" for f in flags if not f.startswith("REV=")]
+    if rev is None:
+        return kernels.build("linear_q.hip", "sm_80", switches)
+    import subprocess
+    import tarfile
+    import tempfile
+
+    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip())
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", rev, "custom_kernels"], capture_output=True, check=True
+        )
+        tar_path = Path(tmp) / "src.tar"
+        tar_path.write_bytes(archive.stdout)
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(tmp, filter="data")
+        saved = kernels.KERNEL_DIR
+        kernels.KERNEL_DIR = Path(tmp) / "custom_kernels"
+        try:
+            return kernels.build("linear_q.hip", "sm_80", switches)
+        finally:
+            kernels.KERNEL_DIR = saved
+
+
+def compile_all(out: Path) -> None:
+    from rocmc.lowering import kernels
+
+    out.mkdir(parents=True, exist_ok=True)
+    plan = {}
+    for i, (label, flags) in enumerate(VERSIONS.items()):
+        obj = _build(kernels, flags)
+        (out / f"v{i}.ptx").write_bytes(obj.data)
+        qwr = next((int(f[4:]) for f in flags if f.startswith("QWR=")), 4)
+        plan[label] = [f"v{i}.ptx", qwr * WAVES]
+        print(f"built {label}", flush=True)
+    fam = kernels.FAMILIES["linear_q"]
+    bits = {n: 1 << i for i, (n, _) in enumerate(fam.flags)}
+    (out / "plan.json").write_text(json.dumps({"versions": plan, "flags": bits, "block": fam.block}, indent=1))
+
+
+def _unpack(w, bits: int, k: int):
+    """(rows, k * bits / 8) uint8 -> (rows, k) integers (4-bit: k even in the low nibble)."""
+    import torch
+
+    w = w.to(torch.int32)
+    if bits == 8:
+        return w
+    return torch.stack((w & 15, w >> 4), dim=-1).reshape(w.shape[0], k)
+
+
+def run_all(out: Path) -> None:
+    import cupy
+    import torch
+    from triton.testing import do_bench
+
+    plan = json.loads((out / "plan.json").read_text())
+    fl, block = plan["flags"], plan["block"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    print(torch.cuda.get_device_name(), flush=True)
+    buf = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
+    copy = do_bench(lambda: buf[: 1 << 29].copy_(buf[1 << 29 :]), warmup=10, rep=100, return_mode="median")
+    print(f"copy: {2 * (1 << 29) / copy / 1e9:.2f} TB/s", flush=True)
+    dummy = torch.zeros(8, device="cuda", dtype=torch.float16)
+    cases = {}  # (name, bits) -> tensors
+    for name, n, k, flags in SHAPES:
+        rows = 2 * n if "gated" in flags else n
+        for bits in BITS:
+            w = torch.randint(0, 256, (rows, k * bits // 8), device="cuda", generator=g, dtype=torch.uint8)
+            groups = k // GROUP
+            s = (torch.rand((rows, groups), device="cuda", generator=g) + 0.5).mul_(2 / ((1 << bits) * k**0.5)).half()
+            z_int = torch.randint(0, 1 << bits, (rows, groups), device="cuda", generator=g).half()
+            z_frac = (z_int.float() + torch.rand((rows, groups), device="cuda", generator=g) * 0.8 - 0.4).half()
+            cases[(name, bits)] = (w, s, z_int, z_frac)
+    x_all = torch.randn((2, 11008), device="cuda", generator=g).half()
+    norm_w = (torch.rand((11008,), device="cuda", generator=g) + 0.5).half()
+    eps = 1e-5
+    table = {}
+    for label, (ptx, qrows) in plan["versions"].items():
+        kern = cupy.RawModule(path=str(out / ptx)).get_function("linear_q_f16")
+        for name, n, k, flags in SHAPES:
+            gated = "gated" in flags
+            bits_f = sum(fl[f] for f in flags)
+            grid = (n + (qrows // 2 if gated else qrows) - 1) // (qrows // 2 if gated else qrows)
+            for bits in BITS:
+                w, s, z_int, z_frac = cases[(name, bits)]
+                full_w = None
+                for m in ROWS:
+                    x = x_all[:m, :k].contiguous()
+                    res = torch.randn((m, n), device="cuda", generator=g).half() if "residual" in flags else dummy
+                    nw = norm_w[:k].contiguous() if "norm" in flags else dummy
+                    errs = []
+                    for z in (z_int, z_frac):
+                        y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+                        args = tuple(cupy.asarray(t) for t in (x, w, s, z, dummy, res, nw, y)) + tuple(
+                            np.uint32(v) for v in (m, n, k, k // GROUP, bits, bits_f, np.float32(eps).view(np.uint32))
+                        )
+
+                        def launch(args=args):
+                            kern((grid,), (block,), args)
+
+                        launch()
+                        torch.cuda.synchronize()
+                        q = _unpack(w, bits, k).float().reshape(w.shape[0], k // GROUP, GROUP)
+                        full_w = ((q - z.float()[..., None]) * s.float()[..., None]).reshape(w.shape[0], k)
+                        xf = x.float()
+                        if "norm" in flags:
+                            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
+                        full = xf @ full_w.T
+                        if gated:
+                            want = torch.nn.functional.silu(full[:, :n]) * full[:, n:]
+                        else:
+                            want = full + res.float() if "residual" in flags else full
+                        errs.append(float((y.float() - want).norm() / want.norm()))
+                    t = do_bench(launch, warmup=20, rep=100, return_mode="median")
+                    nbytes = w.numel() + 2 * s.numel() * 2
+                    table[(label, name, bits, m)] = t
+                    print(
+                        f"{label:28s} {name:8s} {bits}-bit M={m} {t * 1e3:7.1f} us {nbytes / t / 1e9:5.2f} TB/s "
+                        f"err {errs[0]:.1e} / fractional zeros {errs[1]:.1e}",
+                        flush=True,
+                    )
+    for name, n, k, flags in SHAPES:
+        rows = 2 * n if "gated" in flags else n
+        wf = torch.randn((rows, k), device="cuda", generator=g).half()
+        for m in ROWS:
+            x = x_all[:m, :k].contiguous()
+            t = do_bench(lambda: x @ wf.T, warmup=20, rep=100, return_mode="median")
+            table[("cuBLAS f16", name, 16, m)] = t
+            print(f"{'cuBLAS f16':28s} {name:8s} M={m} {t * 1e3:7.1f} us {wf.numel() * 2 / t / 1e9:5.2f} TB/s")
+    print("\nsum over the four projections (us), rows 1 / 2:")
+    for bits in BITS:
+        for label in plan["versions"]:
+            sums = [sum(table[(label, sh[0], bits, m)] for sh in SHAPES) * 1e3 for m in ROWS]
+            print(f"  {bits}-bit {label:28s} " + " / ".join(f"{v:7.1f}" for v in sums))
+    sums = [sum(table[("cuBLAS f16", sh[0], 16, m)] for sh in SHAPES) * 1e3 for m in ROWS]
+    print(f"  f16   {'cuBLAS':28s} " + " / ".join(f"{v:7.1f}" for v in sums))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=("compile", "run"))
+    ap.add_argument("--out", type=Path, default=Path("out/quant_sweep"))
+    a = ap.parse_args(argv)
+    (compile_all if a.step == "compile" else run_all)(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
