@@ -8,8 +8,10 @@ import zlib
 import numpy as np
 import pytest
 
-# Every test session (each xdist worker) gets its own compile cache, so tests never see artifacts of another run;
-# it is removed when the process ends (a cache dir the caller chose is left alone).
+# Every test run gets its own compile cache, so tests never see artifacts of another run. Its xdist workers share it
+# (they inherit the variable from the controller, which imports this file first): a kernel or module one worker
+# builds serves the others, entries being written atomically and verified when read. The process that made it
+# removes it when it ends (a cache dir the caller chose is left alone).
 if "ROCMC_CACHE_DIR" not in os.environ:
     os.environ["ROCMC_CACHE_DIR"] = tempfile.mkdtemp(prefix="rocmc-test-cache-")
     atexit.register(shutil.rmtree, os.environ["ROCMC_CACHE_DIR"], ignore_errors=True)

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 
 from .._version import __version__
@@ -142,7 +143,7 @@ def _compile(program, target, key, root, impl, libraries, external, info, flags,
             lowered = lower(
                 program, target, impl=impl, libraries=libraries, external=external, info=info, rewrite=rewrite
             )
-        vmfb, used, tuning_note = _compile_tuned(lowered.bytecode, target, list(flags))
+        vmfb, used, tuning_note = _compile_tuned(lowered.bytecode, target, list(flags), lowered.untuned)
         vmfb = seal(vmfb)
         lowered.metadata["compile_flags"] = used
         note = "; ".join(n for n in (target.code_note, tuning_note) if n)
@@ -210,12 +211,15 @@ def _constant_parameters(program: dict, meta: dict, rewrite: bool) -> dict:
     return {name: g.constants[name] for g in program.values() for name in g.constants if name in wanted}
 
 
-def _compile_tuned(bytecode: bytes, target: Target, flags: list):
-    """Compile with the target's performance options; without them if IREE fails with them.
+def _compile_tuned(bytecode: bytes, target: Target, flags: list, untuned: Sequence[str] = ()):
+    """Compile with the target's performance options; without them if IREE fails with them, or at once when the
+    lowering named code that IREE fails to compile with them (`untuned`: the reasons).
     Returns (vmfb, flags used, note or None)."""
     tuned = target.tuning_flags()
     note = None
-    if tuned:
+    if tuned and untuned:
+        note = f"compiled without {' '.join(tuned)}: {'; '.join(untuned)}"
+    elif tuned:
         try:
             with step(f"iree-compile for {target}", logger=LOG):
                 return compile_bytecode(bytecode, target, [*tuned, *flags]), [*tuned, *flags], None

@@ -52,6 +52,15 @@ class LowerContext:
     parameters: dict = field(default_factory=dict)
     states: dict = field(default_factory=dict)
     _resource_of: dict = field(default_factory=dict)  # (id(array), elt) -> resource name
+    # Why the target's tuning flags (Target.tuning_flags) are not tried for this module: code it holds that IREE
+    # 3.13 fails to compile with them (each reason once), so the compile goes without them at once instead of
+    # after a failed attempt (each attempt costs as much as the compile).
+    untuned: list = field(default_factory=list)
+
+    def avoid_tuning(self, reason: str) -> None:
+        """Compile this module without the target's tuning flags, because of `reason` (said in its summary)."""
+        if self.target.tuning_flags() and reason not in self.untuned:
+            self.untuned.append(reason)
 
     def long_form(self, term: list, limit: int) -> bool:
         """Ask for the function's long form, taken at a call where the product of `term`'s sizes (ints or size
@@ -208,6 +217,7 @@ class Lowered:
     text: str  # MLIR text as emitted (resources elided)
     bytecode: bytes  # verified module as MLIR bytecode, what iree-compile reads
     metadata: dict
+    untuned: list = field(default_factory=list)  # LowerContext.untuned
 
 
 def signature(graph: Graph) -> dict:
@@ -486,7 +496,7 @@ def lower(
             "}",
         ]
     )
-    return Lowered(target, text, _to_bytecode(text, ctx.resources), meta)
+    return Lowered(target, text, _to_bytecode(text, ctx.resources), meta, list(ctx.untuned))
 
 
 def _to_bytecode(text: str, resources: dict) -> bytes:

@@ -217,6 +217,30 @@ def _prefill_graph(dtype="f16", hq=8, hkv=2, d=64, n=5, S=40, slots="i64", mask=
     return g
 
 
+def test_attention_over_part_of_the_cache_compiles_once_without_the_cpu_tuning_flags(monkeypatch):
+    """IREE 3.13 fails to data-tile the attention over a symbolic-length part of a cache: the lowering says so and
+    the module is compiled once, without the flags (not after a failed attempt); attention over whole tensors
+    keeps them."""
+    import rocmc.lowering as lowering
+
+    calls = []
+    compile_bytecode = lowering.compile_bytecode
+
+    def counted(bytecode, target, flags=(), dump_dir=None):
+        calls.append(list(flags))
+        return compile_bytecode(bytecode, target, flags, dump_dir)
+
+    monkeypatch.setattr(lowering, "compile_bytecode", counted)
+    art = rocmc.compile(_prefill_graph("f32", b=2), "cpu", cache=False)
+    assert len(calls) == 1 and "--iree-opt-data-tiling" not in calls[0]
+    assert "symbolic-length part of a longer key tensor" in art.metadata["compile_note"]
+    calls.clear()
+    art = rocmc.compile(
+        _graph((2, 4, "s", 16), (2, 2, "kv", 16), 16, mask=((2, 1, "s", "kv"), "bool")), "cpu", cache=False
+    )
+    assert len(calls) == 1 and "--iree-opt-data-tiling" in calls[0] and "compile_note" not in art.metadata
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_sdpa_cached_reads_each_rows_slot_at_its_first_positions(dtype, rng):
     g = _prefill_graph(dtype, b=2)

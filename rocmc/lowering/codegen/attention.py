@@ -271,10 +271,21 @@ def lower_sdpa_decomposed(E: Emitter, node, ins, ctx):
 DECOMPOSE_UP_TO_SCORES = 1 << 28
 
 
+# IREE 3.13's data tiling (the CPU's tuning flags) fails on the decomposed attention's contractions when the keys
+# are a symbolic-length part of a longer tensor (a KV cache's first `positions`, a narrow or slice): "large vector
+# sizes", "exceeded stack allocation" or a delinearize_index error, whichever the shapes give. Such a module is
+# compiled without the flags at once (LowerContext.avoid_tuning), not after a failed attempt.
+_SLICED_KEYS = "attention over a symbolic-length part of a longer key tensor (IREE 3.13 fails to data-tile it)"
+_SLICES = ("narrow", "slice")
+
+
 @lowering("sdpa")
 def lower_sdpa(E: Emitter, node, ins, ctx):
     q, k, v, mask = ins
     if ctx.target.kind == "cpu":  # (padded here, some masked forms take IREE 3.13 minutes to compile)
+        keys = node.inputs[1]
+        if not isinstance(keys.shape[2], int) and keys.producer is not None and keys.producer.op in _SLICES:
+            ctx.avoid_tuning(_SLICED_KEYS)
         return _decomposed(E, node, q, k, v, mask, _Dims(E, q, k))
     q, k, v, mask, real = _pad_sequences(E, q, k, v, mask, multiple_for(ctx.target))
     dims = _Dims(E, q, k, real)
@@ -291,6 +302,8 @@ def lower_sdpa_cached(E: Emitter, node, ins, ctx):
     q, cache, mask = ins[:3]
     slots = ins[3] if len(ins) > 3 else None
     b, positions = q.shape[0], node.attrs.get("positions", cache.shape[2])
+    if ctx.target.kind == "cpu" and not isinstance(positions, int):
+        ctx.avoid_tuning(_SLICED_KEYS)
     block = node.outputs[0].type.with_shape((b, cache.shape[1], positions, cache.shape[3]))
     length = _size(E, positions, ctx)
     _check_le(E, node, length, cache.shape[2], "positions past the cache's")
