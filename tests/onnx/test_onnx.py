@@ -43,11 +43,25 @@ def _runs_in_this_run(case, config) -> bool:
     return zlib.crc32(case.name.encode()) % EXPANDED_THIRDS == config.rocmc_seed % EXPANDED_THIRDS
 
 
+_RESULTS: dict = {}  # case name -> its Result, filled a batch at a time
+
+
+def _result(case, config):
+    """The case's Result, from a batch of the cases this run takes (conformance.run_batch: one module a batch;
+    a worker that gets part of a batch runs all of it)."""
+    if case.name not in _RESULTS:
+        running = [c for c in CASES if _runs_in_this_run(c, config)]
+        first = running.index(case) // conformance.BATCH * conformance.BATCH
+        for r in conformance.run_batch(running[first : first + conformance.BATCH]):
+            _RESULTS[r.case.name] = r
+    return _RESULTS.pop(case.name)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name[5:] for c in CASES])
 def test_backend_node(case, request):
     if not _runs_in_this_run(case, request.config):
         pytest.skip("an expanded case of another third of the runs (ROCMC_CONFORMANCE=all runs it)")
-    result = conformance.run_case(case)
+    result = _result(case, request.config)
     if result.status == "skipped":
         pytest.skip(result.reason)
     if result.status == "failed" and case.name in KNOWN_FAILURES:
