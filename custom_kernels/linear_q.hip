@@ -59,8 +59,9 @@ DEVICE float sum8(const float (&b)[8]) {
 #endif
 
 // 8 values of an x row (f, f32) as 4 f16 pairs in x_order's order, scaled by a power of two p so that every |f p|
-// < 4, and ip = 1 / p: products of at most 255 and their sums of four stay far inside f16's range whatever x holds.
-// f16 and bf16 values are exact in f16 after the scaling (those 2^14 times smaller than the largest round).
+// < 4, and ip = 1 / p: products with |q - round(z)| < 2^BITS and their sums of four stay far inside f16's range
+// whatever x holds. f16 and bf16 values are exact in f16 after the scaling (those 2^14 times smaller than the
+// largest round).
 template <int BITS> DEVICE void x_pairs(const float (&f)[8], h2_t (&xp)[4], float& ip) {
   float m = 0.0f;
 #pragma unroll
