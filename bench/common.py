@@ -1,8 +1,11 @@
-"""The benchmarks' one timing loop: wall-clock times of repeated calls, after warm-up calls."""
+"""The benchmarks' one timing loop (wall-clock times of repeated calls, after warm-up calls) and the command line of
+the kernel sweeps."""
 
 from __future__ import annotations
 
+import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,3 +37,14 @@ def timings(fn, runs: int, warmup: int, sync=None) -> dict:
 def median_ms(fn, warmup: int = 5, reps: int = 50, sync=None) -> float:
     """The median (ms) of `reps` timed calls of fn after `warmup` untimed ones."""
     return timings(fn, reps, warmup, sync)["median_ms"]
+
+
+def sweep_main(doc: str, default_out: str, compile_all, run_all, argv=None) -> int:
+    """A kernel sweep's command line (bench/linear_sweep.py, bench/quant_sweep.py): `compile` builds the versions
+    here into --out, `run` times them there from it."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=("compile", "run"))
+    ap.add_argument("--out", type=Path, default=Path(default_out))
+    a = ap.parse_args(argv)
+    (compile_all if a.step == "compile" else run_all)(a.out)
+    return 0

@@ -10,12 +10,13 @@ table gives each projection's median time in us and its weight bytes / time in T
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from bench.common import sweep_main
 
 # (name, out features, in features, gated): Llama-2-7B's projections (gate/up joined: 2 x 11008 rows).
 SHAPES = (
@@ -123,12 +124,7 @@ def run_all(out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("compile", "run"))
-    ap.add_argument("--out", type=Path, default=Path("out/linear_sweep"))
-    a = ap.parse_args(argv)
-    (compile_all if a.step == "compile" else run_all)(a.out)
-    return 0
+    return sweep_main(__doc__, "out/linear_sweep", compile_all, run_all, argv)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ zeros) / time in TB/s, for 1 and 2 rows of x.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from bench.common import sweep_main
 
 # (name, out features, in features, flags): Llama-2-7B's projections (gate/up joined: 2 x 11008 rows).
 SHAPES = (
@@ -183,12 +184,7 @@ def run_all(out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("compile", "run"))
-    ap.add_argument("--out", type=Path, default=Path("out/quant_sweep"))
-    a = ap.parse_args(argv)
-    (compile_all if a.step == "compile" else run_all)(a.out)
-    return 0
+    return sweep_main(__doc__, "out/quant_sweep", compile_all, run_all, argv)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class LowerContext:
 
     def avoid_tuning(self, reason: str) -> None:
         """Compile this module without the target's tuning flags, because of `reason` (said in its summary)."""
-        if self.target.tuning_flags() and reason not in self.untuned:
+        if reason not in self.untuned:
             self.untuned.append(reason)
 
     def long_form(self, term: list, limit: int) -> bool:
