@@ -10,11 +10,15 @@ joined with the norm and silu(gate) * up, down with the residual. Every version 
 the benchmark inputs (the relative L2 error prints with the time; a second set of zeros with fractional parts checks
 the zeros' correction); the table gives each projection's median time in us and its packed bytes (weights, scales,
 zeros) / time in TB/s, for 1 and 2 rows of x.
+
+QUANT_SWEEP_ONLY="label,projection,bits,rows" runs that one case alone (for a profiler: `ncu --kernel-name
+linear_q_f16 --launch-count 1 ...` then sees its first launch).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -37,8 +41,7 @@ GROUP = 128
 VERSIONS = {
     "committed (REV=HEAD)": ["REV=HEAD"],
     "working tree": [],
-    "4-bit through f32": ["ROCMC_Q_H2=0"],
-    "2 pieces in flight": ["QU4=2"],
+    "4 workgroups a multiprocessor": ["ROCMC_Q_OCC=4"],
 }
 WAVES = 4  # BLOCK 128 / 32
 
@@ -122,6 +125,7 @@ def run_all(out: Path) -> None:
     norm_w = (torch.rand((11008,), device="cuda", generator=g) + 0.5).half()
     eps = 1e-5
     table = {}
+    only = os.environ.get("QUANT_SWEEP_ONLY")
     for label, (ptx, qrows) in plan["versions"].items():
         kern = cupy.RawModule(path=str(out / ptx)).get_function("linear_q_f16")
         for name, n, k, flags in SHAPES:
@@ -132,6 +136,8 @@ def run_all(out: Path) -> None:
                 w, s, z_int, z_frac = cases[(name, bits)]
                 full_w = None
                 for m in ROWS:
+                    if only and only != f"{label},{name},{bits},{m}":
+                        continue
                     x = x_all[:m, :k].contiguous()
                     res = torch.randn((m, n), device="cuda", generator=g).half() if "residual" in flags else dummy
                     nw = norm_w[:k].contiguous() if "norm" in flags else dummy
@@ -166,6 +172,8 @@ def run_all(out: Path) -> None:
                         f"err {errs[0]:.1e} / fractional zeros {errs[1]:.1e}",
                         flush=True,
                     )
+    if only:
+        return
     for name, n, k, flags in SHAPES:
         rows = 2 * n if "gated" in flags else n
         wf = torch.randn((rows, k), device="cuda", generator=g).half()

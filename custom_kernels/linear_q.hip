@@ -10,14 +10,18 @@
 //
 // Work: a workgroup takes QROWS rows of w (gated: QROWS / 2 outputs, each a gate row and its up row), a wave WR of
 // them. A lane reads 16 contiguous bytes of a row at a time (a piece: V = 128 / bits values, all in one group: the
-// host admits group sizes that are multiples of V), QU pieces of each of its rows in flight with their scales and
-// zeros. A group's scale and zero factor out of its values' sum: sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z sum_k
-// x_k); the piece's sum of x serves every row of w. 8-bit: a value costs a byte permutation or conversion (byte_value) and one f32 FMA a row of
-// x. 4-bit: two values at a time in f16 pairs, q - round(z) made exact by its bits (q_pairs) and x's 8 values
-// scaled by a power of two (x_pairs), four pair FMAs a chunk of 8 before the sum goes to f32; the zero's fraction
-// stays in the f32 correction.
-// x (and the norm) come through the caches: every wave reads them whole, so with FLAG_NORM each wave has its rows'
-// sums of squares (as linear_vec).
+// host admits group sizes that are multiples of V) with the group's scale and zero; a round is a piece of each of
+// its rows, and QX_AHEAD rounds are in flight while a round's products run. A group's scale and zero factor out of
+// its values' sum: sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z sum_k x_k); the piece's sum of x serves every row.
+// x is staged once a workgroup in shared memory (stage_x): the norm's weight applied, each piece's values as f16
+// pairs scaled by a power of two (so that products and sums of four cannot overflow f16, whatever x holds), the
+// piece's 1 / p and its sum of x. The products run in f16 pairs: q - round(z) made exact by its bits (q_pairs,
+// quant.h), four pair FMAs a chunk of 8 values before the sum goes to f32; the zero's fraction stays in the f32
+// correction. K longer than the buffer is staged in passes (a barrier before and after each), so any K fits. With
+// FLAG_NORM the workgroup's threads add up the squares of the pieces they staged.
+// (An H200 sweep, bench/quant_sweep.py, BENCHMARKS.md: a 7B layer's four decode projections at one / two rows of
+// 4-bit weights 83 / 107 us against 120 / 161 when every wave converted all of x in its registers, 8-bit 115 / 134
+// against 146 / 193; keeping the staging out of the rounds' loop gave 1.15x of that, fewer instruction fetch stalls.)
 //
 // Symbols: linear_q_{f16,bf16}. ABI (bindings, push constants, FLAG_* bits, BLOCK): the "linear_q" KernelFamily in
 // rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: ceil(N / (QROWS, or QROWS / 2 when gated)), QROWS =
@@ -27,49 +31,36 @@
 #include "quant.h"
 
 #ifndef QWR
-#define QWR 4  // rows of w a wave: a piece of x (and its sum) serves 4 rows
+#define QWR 4  // rows of w a wave: a staged piece of x serves 4 rows (2: 1.25x slower, 8: 1.25x slower at one row)
 #endif
 #define QROWS (QWR * NW)  // rows of w a workgroup: 16 (NVIDIA, RDNA), 8 (CDNA's 64-wide waves)
 #define QMAX_M 2  // rows of x
-// Pieces of each row a lane loads together: 8-bit 2 on 32-wide waves, else 1 (an H200 sweep, bench/quant_sweep.py:
-// 4-bit 2 rows 1.3x faster at 1 than at 2, one row the same; 8-bit one row 1.1x faster at 2).
-#ifndef QU4
-#define QU4 1
+// Rounds of pieces in flight during a round's products: 1 (2: 1.03x slower at one 4-bit row, 3: 1.12x, spilling).
+#ifndef QX_AHEAD
+#define QX_AHEAD 1
 #endif
-#ifndef QU8
-#define QU8 (WAVE == 64 ? 1 : 2)
+// The staging buffer: a multiple of 16 bytes (AMD's CDNA: 64 KB of LDS a compute unit, so less there). 16 KB on an
+// H200 was as fast at one row, 1.17x slower at two (two passes for K 4096).
+#ifndef QX_BYTES
+#define QX_BYTES (WAVE == 64 ? 16384 : 32768)
 #endif
 
-// sum_e a[e] * b[e] and sum_e b[e] in four independent chains, so the FMAs of a word do not wait on each other
-// (one chain of 32 a piece made the kernel latency-bound).
-DEVICE float dot8(const float (&a)[8], const float (&b)[8]) {
-  float c[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) c[e] = a[e + 4] * b[e + 4] + a[e] * b[e];
-  return (c[0] + c[1]) + (c[2] + c[3]);
-}
 DEVICE float sum8(const float (&b)[8]) {
   return ((b[0] + b[4]) + (b[1] + b[5])) + ((b[2] + b[6]) + (b[3] + b[7]));
 }
 
-// 4-bit products in f16 pairs (x_pairs, q_pairs; 0: through f32 as 8-bit's). 8-bit stays in f32: its pairs were
-// 1.05-1.1x slower at one row on an H200 (bench/quant_sweep.py).
-#ifndef ROCMC_Q_H2
-#define ROCMC_Q_H2 1
-#endif
+// Pieces of x a pass stages: a multiple of WAVE (a round's pieces are in one pass), each piece V / 8 pairs of
+// 16 bytes and its 1 / p and sum of x (8 bytes) for each of the MB rows.
+template <int BITS, int MB> constexpr u32 qx_pass() {
+  return QX_BYTES / (MB * ((128 / BITS) * 2 + 8)) / WAVE * WAVE;
+}
+typedef float float2_t __attribute__((ext_vector_type(2)));
+SHARED static U4 qx_buffer[QX_BYTES / 16];
+SHARED static float qx_sums[NW][QMAX_M];
 
-// 8 values of an x row (f, f32) as 4 f16 pairs in x_order's order, scaled by a power of two p so that every |f p|
-// < 4, and ip = 1 / p: products with |q - round(z)| < 2^BITS and their sums of four stay far inside f16's range
-// whatever x holds. f16 and bf16 values are exact in f16 after the scaling (those 2^14 times smaller than the
-// largest round).
-template <int BITS> DEVICE void x_pairs(const float (&f)[8], h2_t (&xp)[4], float& ip) {
-  float m = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) m = __builtin_fmaxf(m, __builtin_fabsf(f[e]));
-  u32 e = __builtin_bit_cast(u32, m) >> 23;  // m's biased exponent: m < 2^(e - 126)
-  e = e < 1u ? 1u : e > 253u ? 253u : e;
-  const float p = __builtin_bit_cast(float, (254u - e) << 23);  // 2^(127 - e)
-  ip = __builtin_bit_cast(float, e << 23);
+// 8 values of x (f, in k order) times p as 4 f16 pairs in x_order's order. p is a power of two, so f16 and bf16
+// values stay exact (those 2^14 times smaller than the piece's largest round).
+template <int BITS> DEVICE void scaled_pairs(const float (&f)[8], float p, h2_t (&xp)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int lo = BITS == 4 ? i : (i / 2) * 4 + i % 2, hi = lo + (BITS == 4 ? 4 : 2);
@@ -77,22 +68,62 @@ template <int BITS> DEVICE void x_pairs(const float (&f)[8], h2_t (&xp)[4], floa
   }
 }
 
+// Stage pieces p0 .. p0 + n - 1 of x's MB rows: pair j of piece i of row b at qx_buffer[(b * V / 8 + j) * PASS + i]
+// (a round's lanes read consecutive 16 bytes), its (1 / p, sum of x) after all pairs at [b * PASS + i]. With
+// NORM, x is round(x * norm) as normalize8 makes it and ss[b] gathers the squares of the pieces this thread staged.
+template <typename T, int BITS, int MB, bool NORM>
+DEVICE void stage_x(const T* x, const T* norm, u32 p0, u32 n, bool wide, const LinShape& s, float (&ss)[MB]) {
+  constexpr u32 V = 128 / BITS, PASS = qx_pass<BITS, MB>();
+  float2_t* rec = (float2_t*)(qx_buffer + MB * (V / 8) * PASS);
+#pragma unroll
+  for (int b = 0; b < MB; ++b)
+    for (u32 i = thread_x(); i < n; i += BLOCK) {
+      const u32 k = (p0 + i) * V;
+      float f[V / 8][8], m = 0.0f, sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < (int)(V / 8); ++j) {
+        unpack8<T>(load8(x, (u32)b, s.M, k + 8 * j, s.K, wide, false), f[j]);
+        if (NORM) normalize8<T>(f[j], load8(norm, 0u, 1u, k + 8 * j, s.K, wide, false), ss[b]);
+        sum += sum8(f[j]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) m = __builtin_fmaxf(m, __builtin_fabsf(f[j][e]));
+      }
+      // p = 2^(127 - e) for m's biased exponent e (m < 2^(e - 126)): every |f p| < 4, so products with
+      // |q - round(z)| < 2^BITS and their sums of four stay far inside f16's range; 1 / p = 2^(e - 127)
+      u32 e = __builtin_bit_cast(u32, m) >> 23;
+      e = e < 1u ? 1u : e > 253u ? 253u : e;
+      const float p = __builtin_bit_cast(float, (254u - e) << 23);
+#pragma unroll
+      for (int j = 0; j < (int)(V / 8); ++j) {
+        h2_t xp[4];
+        scaled_pairs<BITS>(f[j], p, xp);
+        qx_buffer[((u32)b * (V / 8) + j) * PASS + i] =
+            U4{h2_bits(xp[0]), h2_bits(xp[1]), h2_bits(xp[2]), h2_bits(xp[3])};
+      }
+      rec[(u32)b * PASS + i] = float2_t{__builtin_bit_cast(float, e << 23), sum};
+    }
+}
+
 template <typename T, int BITS, int MB, bool NORM>
 DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const T* zeros, const T* bias, const T* res,
                      const T* norm, T* y, const QShape& q) {
   const LinShape& s = q.s;
-  constexpr int V = 128 / BITS;             // values a piece
-  constexpr int WR = QWR;                   // rows of w a wave
-  constexpr int QU = BITS == 4 ? QU4 : QU8;  // pieces of each row a lane loads together
-  constexpr bool H2 = ROCMC_Q_H2 && BITS == 4;
+  constexpr int V = 128 / BITS;  // values a piece
+  constexpr int WR = QWR;        // rows of w a wave
+  constexpr u32 PASS = qx_pass<BITS, MB>();
+  static_assert(PASS >= WAVE, "the staging buffer holds a round's pieces");
   static_assert(WR >= 2 && WR % 2 == 0, "a wave takes gate and up rows in pairs");
-  const bool gated = s.flags & FLAG_GATED;  // not a template parameter: one body serves both (smaller PTX)
-  const u32 outs = gated ? WR / 2 : WR;     // the wave's outputs
+  const bool gated = s.flags & FLAG_GATED;
+  const u32 outs = gated ? WR / 2 : WR;
   const u32 wave = thread_x() / WAVE, lane = thread_x() % WAVE;
-  const u32 o0 = (block_x() * NW + wave) * outs;
+  u32 o0 = (block_x() * NW + wave) * outs;
+#if defined(__AMDGCN__)
+  // the wave's rows in a vector register: held in scalar ones, their addresses took more than CDNA's 102
+  asm volatile("v_mov_b32 %0, %1" : "=v"(o0) : "v"(o0));
+#endif
   const u32 pieces = s.K / V, rows_w = gated ? 2 * s.N : s.N, gs = s.K / q.G, row_bytes = s.K / 8 * BITS;
   const bool wide = aligned16(x, norm), wide_w = aligned16(w, w);
-  u32 wrow[WR];  // row r of the wave: output o0 + r, or (gated) the up row of output o0 + r - outs; rows_w past N
+  u32 wrow[WR];
 #pragma unroll
   for (int r = 0; r < WR; ++r) {
     const u32 o = o0 + ((u32)r < outs ? r : r - outs);
@@ -105,108 +136,112 @@ DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const 
 #pragma unroll
     for (int r = 0; r < WR; ++r) acc[r][b] = 0.0f;
   }
-  // A set of pieces in registers: QU pieces of each of the wave's rows, with their groups' scales and zeros (loaded
-  // with the bytes, so the products wait on one round trip to memory, not two).
   struct Pieces {
-    U4 w[QU][WR];
-    T sc[QU][WR], z[QU][WR];
+    U4 w[WR];
+    T sc[WR], z[WR];
   };
-  auto load = [&](u32 p0, Pieces& set) __attribute__((always_inline)) {
+  // Pieces past K or rows past N are never used (products skips them, no output takes them): their loads read the
+  // last piece or row again instead of branching around them (on AMD's CDNA the branches' masks cost scalar
+  // registers, which spilled).
+  auto load = [&](u32 p, Pieces& set) __attribute__((always_inline)) {
+    p = p < pieces ? p : pieces - 1;
 #pragma unroll
-    for (int u = 0; u < QU; ++u) {
-      const u32 p = p0 + u * WAVE;
-#pragma unroll
-      for (int r = 0; r < WR; ++r) {
-        if (p >= pieces || wrow[r] >= rows_w) {
-          set.w[u][r] = U4{0u, 0u, 0u, 0u};
-          set.sc[u][r] = set.z[u][r] = from_f32<T>(0.0f);
-          continue;
-        }
-        const unsigned char* at = w + (u64)wrow[r] * row_bytes + (u64)p * 16;
-        set.w[u][r] = wide_w ? load_cs<U4>((const U4*)at) : load16_bytes(at);
-        const u64 g = (u64)wrow[r] * q.G + p * V / gs;
-        set.sc[u][r] = scales[g];
-        set.z[u][r] = zeros[g];
-      }
+    for (int r = 0; r < WR; ++r) {
+      const u32 row = wrow[r] < rows_w ? wrow[r] : rows_w - 1;
+      const unsigned char* at = w + (u64)row * row_bytes + (u64)p * 16;
+      set.w[r] = wide_w ? load_cs<U4>((const U4*)at) : load16_bytes(at);
+      const u64 g = (u64)row * q.G + p * V / gs;
+      set.sc[r] = scales[g];
+      set.z[r] = zeros[g];
     }
   };
-  auto products = [&](u32 p0, const Pieces& set) __attribute__((always_inline)) {
+  // The products of piece p (i: its place in the staged pass) with the wave's rows.
+  auto products = [&](u32 p, u32 i, const Pieces& set) __attribute__((always_inline)) {
+    if (p >= pieces) return;
+    const float2_t* rec = (const float2_t*)(qx_buffer + MB * (V / 8) * PASS);
+    h2_t xp[MB][V / 8][4];
+    float ip[MB], xs[MB];
 #pragma unroll
-    for (int u = 0; u < QU; ++u) {
-      const u32 p = p0 + u * WAVE, k = p * V;
-      if (p >= pieces) continue;
-      float sc[WR], zr[WR], zi[WR], dot[WR][MB], xs[MB];
-#pragma unroll
-      for (int r = 0; r < WR; ++r) {
-        sc[r] = to_f32(set.sc[u][r]);
-        zr[r] = to_f32(set.z[u][r]);
-        // f16 pairs: the zero's integer part goes into the pairs, the rest (zr) into the group's correction
-        zi[r] = H2 ? __builtin_fminf(__builtin_fmaxf(__builtin_rintf(zr[r]), 0.0f), (float)((1 << BITS) - 1)) : 0.0f;
-        zr[r] -= zi[r];
-#pragma unroll
-        for (int b = 0; b < MB; ++b) dot[r][b] = 0.0f;
-      }
-#pragma unroll
-      for (int b = 0; b < MB; ++b) xs[b] = 0.0f;
+    for (int b = 0; b < MB; ++b) {
 #pragma unroll
       for (int j = 0; j < V / 8; ++j) {
-        float f[MB][8];
+        const U4 v = qx_buffer[((u32)b * (V / 8) + j) * PASS + i];
+        xp[b][j][0] = as_h2(v.x), xp[b][j][1] = as_h2(v.y), xp[b][j][2] = as_h2(v.z), xp[b][j][3] = as_h2(v.w);
+      }
+      const float2_t r = rec[(u32)b * PASS + i];
+      ip[b] = r.x, xs[b] = r.y;
+    }
+#pragma unroll
+    for (int r = 0; r < WR; ++r) {
+      const float sc = to_f32(set.sc[r]);
+      float zr = to_f32(set.z[r]);
+      // the zero's integer part goes into the pairs, the rest (zr) into the group's correction
+      const float zi = __builtin_fminf(__builtin_fmaxf(__builtin_rintf(zr), 0.0f), (float)((1 << BITS) - 1));
+      zr -= zi;
+      const u32 h[4] = {set.w[r].x, set.w[r].y, set.w[r].z, set.w[r].w};
+      float dot[MB];
+#pragma unroll
+      for (int b = 0; b < MB; ++b) dot[b] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V / 8; ++j) {
+        h2_t qv[4];
+        q_pairs<BITS>(h, j, zi, qv);
 #pragma unroll
         for (int b = 0; b < MB; ++b) {
-          unpack8<T>(load8(x, (u32)b, s.M, k + 8 * j, s.K, wide, false), f[b]);
-          if (NORM) normalize8<T>(f[b], load8(norm, 0u, 1u, k + 8 * j, s.K, wide, false), ss[b]);
-          xs[b] += sum8(f[b]);
-        }
-        if constexpr (H2) {
-          h2_t xp[MB][4];
-          float ip[MB];
+          h2_t d = qv[0] * xp[b][j][0];
 #pragma unroll
-          for (int b = 0; b < MB; ++b) x_pairs<BITS>(f[b], xp[b], ip[b]);
-#pragma unroll
-          for (int r = 0; r < WR; ++r) {
-            const u32 h[4] = {set.w[u][r].x, set.w[u][r].y, set.w[u][r].z, set.w[u][r].w};
-            h2_t qv[4];
-            q_pairs<BITS>(h, j, zi[r], qv);
-#pragma unroll
-            for (int b = 0; b < MB; ++b) {
-              h2_t d = qv[0] * xp[b][0];
-#pragma unroll
-              for (int i = 1; i < 4; ++i) d = __builtin_elementwise_fma(qv[i], xp[b][i], d);
-              dot[r][b] += ((float)d.x + (float)d.y) * ip[b];
-            }
-          }
-        } else {
-#pragma unroll
-          for (int r = 0; r < WR; ++r) {
-            const u32 h[4] = {set.w[u][r].x, set.w[u][r].y, set.w[u][r].z, set.w[u][r].w};
-            float qv[8];
-            values8<BITS>(h, j, qv);
-#pragma unroll
-            for (int b = 0; b < MB; ++b) dot[r][b] += dot8(qv, f[b]);
-          }
+          for (int t = 1; t < 4; ++t) d = __builtin_elementwise_fma(qv[t], xp[b][j][t], d);
+          dot[b] += (float)d.x + (float)d.y;
         }
       }
 #pragma unroll
-      for (int r = 0; r < WR; ++r)
-#pragma unroll
-        for (int b = 0; b < MB; ++b) acc[r][b] += sc[r] * (dot[r][b] - zr[r] * xs[b]);
+      for (int b = 0; b < MB; ++b) acc[r][b] += sc * (dot[b] * ip[b] - zr * xs[b]);
     }
   };
-  Pieces set;
-  for (u32 p0 = lane; p0 < pieces; p0 += WAVE * QU) {
-    load(p0, set);
-    products(p0, set);
+  // Rounds: every wave's lanes take pieces p0 + lane; p0 walks K in steps of WAVE, passes start at multiples of PASS.
+  // set[a] holds round a ahead of this one: QX_AHEAD rounds of pieces are in flight during a round's products.
+  constexpr int A = QX_AHEAD;
+  Pieces set[A + 1];
+#pragma unroll
+  for (int a = 0; a < A; ++a) load((u32)a * WAVE + lane, set[a]);
+  for (u32 s0 = 0; s0 < pieces; s0 += PASS) {  // passes (one up to PASS pieces)
+    if (s0) sync_threads();  // the last pass's reads are done
+    const u32 end = pieces - s0 < PASS ? pieces : s0 + PASS;
+    stage_x<T, BITS, MB, NORM>(x, norm, s0, end - s0, wide, s, ss);
+    sync_threads();
+    for (u32 p0 = s0; p0 < end; p0 += WAVE) {  // rounds: a tight loop, the staging outside it
+      load(p0 + (u32)A * WAVE + lane, set[A]);
+      products(p0 + lane, p0 - s0 + lane, set[0]);
+#pragma unroll
+      for (int a = 0; a < A; ++a) set[a] = set[a + 1];
+    }
   }
-  // Every lane ends with the wave's sums; lane r * MB + b stores output (o0 + r, row b).
+  // The norm's sum of squares over the workgroup's threads (each staged its own pieces).
+  float rs[MB];
+  if (NORM) {
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      const float t = wave_sum(ss[b]);
+      if (lane == 0) qx_sums[wave][b] = t;
+    }
+    sync_threads();
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      float t = 0.0f;
+#pragma unroll
+      for (int v = 0; v < NW; ++v) t += qx_sums[v][b];
+      rs[b] = inv_rms(t, s);
+    }
+  }
 #pragma unroll
   for (int b = 0; b < MB; ++b) {
-    const float rs = NORM ? inv_rms(wave_sum(ss[b]), s) : 1.0f;
 #pragma unroll
     for (int r = 0; r < WR; ++r) acc[r][b] = wave_sum(acc[r][b]);
 #pragma unroll
     for (int r = 0; r < WR; ++r)
       if ((u32)r < outs && lane == (u32)(r * MB + b) && (u32)b < s.M && o0 + r < s.N)
-        store_out<T>(acc[r][b], gated ? acc[(r + WR / 2) % WR][b] : 0.0f, gated, rs, b, o0 + r, bias, res, y, s);
+        store_out<T>(acc[r][b], gated ? acc[(r + WR / 2) % WR][b] : 0.0f, gated, NORM ? rs[b] : 1.0f, b, o0 + r,
+                     bias, res, y, s);
   }
 }
 
@@ -224,9 +259,9 @@ DEVICE void linear_q_bits(const T* x, const unsigned char* w, const T* sc, const
   else linear_q_mb<T, BITS, false>(x, w, sc, z, bias, res, norm, y, q);
 }
 
-// Tuning switch (-D): ROCMC_Q_OCC, NVPTX resident workgroups a multiprocessor to fit registers for. Unbounded, the
-// kernel took 243 registers (2 workgroups, 12% occupancy: latency-bound, ncu); 3 (170 registers) gave a 7B 4-bit
-// decode step 5.46 ms against 5.98 on an H100, 4 (128 registers, spilling) 5.43 (BENCHMARKS.md).
+// Tuning switch (-D): ROCMC_Q_OCC, NVPTX resident workgroups a multiprocessor to fit registers for. 3: 165
+// registers, none spilled (sm_90); 4 (128 registers, spilling) was 1.02x faster at one 4-bit row and 1.1x slower at
+// two, 5 1.6x slower, 2 (unbounded) with 3 rounds ahead 1.18x slower (an H200 sweep, bench/quant_sweep.py).
 #ifndef ROCMC_Q_OCC
 #define ROCMC_Q_OCC 3
 #endif

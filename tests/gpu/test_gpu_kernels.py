@@ -433,6 +433,8 @@ def _quantized_cases() -> list[Case]:
         quantized_case("q8k_f16_2_one_group", "f16", (2,), 300, 4096, 8, 1),
         quantized_case("q4k_f16_1_perm_norm", "f16", (1, 1), 64, 256, 4, 2, perm=True, norm=True),
         quantized_case("q8k_bf16_2_gelu", "bf16", (2,), 100, 11008, 8, 86, norm=True, gate="gelu_tanh"),
+        # two rows of 11008 4-bit values: x staged in two passes
+        quantized_case("q4k_bf16_2_passes_gated", "bf16", (2, 1), 100, 11008, 4, 86, norm=True, gate="silu"),
         # linear_qm's row blocks (NVIDIA: 8 rows a block; AMD: 16).
         quantized_case("q4k_f16_8_norm_gated", "f16", (8, 1), 2 * 688, 4096, 4, 32, norm=True, gate="silu", bias=True),
         quantized_case("q4k_f16_17_residual", "f16", (17,), 4096, 11008, 4, 86, residual=True),
