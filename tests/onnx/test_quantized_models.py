@@ -38,7 +38,7 @@ def _cnn(path, rng):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-def _mlp(path, rng):
+def _mlp(path, rng, opset=17):
     """x (batch, 48) -> MatMul + Add -> Relu -> MatMul + Add (batch, 40), float32 weights."""
     inits = {
         "w1": rng.normal(0, 0.2, (IN, HIDDEN)).astype(np.float32),
@@ -60,7 +60,7 @@ def _mlp(path, rng):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", OUT])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     onnx.save(model, str(path))
 
 
@@ -94,6 +94,8 @@ def _quantize(kind, src, dst, rng, shape):
             extra_options={"scenario": "same"},
         )
         return
+    # 4-bit weights (int4 / uint4 initializers; ONNX's own DequantizeLinear takes them from opset 21 on)
+    weight = {"qdq_int4": quantization.QuantType.QInt4, "qdq_uint4": quantization.QuantType.QUInt4}
     quantization.quantize_static(
         str(src),
         str(dst),
@@ -101,7 +103,7 @@ def _quantize(kind, src, dst, rng, shape):
         quant_format=fmt,
         per_channel=kind.endswith("per_channel"),
         activation_type=quantization.QuantType.QUInt8,
-        weight_type=quantization.QuantType.QInt8,
+        weight_type=weight.get(kind.removesuffix("_per_channel"), quantization.QuantType.QInt8),
         # QOperator's Add is com.microsoft's QLinearAdd (a contrib op, not ONNX): the products alone there.
         op_types_to_quantize=(["Conv"] if conv else ["MatMul"]) if kind.startswith("qoperator") else None,
     )
@@ -112,6 +114,8 @@ CASES = {
     "qdq": {"QuantizeLinear", "DequantizeLinear"},
     "qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
     "qdq_float8": {"QuantizeLinear", "DequantizeLinear"},
+    "qdq_int4_per_channel": {"QuantizeLinear", "DequantizeLinear"},
+    "qdq_uint4": {"QuantizeLinear", "DequantizeLinear"},
     "qoperator": {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"},
     "conv_dynamic": {"DynamicQuantizeLinear", "ConvInteger"},
     "conv_qdq_per_channel": {"QuantizeLinear", "DequantizeLinear"},
@@ -124,13 +128,20 @@ CASES = {
 def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, rng, kind):
     src, dst = tmp_path / "model.onnx", tmp_path / f"model_{kind}.onnx"
     conv = kind.startswith("conv_")
-    (_cnn if conv else _mlp)(src, rng)
+    four_bit = "int4" in kind
+    if conv:
+        _cnn(src, rng)
+    else:
+        _mlp(src, rng, opset=21 if four_bit else 17)
     _quantize(kind, src, dst, rng, (4, 3, 12, 12) if conv else (4, IN))
     quantized = onnx.load(str(dst))
-    ops = {n.op_type for n in quantized.graph.node}
-    assert CASES[kind] <= ops, ops
+    ops = {(n.domain or "ai.onnx", n.op_type) for n in quantized.graph.node}
+    assert {("ai.onnx", op) for op in CASES[kind]} <= ops, ops
+    stored = {t.data_type for t in quantized.graph.initializer}
     if kind == "qdq_float8":  # the weights and zero points are float8 tensors
-        assert any(t.data_type == TensorProto.FLOAT8E4M3FN for t in quantized.graph.initializer)
+        assert TensorProto.FLOAT8E4M3FN in stored
+    if four_bit:  # the weights and their zero points are 4-bit tensors
+        assert (TensorProto.UINT4 if kind.startswith("qdq_uint4") else TensorProto.INT4) in stored
     session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
     module = rocmc.load(rocmc.compile(rocmc.import_onnx(str(dst)), "cpu"))
     float_session = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
@@ -196,4 +207,77 @@ def test_bad_quantization_parameters_are_reported(inputs, attrs, needle):
     x = np.ones((2, 6), np.float32)
     model = _one_node("QuantizeLinear", {"x": x, **inputs}, attrs)
     with pytest.raises(rocmc.ModelImportError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        rocmc.import_onnx(model)
+
+
+@pytest.mark.parametrize("kind", ["int4", "uint4"])
+def test_four_bit_weights_dequantize_as_the_reference(rng, kind):
+    """x @ DequantizeLinear(w) with w a 4-bit initializer (10 x 6) in blocks of 4 along axis 0 (the last block
+    short), 4-bit zero points at the range ends among others, against ONNX's reference."""
+    from onnx.reference import ReferenceEvaluator
+    import ml_dtypes
+
+    lo, hi = (-8, 7) if kind == "int4" else (0, 15)
+    narrow = getattr(ml_dtypes, kind)
+    w = rng.integers(lo, hi + 1, (10, 6)).astype(narrow)
+    z = rng.integers(lo, hi + 1, (3, 6))
+    z[0, :2] = lo, hi
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(rng.uniform(0.01, 0.1, (3, 6)).astype(np.float32), "s"),
+        numpy_helper.from_array(z.astype(narrow), "z"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], axis=0, block_size=4),
+        helper.make_node("MatMul", ["x", "wf"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dq4",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 6])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = rng.normal(0, 1, (3, 10)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    ref64 = x.astype(np.float64) @ (
+        (w.astype(np.float64) - np.repeat(z, 4, 0)[:10])
+        * np.repeat(numpy_helper.to_array(inits[1]).astype(np.float64), 4, 0)[:10]
+    )
+    got = rocmc.load(rocmc.compile(rocmc.import_onnx(model), "cpu"))(x)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5) and np.allclose(got, ref64, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op,inputs,needle",
+    [
+        # a 4-bit x with an 8-bit zero point: ONNX wants one type, and widening must not hide the mismatch
+        ("DequantizeLinear", {"s": np.float32(0.1), "z": np.int8(0)}, "x_zero_point is int8, x int4"),
+        # quantizing to 4 bits: the output type is one rocmc lacks
+        ("QuantizeLinear", {"s": np.float32(0.1), "z": "int4"}, "element type int4"),
+    ],
+)
+def test_four_bit_values_rocmc_cannot_take_are_reported(op, inputs, needle):
+    import ml_dtypes
+
+    z = inputs["z"]
+    z = np.zeros((), ml_dtypes.int4) if isinstance(z, str) else np.asarray(z)
+    if op == "DequantizeLinear":
+        nodes = [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"])]
+        inits = {"w": np.ones((2, 3), ml_dtypes.int4), "s": np.asarray(inputs["s"]), "z": z}
+        graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])]
+    else:
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])]
+        inits = {"s": np.asarray(inputs["s"]), "z": z}
+        graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+    graph = helper.make_graph(
+        nodes,
+        "bad4",
+        graph_inputs,
+        [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(rocmc.ModelImportError, match=needle):
         rocmc.import_onnx(model)

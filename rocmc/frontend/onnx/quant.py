@@ -5,8 +5,11 @@ integer type; products of integers in int32; QLinearMatMul's rescale in float64)
 
 rocmc quantizes to the integer types of its dtype table (int8, uint8, int16, uint16; int32 dequantizes) and to
 its float8 types (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: x / scale converted with saturation unless saturate=0, as
-onnx.reference does). The 4-bit, 2-bit, float8e8m0 and float4 types ONNX also has are not in it: such a model is
-reported with the type (the importer's element-type check). ConvInteger and QLinearConv convolve the
+onnx.reference does). int4 and uint4 are not in the table, but DequantizeLinear takes them where they are known at
+import time (initializers and constants: the weights of a model quantized to 4 bits, such as ONNX Runtime's
+quantize_static with QInt4 / QUInt4 weights): their values are widened to int8 / uint8, which holds them exactly,
+and dequantized as those. Anywhere else (a graph input or output, QuantizeLinear to 4 bits, a Cast) a 4-bit
+value is reported with its type, as are the 2-bit, float8e8m0 and float4 types. ConvInteger and QLinearConv convolve the
 zero-point-shifted integers in float64, where every sum of int8/uint8 products is exact, and take the int32 result
 from it.
 """
@@ -19,7 +22,7 @@ from ..graph import Value
 from .importer import converts
 from .nn import numpy_matmul
 from .spatial import conv_nd
-from .values import Node, Unsupported, _axis, _ops, _rocmc_dtype
+from .values import Node, Tensor, Unsupported, _axis, _ops, _rocmc_dtype
 
 RANGES = {"u8": (0, 255), "i8": (-128, 127), "u16": (0, 65535), "i16": (-32768, 32767)}
 FLOAT8 = ("f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz")
@@ -91,9 +94,30 @@ def _quantize_linear(n: Node):
     return _saturate(R, q, out)
 
 
+# 4-bit types DequantizeLinear takes as known arrays (numpy's names of ml_dtypes' types) -> the 8-bit type that holds
+# their values
+NARROW = {"int4": "int8", "uint4": "uint8"}
+
+
+def _widen_known(n: Node) -> None:
+    """DequantizeLinear's x and x_zero_point, when they are known int4 / uint4 arrays, as int8 / uint8 arrays of the
+    same values (each checked against the other's type first: widening must not hide a mismatch)."""
+    kinds = [n.inputs[i].known.dtype.name if n.has(i) and n.inputs[i].known is not None else None for i in (0, 2)]
+    if not any(k in NARROW for k in kinds):
+        return
+    if n.has(2) and kinds[0] != kinds[1]:
+        x_type = kinds[0] or n.inputs[0].dtype_name()
+        raise Unsupported(f"x_zero_point is {kinds[1] or n.inputs[2].dtype_name()}, x {x_type}: expected one type")
+    for i in (0, 2):
+        t = n.inputs[i] if n.has(i) else None
+        if t is not None and t.known is not None and t.known.dtype.name in NARROW:
+            n.inputs[i] = Tensor(known=t.known.astype(NARROW[t.known.dtype.name]), name=t.name)
+
+
 @converts("DequantizeLinear")
 def _dequantize_linear(n: Node):
     R = _ops()
+    _widen_known(n)
     x = n.value(0)
     if x.dtype.name not in (*RANGES, "i32", *FLOAT8):
         raise Unsupported(f"x is {x.type}: rocmc dequantizes {', '.join(RANGES)}, i32 and {', '.join(FLOAT8)}")
