@@ -22,7 +22,7 @@ from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_s
 from .compiler import compile_bytecode, iree_version, owned_tempdir
 from .module import lower, program_hash, program_of
 from .registry import check_options, current_options
-from .target import Target
+from .target import FNUZ, OCP, Target, native_float8
 
 _stage_lock = threading.Lock()
 LOG = "rocmc.lowering"
@@ -95,19 +95,13 @@ def compile(
     return art
 
 
-# The float8 types each AMD GPU converts in hardware (MI300's fnuz variants, OCP's from gfx950 and RDNA4); IREE
-# converts the others in software when asked to.
-_FNUZ, _OCP = {"f8e4m3fnuz", "f8e5m2fnuz"}, {"f8e4m3fn", "f8e5m2"}
-_NATIVE_FLOAT8 = {"gfx940": _FNUZ, "gfx941": _FNUZ, "gfx942": _FNUZ, "gfx950": _OCP, "gfx1200": _OCP, "gfx1201": _OCP}
-
-
 def _type_flags(program: dict, target: Target) -> list:
     """Flags the program's element types need on `target` (in the compile flags, so the summary shows them);
     LoweringError for types the target's compiler can't take."""
     types = {v.dtype.name for g in program.values() for v in g.inputs} | {
         o.dtype.name for g in program.values() for n in g.nodes for o in n.outputs
     }
-    float8 = types & (_FNUZ | _OCP)
+    float8 = types & (FNUZ | OCP)
     if not float8 or target.kind == "cpu":
         return []
     if target.kind == "cuda":
@@ -115,7 +109,7 @@ def _type_flags(program: dict, target: Target) -> list:
             f"{', '.join(sorted(float8))} on {target}: IREE {iree_version()}'s CUDA backend can't compile float8 "
             f"types (cpu and rocm targets take them); convert to f16 or bf16 before the module"
         )
-    return [] if float8 <= _NATIVE_FLOAT8.get(target.arch, set()) else ["--iree-llvmgpu-enable-small-float-emulation"]
+    return [] if float8 <= native_float8(target) else ["--iree-llvmgpu-enable-small-float-emulation"]
 
 
 def _names(program: dict) -> str:

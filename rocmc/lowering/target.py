@@ -19,6 +19,17 @@ from ..errors import TargetError
 _CPU_NAMES = ("cpu", "host", "llvm-cpu", "local")
 
 
+# The float8 types each AMD GPU converts in hardware and its matrix units take (MI300's fnuz variants, OCP's from
+# gfx950 and RDNA4); IREE converts the others in software when asked to.
+FNUZ, OCP = frozenset({"f8e4m3fnuz", "f8e5m2fnuz"}), frozenset({"f8e4m3fn", "f8e5m2"})
+_NATIVE_FLOAT8 = {"gfx940": FNUZ, "gfx941": FNUZ, "gfx942": FNUZ, "gfx950": OCP, "gfx1200": OCP, "gfx1201": OCP}
+
+
+def native_float8(target: "Target") -> frozenset:
+    """The float8 types (rocmc's names) `target`'s hardware takes: none on the CPU, CUDA and other AMD GPUs."""
+    return _NATIVE_FLOAT8.get(target.arch, frozenset()) if target.kind == "rocm" else frozenset()
+
+
 @dataclass(frozen=True)
 class Target:
     kind: str  # "cpu", "rocm" or "cuda"

@@ -250,3 +250,68 @@ def test_a_bad_weight_format_is_a_typed_error():
         ops.quantized_linear(x, w, s, bits=4, format="e4m3fn")
     with pytest.raises(rocmc.GraphError, match="format='e5m2'"):
         ops.quantized_linear(x, g.input("w8", (N, 64), "u8"), s, bits=8, format="e5m2")
+
+
+def _fp8_graph(dtype, groups, lead=("rows",), k=256, bias=True, weight="input"):
+    g = rocmc.Graph("fp8")
+    x = g.input("x", (*lead, k), dtype)
+    w = g.parameter("w", (N, k), "u8") if weight == "parameter" else g.input("w", (N, k), "u8")
+    s = g.input("s", (N, groups), "f32")
+    b = g.input("b", (N,), dtype) if bias else None
+    g.output(ops.quantized_linear(x, w, s, None, b, bits=8, format="e4m3fn"))
+    return g
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_float8_products_quantize_x_by_row(rng, dtype):
+    """impl "fp8" (asked for on the CPU; the default on gfx942): x / (max|x_row| / 240) rounded to e4m3fnuz, the
+    e4m3fn weight bytes as e4m3fnuz of half their value (-0 made +0), products summed in f32, then scaled back:
+    equal to that arithmetic emulated with ml_dtypes, every weight code but NaN's, a row of zeros; within the
+    activations' rounding of the weight-only result; a NaN weight code makes its output NaN."""
+    import ml_dtypes
+
+    g = _fp8_graph(dtype, 1)
+    art = rocmc.compile(g, "cpu", impl={"quantized_linear": "fp8"})
+    assert "fp8" in art.summary()
+    mod = rocmc.load(art)
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    wv = np.resize(rng.permutation(codes), (N, 256)).astype(np.uint8)
+    sv = rng.uniform(0.001, 0.01, (N, 1)).astype(np.float32)
+    bv = rand(rng, (N,), dtype)
+    for rows in (1, 6):
+        xv = rand(rng, (rows, 256), dtype) * 4
+        xv[rows // 2] = 0
+        got = np.asarray(mod(xv, wv, sv, bv), np.float64)
+        xf = xv.astype(np.float32)
+        amax = np.abs(xf).max(1, keepdims=True)
+        sx = np.where(amax == 0, np.float32(1), amax / np.float32(240)).astype(np.float32)
+        xq = (xf / sx).astype(ml_dtypes.float8_e4m3fnuz).astype(np.float64)
+        wf = wv.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        emulated = (xq @ wf.T) * sx * sv.T + bv.astype(np.float64)
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(got, emulated, rtol=rtol, atol=atol * 10 * np.abs(emulated).max())
+        weight_only = xv.astype(np.float64) @ (wf * sv).T + bv.astype(np.float64)
+        assert np.linalg.norm(got - weight_only) / np.linalg.norm(weight_only) < 0.05
+    wv[3, 7] = 0x7F  # e4m3fn's NaN
+    got = np.asarray(mod(xv, wv, sv, bv), np.float64)
+    assert np.isnan(got[:, 3]).all() and not np.isnan(np.delete(got, 3, axis=1)).any()
+
+
+def test_float8_products_on_gfx942_take_its_float8_matrix_instructions(tmp_path):
+    """On gfx942 (compiled here, never run: no AMD GPU) e4m3fn weights with a scale a row take the fp8
+    implementation by default: the contraction is IREE's matmul of e4m3fnuz operands planned on
+    MFMA_F32_16x16x32_F8E4M3FNUZ, symbolic rows included, and weights held by the module (a parameter) are
+    converted once, in an initializer. Block scales, and gfx90a (no e4m3fnuz matrix instructions), keep the
+    dequantizing product, with the reason in the summary."""
+    for lead in ((64,), ("rows",), (1, "seq")):
+        art = rocmc.compile(_fp8_graph("f16", 1, lead, weight="parameter"), "gfx942")
+        names = [d["name"] for d in art.dispatches()]
+        assert any("matmul_like" in n and "f8E4M3FNUZxf8E4M3FNUZxf32" in n for n in names), names
+        assert [n for n in names if "i8xf8E4M3FNUZ" in n and n.startswith("_initializer")], names
+        art.dump_ir(tmp_path / str(len(lead)))
+        configured = (tmp_path / str(len(lead)) / "09.executable-configurations.mlir").read_text()
+        assert "MFMA_F32_16x16x32_F8E4M3FNUZ" in configured
+    art = rocmc.compile(_fp8_graph("f16", 2), "gfx942")
+    assert "2 scales a weight row" in art.summary() and not any("f8E4M3FNUZ" in d["name"] for d in art.dispatches())
+    art = rocmc.compile(_fp8_graph("f16", 1), "gfx90a")
+    assert "gfx90a's matrix units take no e4m3fnuz" in art.summary()

@@ -17,6 +17,7 @@ MODULES = (
     "conv",
     "depthwise",
     "elementwise",
+    "fp8",
     "fused",
     "gathers",
     "index",

@@ -96,20 +96,24 @@ def dequantized(E: Emitter, w: T, scales: T, zeros: T | None, bits: int, like: T
     return T(r, TensorType((n, groups, gs), like.type.dtype), like.elt)
 
 
-@lowering("quantized_linear")
-def _lower_quantized_linear(E: Emitter, node, ins, ctx):
-    """rms_norm's code (with `norm`), the product, then the gate's or the residual's elementwise epilogue (IREE
-    fuses it into the product's dispatch), as the separate ops compute them."""
-    x, w, scales, zeros, bias, perm, residual, norm = ins
-    out = node.outputs[0].type
-    if norm is not None:
-        x = rms_norm_of(E, x, norm, node.attrs["eps"], x.rank - 1)
-    gate = node.attrs.get("gate", "none")
-    joined = TensorType(out.shape[:-1] + (w.shape[0],), out.dtype)
-    y = product(E, node, x, w, scales, zeros, bias, perm, joined, ctx)
-    if gate != "none":
-        return [gate_halves(E, y, gate, out)]
-    return [y if residual is None else epilogue(E, y, residual, "none", out)]
+def lowered_with(contract):
+    """quantized_linear's lowering around `contract` (product's signature): rms_norm's code (with `norm`), the
+    product, then the gate's or the residual's elementwise epilogue (IREE fuses it into the product's dispatch),
+    as the separate ops compute them."""
+
+    def lower(E: Emitter, node, ins, ctx):
+        x, w, scales, zeros, bias, perm, residual, norm = ins
+        out = node.outputs[0].type
+        if norm is not None:
+            x = rms_norm_of(E, x, norm, node.attrs["eps"], x.rank - 1)
+        gate = node.attrs.get("gate", "none")
+        joined = TensorType(out.shape[:-1] + (w.shape[0],), out.dtype)
+        y = contract(E, node, x, w, scales, zeros, bias, perm, joined, ctx)
+        if gate != "none":
+            return [gate_halves(E, y, gate, out)]
+        return [y if residual is None else epilogue(E, y, residual, "none", out)]
+
+    return lower
 
 
 def product(E: Emitter, node, x: T, w: T, scales: T, zeros: T, bias, perm, out: TensorType, ctx) -> T:
@@ -153,3 +157,6 @@ def product(E: Emitter, node, x: T, w: T, scales: T, zeros: T, bias, perm, out: 
         _mac(storage, acc),
     )[0]
     return E.convert(finish(T(r, out_c, acc)), storage)
+
+
+lowering("quantized_linear")(lowered_with(product))
