@@ -281,3 +281,63 @@ def test_four_bit_values_rocmc_cannot_take_are_reported(op, inputs, needle):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     with pytest.raises(rocmc.ModelImportError, match=needle):
         rocmc.import_onnx(model)
+
+
+@pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, False)])
+def test_matmul_nbits_models_match_onnxruntime(tmp_path, rng, bits, symmetric):
+    """ONNX Runtime's MatMulNBitsQuantizer (blocks of 16 along K: 3 and 6 blocks a row, so packed 4-bit zero points
+    end in half a byte) writes com.microsoft MatMulNBits nodes; rocmc imports them as quantized_linear and matches
+    ONNX Runtime's run of the model."""
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+    src = tmp_path / "model.onnx"
+    _mlp(src, rng)
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=symmetric, bits=bits)
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(src)), algo_config=config)
+    quantizer.process()
+    model = quantizer.model.model
+    found = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    assert len(found) == 2 and all(len(n.input) == (3 if symmetric else 4) for n in found), found
+    dst = tmp_path / "nbits.onnx"
+    onnx.save(model, str(dst))
+    session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    art = rocmc.compile(rocmc.import_onnx(str(dst)), "cpu")
+    assert "quantized_linear" in art.summary()
+    module = rocmc.load(art)
+    for batch in (1, 5):
+        x = rng.normal(0, 1, (batch, IN)).astype(np.float32)
+        want, got = session.run(None, {"x": x})[0], np.asarray(module(x))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "attrs,extra,needle",
+    [
+        ({"bits": 3}, {}, "bits=3: rocmc's quantized_linear takes 4 or 8"),
+        ({"block_size": 24}, {}, "K=32 in blocks of block_size=24"),
+        ({}, {"g_idx": np.arange(32, dtype=np.int32) % 2}, "g_idx other than k // block_size"),
+    ],
+)
+def test_bad_matmul_nbits_are_reported(attrs, extra, needle):
+    """What MatMulNBits rocmc does not take is reported by name, as is another com.microsoft op."""
+    attrs = {"K": 32, "N": 4, "bits": 4, "block_size": 16, **attrs}
+    inits = {"B": np.zeros((4, 2, 8), np.uint8), "s": np.ones(8, np.float32)}
+    names = ["x", "B", "s"]
+    if "g_idx" in extra:
+        inits.update({"z": np.full(4, 0x88, np.uint8), "g": extra["g_idx"]})
+        names += ["z", "g"]
+    nodes = [
+        helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", **attrs),
+        helper.make_node("QLinearAdd", ["y"], ["y2"], domain="com.microsoft"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nbits",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+        [helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    with pytest.raises(rocmc.ModelImportError) as e:
+        rocmc.import_onnx(helper.make_model(graph, opset_imports=opsets))
+    assert needle in str(e.value) and "of 'com.microsoft': MatMulNBits" in str(e.value), str(e.value)

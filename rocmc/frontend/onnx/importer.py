@@ -99,6 +99,20 @@ def converts(*op_types: str):
     return deco
 
 
+# Operators of other domains than ai.onnx rocmc imports (ONNX Runtime's com.microsoft): (domain, op type) ->
+# (its attributes, converter), registered with @contrib. onnx.defs has no schemas for them: each is imported as
+# ONNX Runtime defines its version 1.
+CONTRIB: dict[tuple[str, str], tuple[frozenset, Callable]] = {}
+
+
+def contrib(domain: str, op_type: str, attributes: tuple):
+    def deco(fn):
+        CONTRIB[(domain, op_type)] = (frozenset(attributes), fn)
+        return fn
+
+    return deco
+
+
 def folds(*op_types: str, broadcasting: bool = False):
     def deco(fn):
         for op in op_types:
@@ -254,8 +268,12 @@ class Importer(SizeReasoning):
 
     def _version(self, proto) -> int:
         domain = "" if proto.domain == "ai.onnx" else proto.domain
+        if (domain, proto.op_type) in CONTRIB:
+            return 1
         if domain != "":
-            raise Unsupported(f"domain {domain!r} is not supported (only the default ai.onnx domain)")
+            ops = sorted(op for d, op in CONTRIB if d == domain)
+            also = f"; of {domain!r}: {', '.join(ops)}" if ops else ""
+            raise Unsupported(f"domain {domain!r} is not supported (only the default ai.onnx domain{also})")
         if proto.op_type not in CONVERTERS and proto.op_type not in FOLDERS:
             raise Unsupported("op type is not supported")
         opset = self.opsets.get("", 0)
@@ -269,7 +287,8 @@ class Importer(SizeReasoning):
         return since
 
     def _check_attributes(self, proto) -> None:
-        known = _schema_attributes(proto.op_type, self.opsets.get("", 0), "")
+        extra = CONTRIB.get((proto.domain, proto.op_type))
+        known = extra[0] if extra else _schema_attributes(proto.op_type, self.opsets.get("", 0), "")
         for a in proto.attribute:
             if a.name not in known:
                 raise Unsupported(
@@ -277,6 +296,9 @@ class Importer(SizeReasoning):
                 )
 
     def _convert(self, proto, node: Node) -> list:
+        extra = CONTRIB.get((proto.domain, proto.op_type))
+        if extra:
+            return self._results(proto, extra[1](node))
         fold = FOLDERS.get(proto.op_type)
         if not all(t is None or t.known is not None for t in node.inputs):
             fold = None
@@ -296,7 +318,10 @@ class Importer(SizeReasoning):
                 return [Tensor(known=r) for r in res]
         if proto.op_type not in CONVERTERS:
             raise Unsupported("supported only on values known at import time (constants and static shapes)")
-        res = CONVERTERS[proto.op_type](node)
+        return self._results(proto, CONVERTERS[proto.op_type](node))
+
+    def _results(self, proto, res) -> list:
+        """A converter's results as Tensors, one per output of the node."""
         res = res if isinstance(res, (list, tuple)) else [res]
         out = []
         for r in res:

@@ -12,14 +12,21 @@ and dequantized as those. Anywhere else (a graph input or output, QuantizeLinear
 value is reported with its type, as are the 2-bit, float8e8m0 and float4 types. ConvInteger and QLinearConv convolve the
 zero-point-shifted integers in float64, where every sum of int8/uint8 products is exact, and take the int32 result
 from it.
+
+ONNX Runtime's com.microsoft MatMulNBits (what its MatMulNBitsQuantizer writes: 4- or 8-bit weights in blocks
+along K, the form of ONNX Runtime's int4 LLMs) is rocmc's quantized_linear: its weight blobs are quantized_linear's
+packed rows as they are (the first value of a byte in the low nibble), its blocks quantized_linear's groups, its
+packed zero points (2^(bits - 1) when absent) unpacked at import.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..graph import Value
-from .importer import converts
+from .importer import contrib, converts
 from .nn import numpy_matmul
 from .spatial import conv_nd
 from .values import Node, Tensor, Unsupported, _axis, _ops, _rocmc_dtype
@@ -223,3 +230,55 @@ def _qlinear_conv(n: Node):
     if w_scale.rank == 1 and w_scale.shape[0] != 1:
         w_scale = R.reshape(w_scale, [1, w_scale.shape[0]] + [1] * (c.rank - 2))  # one an output channel
     return _requantize(R, n, c, n.value(1), w_scale)
+
+
+@contrib("com.microsoft", "MatMulNBits", ("K", "N", "bits", "block_size", "accuracy_level"))
+def _matmul_nbits(n: Node):
+    """A (..., K) @ dequantized(B)^T (+ bias): B (N, blocks, block_size * bits / 8) bytes, scales (N * blocks) or
+    (N, blocks), zero points packed like B's values a row (bytes, padded to whole bytes) or in the scales' type,
+    g_idx (only the plain k // block_size), bias (N). accuracy_level (ONNX Runtime's license to compute in lower
+    precision) is not taken: rocmc computes the product as defined."""
+    R = _ops()
+    k, rows, bits, block = (int(n.attr(a, d)) for a, d in (("K", 0), ("N", 0), ("bits", 4), ("block_size", 0)))
+    if bits not in (4, 8):
+        raise Unsupported(f"bits={bits}: rocmc's quantized_linear takes 4 or 8")
+    if block < 1 or k % block:
+        raise Unsupported(f"K={k} in blocks of block_size={block}: rocmc takes a K that whole blocks cover")
+    blocks, blob = k // block, block * bits // 8
+    b = n.known(1, "B")
+    if b.dtype != np.uint8 or b.shape != (rows, blocks, blob):
+        raise Unsupported(
+            f"B is {b.dtype}{list(b.shape)}: expected uint8 [{rows}, {blocks}, {blob}] (N, K blocks, blob)"
+        )
+    scales = n.known(2, "scales")
+    if scales.size != rows * blocks or scales.dtype.kind != "f":
+        raise Unsupported(
+            f"scales are {scales.dtype}{list(scales.shape)}: expected {rows * blocks} floats (N x blocks)"
+        )
+    scales = scales.reshape(rows, blocks)
+    if not n.has(3):
+        zeros = np.full((rows, blocks), 1 << (bits - 1), scales.dtype)
+    else:
+        z = n.known(3, "zero_points")
+        per_row = -(-blocks * bits // 8)
+        if z.dtype == np.uint8 and z.size == rows * per_row:
+            z = z.reshape(rows, per_row)
+            if bits == 4:
+                z = np.stack((z & 15, z >> 4), axis=-1).reshape(rows, 2 * per_row)
+            zeros = z[:, :blocks].astype(scales.dtype)
+        elif z.dtype == scales.dtype and z.size == rows * blocks:
+            zeros = z.reshape(rows, blocks)
+        else:
+            raise Unsupported(
+                f"zero_points are {z.dtype}{list(z.shape)}: expected uint8 [{rows * per_row}] (packed a row) or "
+                f"{scales.dtype} [{rows * blocks}]"
+            )
+    if n.has(4):
+        g_idx = n.known(4, "g_idx")
+        if not np.array_equal(np.asarray(g_idx).reshape(-1), np.arange(k) // block):
+            raise Unsupported("g_idx other than k // block_size (act-order): not supported")
+    const = lambda arr, name: n.imp.value(Tensor(known=np.ascontiguousarray(arr), name=name))  # noqa: E731
+    w = const(b.reshape(rows, blocks * blob), f"{n.inputs[1].name}_packed")
+    s = const(scales, f"{n.inputs[2].name}_scales")
+    z = const(zeros, f"{n.inputs[1].name}_zeros")
+    return R.quantized_linear(n.value(0), w, s, z, n.value(5) if n.has(5) else None, bits=bits)
