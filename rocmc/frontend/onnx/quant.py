@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ..graph import Value
+from ..ops.quant import unpack
 from .importer import contrib, converts
 from .nn import numpy_matmul
 from .spatial import conv_nd
@@ -261,11 +262,8 @@ def _matmul_nbits(n: Node):
     else:
         z = n.known(3, "zero_points")
         per_row = -(-blocks * bits // 8)
-        if z.dtype == np.uint8 and z.size == rows * per_row:
-            z = z.reshape(rows, per_row)
-            if bits == 4:
-                z = np.stack((z & 15, z >> 4), axis=-1).reshape(rows, 2 * per_row)
-            zeros = z[:, :blocks].astype(scales.dtype)
+        if z.dtype == np.uint8 and z.size == rows * per_row:  # packed as quantized_linear's weights are
+            zeros = unpack(z.reshape(rows, per_row), bits)[:, :blocks].astype(scales.dtype)
         elif z.dtype == scales.dtype and z.size == rows * blocks:
             zeros = z.reshape(rows, blocks)
         else:
