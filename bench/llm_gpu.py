@@ -17,6 +17,7 @@ tokens, 128 new). Every stage adds to the JSON as it ends, so a run cut short ke
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import importlib.util
 import json
@@ -444,15 +445,20 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         t = time.perf_counter()
         nxt, _ = run.prefill()
         pre.append(time.perf_counter() - t)
-    # Decode: the stream generator as a user drives it, each yield timed; two passes, the second reported.
+    # Decode: the stream generator as a user drives it, each yield timed; two passes, the second reported; then
+    # the same with each step's tokens read before the next step is issued (lm.pipeline = False), the loop of
+    # earlier versions.
     passes = []
-    for _ in range(2):
+    for pipeline in (True, True, False, False):
+        lm.pipeline = pipeline
         stamps, toks = [time.perf_counter()], []
         for tok in lm.stream(prompt, NEW, stop_tokens=()):
             stamps.append(time.perf_counter())
             toks.append(tok)
         passes.append((np.diff(stamps), toks))
-    steps, stream_tokens = passes[-1]
+    lm.pipeline = True
+    unpiped, unpiped_tokens = passes[3]
+    steps, stream_tokens = passes[1]
     # The module's decode call alone, inputs prepared before the clock starts.
     nxt, _ = run.prefill()
     calls = []
@@ -475,6 +481,8 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
         "decode_call_ms_first_last": [1e3 * calls[0], 1e3 * calls[-1]],
         "stream_tokens_equal_first_pass": stream_tokens == tokens,
         "stream_passes_equal": passes[0][1] == passes[1][1],
+        "decode_tok_s_one_at_a_time": 1 / statistics.median(unpiped[1:]),
+        "one_at_a_time_tokens_equal": unpiped_tokens == stream_tokens,
     }
     log.put("rocmc_timing", timing)
     if a.profile:
@@ -516,15 +524,41 @@ def fill_slots(lm, prompts: list) -> tuple:
     return slots, nxt
 
 
-def time_decode(lm, slots, nxt, steps: int) -> tuple:
-    """`steps` decode steps of the filled slots, each timed alone: (the seconds of each, the last tokens)."""
-    times = []
+def time_decode(lm, slots, nxt, steps: int, keep: bool = False) -> tuple:
+    """`steps` decode steps of the filled slots, each timed alone: (the seconds of each, the last tokens; with
+    `keep`, every step's tokens too)."""
+    times, tokens = [], []
     for _ in range(steps):
         f = slots.decode(nxt)
         t = time.perf_counter()
         nxt = np.array(lm.module.decode(**f, output="device")[0].to_host())
         times.append(time.perf_counter() - t)
-    return times, nxt
+        tokens.append(nxt.tolist())
+    return (times, nxt, tokens) if keep else (times, nxt)
+
+
+def time_decode_ahead(lm, slots, nxt, steps: int) -> tuple:
+    """`steps` decode steps of the filled slots issued one ahead, as LanguageModel's loop issues them: step n + 1
+    is submitted (its tokens the device output of step n) before step n's tokens are read. (the seconds between
+    consecutive token reads, the last tokens, every step's tokens)."""
+    from rocmc.runtime.module import reshaped
+
+    b = lm.sizes.max_batch
+    sub = lm.module.submit("decode", **slots.decode(nxt))
+    times, tokens, t = [], [], time.perf_counter()
+    for n in range(steps):
+        after = None
+        if n + 1 < steps:
+            after = lm.module.submit(
+                "decode", tokens=reshaped(sub.outputs[0], (b, 1)), positions=slots.decode_positions()
+            )
+        nxt = sub.output(0)
+        now = time.perf_counter()
+        times.append(now - t)
+        t = now
+        tokens.append(nxt.tolist())
+        sub = after
+    return times, nxt, tokens
 
 
 def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: int, bw: dict | None) -> None:
@@ -540,8 +574,12 @@ def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: i
     t = time.perf_counter()
     slots, nxt = fill_slots(lm, prompts)
     prefill_s = time.perf_counter() - t
-    steps, nxt = time_decode(lm, slots, nxt, BATCH_STEPS)
+    again = copy.deepcopy(slots)
+    steps, last, sync_tokens = time_decode(lm, slots, nxt, BATCH_STEPS, keep=True)
+    ahead, _, ahead_tokens = time_decode_ahead(lm, again, nxt, BATCH_STEPS)
+    nxt = last
     med = statistics.median(steps[4:])
+    med_ahead = statistics.median(ahead[4:])
     h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     per_position = 2 * L * cfg["num_key_value_heads"] * h // cfg["num_attention_heads"] * 2  # K and V, f16
     kv_needed = per_position * sum(m + BATCH_STEPS // 2 for m in lens)  # mid-run positions of every row
@@ -552,12 +590,15 @@ def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: i
         "prefill_all_rows_s": prefill_s,
         "step_ms_median": 1e3 * med,
         "tok_s": n / med,
+        "ahead_step_ms_median": 1e3 * med_ahead,  # steps issued one ahead (LanguageModel's loop)
+        "ahead_tok_s": n / med_ahead,
+        "ahead_tokens_equal": ahead_tokens == sync_tokens,
         "kv_bytes_needed_mid_run": kv_needed,
         "kv_bytes_read_whole_slots": kv_slots,
     }
     if bw:
         bound = (weight_bytes + kv_needed) / (bw["GBps"] * 1e9)
-        res |= {"byte_bound_ms": 1e3 * bound, "of_byte_bound": bound / med}
+        res |= {"byte_bound_ms": 1e3 * bound, "of_byte_bound": bound / med, "ahead_of_byte_bound": bound / med_ahead}
     if a.profile:
 
         def step():

@@ -88,16 +88,17 @@ def _current_prefix(reason):
 
 
 def functions(meta: dict) -> list[dict]:
-    """Each function of the module as {name, signature, constraints, implementations, long_form?}: the
-    first as the top level of the metadata describes it, then those of `functions`."""
+    """Each function of the module as {name, signature, constraints, implementations, long_form?,
+    asynchronous?}: the first as the top level of the metadata describes it, then those of `functions`."""
     first = {
         "name": meta.get("function", "main"),
         "signature": meta["signature"],
         "constraints": meta.get("constraints", []),
         "implementations": meta["implementations"],
     }
-    if "long_form" in meta:
-        first["long_form"] = meta["long_form"]
+    for key in ("long_form", "asynchronous"):
+        if key in meta:
+            first[key] = meta[key]
     return [first, *meta.get("functions", [])]
 
 
@@ -121,6 +122,7 @@ METADATA_SCHEMA = {
     "compile_flags?": [str],
     "compile_note?": str,
     "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
+    "asynchronous?": str,  # the function's stream-ordered form (IREE's coarse-fences ABI)
     # A program of several functions: the first is described above (named `function`, default "main").
     "function?": str,
     "functions?": [
@@ -130,6 +132,7 @@ METADATA_SCHEMA = {
             "constraints": list,
             "implementations": [{"node": str, "op": str, "impl": str}],
             "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
+            "asynchronous?": str,
         }
     ],
     "parameters?": [
@@ -206,11 +209,18 @@ def _check_function(module, f: dict, what: str) -> None:
     sig = f["signature"]
     want = ([_abi_type(x) for x in sig["inputs"]], [_abi_type(x) for x in sig["outputs"]])
     names = [f["name"]] + ([f["long_form"]["function"]] if "long_form" in f else [])
+    if "asynchronous" in f:
+        if f["asynchronous"] != f"{f['name']}$async":
+            raise ArtifactError(
+                f"{what}: the metadata names {f['asynchronous']!r} as the stream-ordered form of "
+                f"{f['name']!r}, expected {f['name'] + '$async'!r}"
+            )
+        names.append(f["asynchronous"])
     for name in names:
         fn = module.lookup_function(name)
         if fn is None:
             raise ArtifactError(f"{what}: the metadata names function {name!r}, which the module lacks")
-        got = _declared(fn, name, what)
+        got = _declared(fn, name, what, fences=name.endswith("$async"))
         for kind, specs, w, g in (
             ("input", sig["inputs"], want[0], got[0]),
             ("output", sig["outputs"], want[1], got[1]),
@@ -234,15 +244,17 @@ def _abi_type(spec: dict) -> str:
     return f"tensor<{dims}{DTYPES[spec['dtype']].abi_mlir}>"
 
 
-def _declared(fn, name: str, what: str) -> tuple[list, list]:
+def _declared(fn, name: str, what: str, fences: bool = False) -> tuple[list, list]:
     """(input types, output types) of a function as IREE declares it, checked against the number of
-    values its calling convention passes."""
-    m = _DECLARATION.fullmatch(fn.reflection.get("iree.abi.declaration", ""))
+    values its calling convention passes (with `fences`, a stream-ordered function: two more inputs, the
+    fences it waits on and signals)."""
+    declaration = fn.reflection.get("iree.abi.declaration", "")
+    m = _DECLARATION.fullmatch(declaration)
     cc = _CCONV.match(repr(fn))
-    if m is None or m.group(1) != name or cc is None:
+    if m is None or m.group(1) != name or cc is None or declaration.startswith("async ") != fences:
         raise ArtifactError(f"{what}: function {name!r} has no readable ABI declaration; not built by rocmc")
     ins, outs = (_ABI_VALUE.findall(m.group(i)) for i in (2, 3))
-    if cc.group(1).strip("v") != "r" * len(ins) or cc.group(2).strip("v") != "r" * len(outs):
+    if cc.group(1).strip("v") != "r" * (len(ins) + 2 * fences) or cc.group(2).strip("v") != "r" * len(outs):
         raise ArtifactError(
             f"{what}: function {name!r} passes ({cc.group(1)}) -> ({cc.group(2)}) but declares "
             f"{len(ins)} input(s) and {len(outs)} output(s); the module is inconsistent"

@@ -20,7 +20,7 @@ from ..arrays import as_numpy
 from ..errors import InputError, ModelImportError
 from ..dtypes import f32, i64
 from ..lowering import compile as _compile
-from ..runtime.module import host_copy, load as _load
+from ..runtime.module import host_copy, load as _load, reshaped
 from . import chat, generation, sharding
 from .config import LlmConfig, default_max_seq_len, kv_cache_bytes, load_config, param_dtypes, param_names
 from .generation import GenerationConfig, GenerationResult, HostSampler, StopTracker
@@ -65,6 +65,8 @@ def compile_hf(
     }
     if plan.degree > 1:
         info["llm"]["tensor_parallel"] = plan.to_json()
+    if plan.degree == 1:  # decode steps issued ahead (LanguageModel._steps_ahead); a rank's steps are not
+        compile_kwargs.setdefault("asynchronous", [f for f in ("decode", "sample") if f in functions])
     return _compile(build(cfg, shape, functions, plan), target, info=info, **compile_kwargs)
 
 
@@ -159,6 +161,9 @@ class LanguageModel:
         else:
             params = self.plan.parameters(checkpoint if parameters is None else parameters)
         self.module = _load(artifact, device, parameters=params)
+        # Decode steps issued one ahead of the tokens read (LanguageModel._steps_ahead) where the module
+        # has the stream-ordered functions; False: each step's tokens are read before the next is issued.
+        self.pipeline = True
         self.checkpoint = checkpoint
         self.tokenizer = _tokenizer(checkpoint)
 
@@ -437,6 +442,8 @@ class LanguageModel:
         choose = self._sampler(cfg, len(rows), seed, first_row)
         histories = [list(r) for r in rows]
         nxt, lps = choose(self._prefill_rows(slots, rows), 0, histories)
+        issue = self._issuer(cfg, seed, first_row) if self.pipeline and self.group is None else None
+        ahead = self._steps_ahead(slots, nxt, n_new, issue) if issue is not None else None
         for step in range(n_new):
             toks = tracker.push(nxt[: len(rows)])
             for h, t in zip(histories, toks):
@@ -451,7 +458,58 @@ class LanguageModel:
             )
             if tracker.all_done or step == n_new - 1:
                 return
-            nxt, lps = choose(self.module.decode(**slots.decode(nxt), output="device"), step + 1, histories)
+            if ahead is not None:
+                nxt = next(ahead)
+            else:
+                nxt, lps = choose(self.module.decode(**slots.decode(nxt), output="device"), step + 1, histories)
+
+    def _steps_ahead(self, slots: "_SlotTable", nxt, n_new: int, issue) -> Iterator[np.ndarray]:
+        """The tokens of steps 1 .. n_new - 1 (step 0's come from the prefill), each decode step issued before
+        the tokens of the one before are read: the device runs step n + 1 while the host reads step n's tokens
+        and the caller uses them, so the host's time a step (issuing, Python) hides behind the device's. The
+        step issued last when the caller stops early runs on unread (its row lengths are this table's own)."""
+        b = self.sizes.max_batch
+        chosen = issue(self.module.submit("decode", **slots.decode(nxt)), 1)
+        for n in range(1, n_new):
+            after = None
+            if n + 1 < n_new:
+                tokens = reshaped(chosen.outputs[0], (b, 1))
+                after = issue(self.module.submit("decode", tokens=tokens, positions=slots.decode_positions()), n + 1)
+            yield chosen.output(0)
+            chosen = after
+
+    def _issuer(self, cfg: GenerationConfig, seed, first_row: int):
+        """For a path that chooses on the device (greedy argmax, or `sample`), issue(decode submission, step)
+        -> the submission whose first output is the step's tokens (max_batch,), left on the device; None
+        where the module lacks the stream-ordered functions or the host chooses."""
+        path = cfg.path(self.sizes.sample_k, self.config.vocab_size)
+        if path == "host" or not self.module.can_submit("decode"):
+            return None
+        if path == "argmax":
+            return lambda sub, n: sub
+        if not self.module.can_submit("sample"):
+            return None
+        fixed = self._sample_settings(cfg)
+
+        def issue(sub, n):
+            return self.module.submit("sample", sub.outputs[1], key=self._sample_key(seed, n, first_row), **fixed)
+
+        return issue
+
+    def _sample_settings(self, cfg: GenerationConfig) -> dict:
+        """The `sample` function's inputs that stay the same every step."""
+        b, k = self.sizes.max_batch, self.sizes.sample_k
+        top_k = k if cfg.top_k == 0 else min(cfg.top_k, k)
+        return {
+            "temperature": np.full(b, cfg.temperature, np.float32),
+            "top_k": np.full(b, top_k, np.int64),
+            "top_p": np.full(b, cfg.top_p, np.float32),
+        }
+
+    def _sample_key(self, seed, n: int, first_row: int) -> np.ndarray:
+        """One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate."""
+        rows = range(self.sizes.max_batch)
+        return np.array([(((seed << 20) | n) << 16 | (first_row + r)) % (1 << 63) for r in rows], np.int64)
 
     def _prefill_rows(self, slots: "_SlotTable", rows: list) -> tuple:
         """Prefill each row into its slot: (greedy next tokens (max_batch,), last logits (max_batch, vocab)),
@@ -493,17 +551,10 @@ class LanguageModel:
                 "this artifact was compiled without the 'sample' function (needed to sample on the "
                 "device; repetition_penalty or return_logprobs sample on the host)"
             )
-        top_k = k if cfg.top_k == 0 else min(cfg.top_k, k)
-        fixed = {
-            "temperature": np.full(b, cfg.temperature, np.float32),
-            "top_k": np.full(b, top_k, np.int64),
-            "top_p": np.full(b, cfg.top_p, np.float32),
-        }
+        fixed = self._sample_settings(cfg)
 
         def device_step(out, n, hist):
-            # One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate.
-            key = np.array([(((seed << 20) | n) << 16 | (first_row + r)) % (1 << 63) for r in range(b)], np.int64)
-            return np.array(self.module.sample(out[1], key=key, **fixed)), None
+            return np.array(self.module.sample(out[1], key=self._sample_key(seed, n, first_row), **fixed)), None
 
         return device_step
 
@@ -691,12 +742,18 @@ class _SlotTable:
         the active slots). Any other slot's row computes and is not kept: an empty slot's at its position 0, a
         slot still being prefilled at its next position, which its next prefill chunk writes again."""
         rows = self.active if rows is None else np.asarray(rows, bool) & self.active
+        toks = np.where(rows, np.asarray(tokens, np.int64), self.pad)
+        return {"tokens": toks.reshape(-1, 1), "positions": self.decode_positions(rows)}
+
+    def decode_positions(self, rows=None) -> np.ndarray:
+        """The positions input of a decode step appending a token to the slots of `rows` (default: the active
+        slots), whose tokens come from elsewhere (a decode step's own output, on the device)."""
+        rows = self.active if rows is None else np.asarray(rows, bool) & self.active
         for slot in np.flatnonzero(rows):
             self._fits(int(slot), 1)
         positions = np.where(self.active, self.lengths, 0).astype(np.int64)
-        toks = np.where(rows, np.asarray(tokens, np.int64), self.pad)
         self.lengths += rows
-        return {"tokens": toks.reshape(-1, 1), "positions": positions.reshape(-1, 1)}
+        return positions.reshape(-1, 1)
 
     def release(self, slot: int) -> None:
         """Empty `slot` (its row has ended): it computes at position 0 unkept until a prefill fills it again."""

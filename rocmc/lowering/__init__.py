@@ -20,7 +20,7 @@ from . import kernels
 from . import blas, collective, dnn  # noqa: F401
 from .cache import Cache, cache_key, cache_root, code_digest, host_cpu, remove_stale
 from .compiler import compile_bytecode, iree_version, owned_tempdir
-from .module import lower, program_hash, program_of
+from .module import asynchronous_functions, lower, program_hash, program_of
 from .registry import check_options, current_options
 from .target import FNUZ, OCP, Target, native_float8
 
@@ -40,6 +40,7 @@ def compile(
     flags=(),
     info: dict | None = None,
     rewrite: bool = True,
+    asynchronous=(),
 ) -> Artifact:
     """Compile `graph` for `target` ("cpu", "gfx942", "rocm:gfx942", "cuda:sm_80", ...).
 
@@ -58,12 +59,16 @@ def compile(
     rewrite: replace the decomposed forms exporters write (RMSNorm, LayerNorm, GELU, SiLU, RoPE,
     attention) with rocmc's fused ops before lowering (rocmc.rewrite); `art.ir("rewrite")` is the graph
     compiled, `art.summary()` lists what was replaced.
+    asynchronous: functions (a list of names, or True for all) that the runtime may also issue without
+    waiting for them, ordered on the device after earlier calls (`Module.submit`): a decode loop issues
+    its next step while the GPU runs this one.
     """
     if not isinstance(rewrite, bool):
         raise LoweringError(f"compile(rewrite={rewrite!r}): expected True or False")
     impl, libraries = current_options(impl, libraries)
     check_options(impl, libraries)
     program = program_of(graph)
+    asynchronous = asynchronous_functions(asynchronous, program)
     external = _external(constants)
     info = _info(info)
     target = Target.parse(target)
@@ -81,6 +86,7 @@ def compile(
         flags=list(flags),
         info=info,
         rewrite=rewrite,
+        asynchronous=list(asynchronous),
         rocmc=__version__,
         code=code_digest(),
         iree=iree_version(),
@@ -88,7 +94,9 @@ def compile(
         kernels=kernels.sources_digest() if target.is_gpu else None,
     )
     with step(f"compiling {_names(program)} for {target}", logger=LOG):
-        art, stages = _compile(program, target, key, root, impl, libraries, external, info, list(flags), rewrite)
+        art, stages = _compile(
+            program, target, key, root, impl, libraries, external, info, list(flags), rewrite, asynchronous
+        )
     weakref.finalize(art, stages.remove_temporary)
     if dump_ir is not None:
         art.dump_ir(dump_ir)
@@ -116,7 +124,7 @@ def _names(program: dict) -> str:
     return ", ".join(g.name for g in program.values())
 
 
-def _compile(program, target, key, root, impl, libraries, external, info, flags, rewrite):
+def _compile(program, target, key, root, impl, libraries, external, info, flags, rewrite, asynchronous):
     """The artifact from the cache, else lowered and compiled (and put in the cache); with its stages."""
     store = Cache(root) if root is not None else None
     hit = store.get(key) if store else None
@@ -135,7 +143,14 @@ def _compile(program, target, key, root, impl, libraries, external, info, flags,
     else:
         with step(f"lowering {_names(program)} to MLIR for {target}", logger=LOG):
             lowered = lower(
-                program, target, impl=impl, libraries=libraries, external=external, info=info, rewrite=rewrite
+                program,
+                target,
+                impl=impl,
+                libraries=libraries,
+                external=external,
+                info=info,
+                rewrite=rewrite,
+                asynchronous=asynchronous,
             )
         vmfb, used, tuning_note = _compile_tuned(lowered.bytecode, target, list(flags), lowered.untuned)
         vmfb = seal(vmfb)

@@ -379,6 +379,22 @@ def _function_text(f: _Function, attrs: str = "") -> list[str]:
     return [f"func.func @{f.name}({sig_in}) -> ({sig_out}) {attrs}{{", *f.lines, ret, "}"]
 
 
+def _async_twin(f: _Function) -> list[str]:
+    """The stream-ordered form of an exported function (IREE's coarse-fences ABI): `name$async` takes the
+    same inputs plus a fence to wait on and one to signal, and returns once its work is queued; its
+    results are ready when the signal fence is reached (rocmc.runtime's `Module.submit`). It calls the
+    function itself, so the module holds its program once."""
+    sig_in = ", ".join(f"{a.name}: {a.mlir}" for a in f.args)
+    types_in = ", ".join(a.mlir for a in f.args)
+    sig_out = ", ".join(r.mlir for r in f.rets)
+    results = [f"%r#{i}" for i in range(len(f.rets))]
+    call = f"func.call @{f.name}({', '.join(a.name for a in f.args)}) : ({types_in}) -> ({sig_out})"
+    head = f"%r:{len(f.rets)} = " if f.rets else ""
+    ret = f"  util.return {', '.join(results)} : {sig_out}" if f.rets else "  util.return"
+    model = 'attributes {iree.abi.model = "coarse-fences"}'
+    return [f'util.func public @"{f.name}$async"({sig_in}) -> ({sig_out}) {model} {{', f"  {head}{call}", ret, "}"]
+
+
 def program_of(program) -> dict:
     """{function name: Graph}: one graph is the function `main`; a dict names several functions that
     share the module's parameters and states."""
@@ -402,6 +418,24 @@ def program_of(program) -> dict:
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def asynchronous_functions(asynchronous, program: dict) -> tuple:
+    """compile(asynchronous=): True (every function), False or () (none), or names of the program's
+    functions; the names, in the program's order."""
+    if asynchronous is True:
+        return tuple(program)
+    if asynchronous is False or asynchronous is None:
+        return ()
+    if isinstance(asynchronous, str) or not all(isinstance(n, str) for n in asynchronous):
+        raise GraphError(f"compile(asynchronous={asynchronous!r}): expected True, False or a list of function names")
+    unknown = sorted(set(asynchronous) - set(program))
+    if unknown:
+        raise GraphError(
+            f"compile(asynchronous=...): {', '.join(map(repr, unknown))} is not a function of the program; "
+            f"its functions are {', '.join(program)}"
+        )
+    return tuple(n for n in program if n in set(asynchronous))
+
+
 def program_hash(program: dict, bytes_below: int | None = None) -> str:
     """The content hash of a program; that of its graph alone for the one-function case."""
     if list(program) == ["main"]:
@@ -420,11 +454,14 @@ def lower(
     external: int | None = None,
     info: dict | None = None,
     rewrite: bool = False,
+    asynchronous=(),
 ) -> Lowered:
     """Lower a Graph (function `main`) or a {name: Graph} program; with `external`, constants of at least
     that many bytes become named parameters; with `rewrite`, the graphs go through rocmc.rewrite first
-    (the metadata keeps the given graphs' hash and text, and records what was rewritten)."""
+    (the metadata keeps the given graphs' hash and text, and records what was rewritten); each function
+    named in `asynchronous` is also exported in its stream-ordered form (`_async_twin`)."""
     program = given = program_of(program)
+    asynchronous = asynchronous_functions(asynchronous, program)
     records = None
     if rewrite:
         from ..rewrite import rewrite_program
@@ -433,7 +470,7 @@ def lower(
     target = Target.parse(target)
     first = next(iter(program.values()))
     ctx = LowerContext(target, first, external=external)
-    emitted, infos = [], []
+    emitted, infos, twins = [], [], []
     for name, graph in program.items():
         graph.validate()
         ctx.graph, ctx.long_terms, ctx.long_limit, ctx.emitting_long_form = graph, [], None, False
@@ -454,6 +491,9 @@ def lower(
             emitted.append(_emit_function(graph, ctx, impl, libraries, f"{name}_long", constraints))
             ctx.kernels[:], ctx.externs[:], ctx.emitting_long_form = kernels, externs, False
             entry["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": ctx.long_limit}
+        if name in asynchronous:
+            entry["asynchronous"] = f"{name}$async"
+            twins.append(f)
         infos.append(entry)
     main = infos[0]
     meta = {
@@ -493,6 +533,7 @@ def lower(
             *ctx.decls,
             *_function_text(emitted[0], refl),
             *[line for f in emitted[1:] for line in _function_text(f)],
+            *[line for f in twins for line in _async_twin(f)],
             "}",
         ]
     )

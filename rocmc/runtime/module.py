@@ -30,6 +30,8 @@ class _Entry:
         self.long = _long_form(info.get("long_form"))
         self.fn = ctx.modules.module[self.name]
         self.fn_long = ctx.modules.module[self.long["function"]] if self.long else None
+        # The stream-ordered form (IREE's coarse-fences ABI), called through the VM directly: Module.submit.
+        self.fn_async = ctx.modules.module[info["asynchronous"]].vm_function if "asynchronous" in info else None
 
 
 class Module:
@@ -54,6 +56,8 @@ class Module:
         self.device_name = device
         self.device = get_device(device)
         self._lock = threading.Lock()
+        self._timeline = None  # the semaphore that orders submissions (Module.submit), made on first use
+        self._submitted = 0  # the value the last submission signals
         # Parameters are found and checked (names, shapes, dtypes) before anything reaches the device.
         self._parameters, specs, self.parameter_notes = _parameters_for(artifact, parameters)
         self._ctx = rt.SystemContext(config=rt.Config(device=self.device))
@@ -169,6 +173,7 @@ class Module:
         inputs, sizes = self._validate(entry, args, kwargs)
         fn = entry.fn_long if entry.long and _too_long(entry.long, sizes) else entry.fn
         with self._lock:
+            self._drain()  # a call is ordered after every submission before it
             try:
                 results = fn(*inputs)
             except RuntimeError as e:
@@ -182,6 +187,88 @@ class Module:
             outs.append(host_copy(r, DTYPES[spec["dtype"]]) if output == "numpy" else r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def submit(self, function: str, *args, **kwargs) -> "Submission":
+        """Issue a call of `function` and return at once, before the device has run it: the next call can be
+        prepared and issued while this one runs (a decode loop issues step n+1 while the GPU runs step n).
+
+        Inputs are those of `call`; among them the outputs of earlier submissions (`Submission.outputs`),
+        which need not be ready. Every submission runs on the device after the submissions (and calls) of
+        this module before it, in the order issued. `Submission.result()` waits for it and returns its
+        results as `call` does. The function must have been compiled with `asynchronous=` naming it."""
+        from iree import runtime as rt
+
+        if self._ctx is None:
+            raise DeviceError("module was closed; load the artifact again to call it")
+        if function not in self._entries:
+            raise InputError(
+                f"submit({function!r}): the module has no such function; it has {', '.join(self._entries)}"
+            )
+        entry = self._entries[function]
+        if entry.fn_async is None:
+            raise InputError(
+                f"submit({function!r}): the function was compiled without its stream-ordered form; compile "
+                f"with asynchronous=[{function!r}] (or True), or use call()"
+            )
+        bind_thread(self.device_name)
+        inputs, sizes = self._validate(entry, args, kwargs)
+        if entry.long and _too_long(entry.long, sizes):  # the long form has no stream-ordered twin
+            return Submission.done(self, entry, self._call(entry, inputs, {"output": "device"}))
+        views = [
+            v._buffer_view if isinstance(v, rt.DeviceArray) else self._view(v, spec)
+            for v, spec in zip(inputs, entry.sig["inputs"])
+        ]
+        with self._lock:
+            if self._timeline is None:
+                self._timeline = self.device.create_semaphore(0)
+            if not self._overlaps(entry):
+                self._drain()
+            # Each submission waits on the one before it and signals the next value of the module's timeline.
+            wait = rt.HalFence.create_at(self._timeline, self._submitted) if self._submitted else rt.HalFence(0)
+            signal = rt.HalFence.create_at(self._timeline, self._submitted + 1)
+            args_list = rt.VmVariantList(len(views) + 2)
+            for v in views:
+                args_list.push_ref(v)
+            args_list.push_ref(wait)
+            args_list.push_ref(signal)
+            rets = rt.VmVariantList(len(entry.sig["outputs"]))
+            try:
+                self._ctx.vm_context.invoke(entry.fn_async, args_list, rets)
+            except RuntimeError as e:
+                raise _call_error(e, self.device_name) from None
+            self._submitted += 1
+        # As IREE's own call path returns them (host_copy reads them as the signature's dtypes).
+        outputs = [
+            rt.DeviceArray(self.device, rets.get_as_object(i, rt.HalBufferView), implicit_host_transfer=True)
+            for i in range(len(entry.sig["outputs"]))
+        ]
+        return Submission(self, entry, outputs, self._submitted)
+
+    def can_submit(self, function: str) -> bool:
+        """Whether `function` has its stream-ordered form (compiled with `asynchronous=`), so `submit` takes it."""
+        entry = self._entries.get(function)
+        return entry is not None and entry.fn_async is not None
+
+    def _view(self, v: np.ndarray, spec: dict):
+        """A host input of a submission as a device buffer view of the module's boundary type."""
+        d = DTYPES[spec["dtype"]]
+        return upload(self.device, v, d, _element_type(v.dtype) if d.raw is None else d.hal_element_type())
+
+    def _overlaps(self, entry: _Entry) -> bool:
+        """Whether a submission of `entry` may be issued while earlier ones still run. IREE records the
+        command buffer of a function with symbolic sizes at the call, with its input buffers as they are then:
+        an earlier submission's output whose allocation is still queued is refused there ("transient buffer
+        has not been committed"); a function of static sizes replays a command buffer recorded once, its
+        buffers bound when it runs. On the CPU the host is the device: a submission waits for the ones before."""
+        if kind_of(self.device_name) == "cpu":
+            return False
+        return all(isinstance(d, int) for spec in entry.sig["inputs"] for d in spec["shape"])
+
+    def _drain(self) -> None:
+        """Wait (the lock held) until every submission has run: a synchronous call is not ordered after them
+        by the device."""
+        if self._submitted and self._timeline.query() < self._submitted:
+            self._timeline.wait(self._submitted)
+
     def close(self) -> None:
         """Free runtime objects now (they are also freed when the module is collected); calls after
         this raise DeviceError."""
@@ -190,6 +277,81 @@ class Module:
         self._vm_module = None
         self._ctx = None
         self._providers = []
+
+
+class Submission:
+    """A call issued by `Module.submit`: `outputs` are its results as device arrays, to pass to later
+    submissions (not to read before `wait`); `result()` waits and returns them as `Module.call` does."""
+
+    def __init__(self, module: Module, entry: _Entry, outputs: list, value: int | None):
+        self.module, self.function, self.outputs = module, entry.name, outputs
+        self._entry, self._value = entry, value  # the module timeline's value it signals (None: run already)
+
+    @classmethod
+    def done(cls, module: Module, entry: _Entry, results) -> "Submission":
+        """A submission run synchronously (its results are ready)."""
+        results = results if isinstance(results, tuple) else () if results is None else (results,)
+        return cls(module, entry, list(results), None)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the device has run it (never blocks)."""
+        return self._value is None or self.module._timeline.query() >= self._value
+
+    def wait(self) -> None:
+        """Block until the device has run it; DeviceError if the device failed it."""
+        if self._value is None:
+            return
+        try:
+            self.module._timeline.wait(self._value)
+        except RuntimeError as e:
+            raise _call_error(e, self.module.device_name) from None
+        self._value = None
+
+    def output(self, index: int, output: str = "numpy"):
+        """Wait, then its result `index` alone (output="numpy" or "device")."""
+        if output not in ("numpy", "device"):
+            raise InputError(f"output(output={output!r}): expected 'numpy' or 'device'")
+        self.wait()
+        r = self.outputs[index]
+        return host_copy(r, DTYPES[self._entry.sig["outputs"][index]["dtype"]]) if output == "numpy" else r
+
+    def result(self, output: str = "numpy"):
+        """Wait, then its results as `Module.call` returns them (output="numpy" or "device")."""
+        if output not in ("numpy", "device"):
+            raise InputError(f"result(output={output!r}): expected 'numpy' or 'device'")
+        self.wait()
+        specs = self._entry.sig["outputs"]
+        if not specs:
+            return None
+        outs = [host_copy(r, DTYPES[s["dtype"]]) if output == "numpy" else r for s, r in zip(specs, self.outputs)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self) -> str:
+        return f"<rocmc.Submission {self.function} {'ready' if self.ready else 'queued'}>"
+
+
+def reshaped(array, shape):
+    """A device array's buffer seen with another shape of as many elements (no copy): a submission's output
+    passed to a later one that takes it in that shape."""
+    from iree import runtime as rt
+
+    view = array._buffer_view
+    shape = [int(d) for d in shape]
+    if int(np.prod(shape)) != int(np.prod(view.shape)):
+        raise InputError(
+            f"reshaped: {list(view.shape)} has {int(np.prod(view.shape))} elements, {shape} has {int(np.prod(shape))}"
+        )
+    return rt.DeviceArray(
+        array._device, rt.HalBufferView(view.get_buffer(), shape, view.element_type), implicit_host_transfer=True
+    )
+
+
+def _element_type(dtype: np.dtype):
+    """IREE's element type of a host array, as its own call path tags it."""
+    from iree.runtime.array_interop import map_dtype_to_element_type
+
+    return map_dtype_to_element_type(dtype)
 
 
 def host_copy(result, dtype: DType) -> np.ndarray:

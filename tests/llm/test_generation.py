@@ -347,3 +347,32 @@ def test_presence_and_frequency_penalties_as_openai_defines_them(rng):
     assert cfg.path(64, 30) == "host"
     with pytest.raises(rocmc.InputError, match=r"presence_penalty=3: expected a number in \[-2, 2\]"):
         generation.resolve({"presence_penalty": 3})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, dict(do_sample=True, temperature=0.9, top_k=20, top_p=0.9, seed=4)],
+    ids=["greedy", "device-sampling"],
+)
+def test_steps_issued_ahead_equal_steps_read_one_at_a_time(lm, monkeypatch, settings):
+    """Decode steps issued before the tokens of the one before are read (its tokens passed on the device) give
+    the tokens of steps issued one at a time; rows of different lengths, and a stop that ends one row early."""
+    prompts = [P, P[:5]]
+    calls = []
+    submit = lm.module.submit
+    monkeypatch.setattr(lm.module, "submit", lambda f, *a, **k: calls.append(f) or submit(f, *a, **k))
+    ahead = lm.generate(prompts, 9, stop_tokens=(), **settings)
+    assert calls.count("decode") == 8 and calls.count("sample") == (8 if settings else 0)
+    first = ahead[1][3]
+    stopped = lm.generate(prompts, 9, stop_tokens=(first,), **settings)
+    streamed = list(lm.stream(P, 6, stop_tokens=(), **settings))
+    early = next(iter(lm.stream(P, 6, stop_tokens=(), **settings)))  # left with a step issued and unread
+    lm.pipeline = False
+    try:
+        calls.clear()
+        assert lm.generate(prompts, 9, stop_tokens=(), **settings) == ahead and not calls
+        assert lm.generate(prompts, 9, stop_tokens=(first,), **settings) == stopped
+        assert list(lm.stream(P, 6, stop_tokens=(), **settings)) == streamed
+    finally:
+        lm.pipeline = True
+    assert early == streamed[0] and stopped[1][-1] == first and len(stopped[1]) <= 4
