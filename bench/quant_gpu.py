@@ -169,6 +169,7 @@ def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str =
             _, ahead_state["nxt"], _ = time_decode_ahead(lm, ahead_state["slots"], ahead_state["nxt"], 8)
 
         out["profile_ahead_8_steps"] = kernel_profile(torch, eight_ahead, 2)
+        out["profile_prefill"] = kernel_profile(torch, run.prefill, 2)  # its kernels: the projections' share
     print(name, json.dumps(out), flush=True)
     lm.module.close()  # its device memory back before the next module loads
     return out

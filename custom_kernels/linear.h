@@ -87,6 +87,12 @@ DEVICE U4 load8(const T* base, u32 row, u32 rows, u32 k, u32 K, bool wide, bool 
   return load8_edge(p, K - k < 8 ? K - k : 8);
 }
 
+// f16 pairs: two f16 values in a 32-bit register (the quantized kernels build them from packed values' bits).
+typedef _Float16 h2_t __attribute__((ext_vector_type(2)));
+DEVICE h2_t as_h2(u32 v) { return __builtin_bit_cast(h2_t, v); }
+DEVICE u32 h2_bits(h2_t v) { return __builtin_bit_cast(u32, v); }
+DEVICE h2_t splat_h2(float v) { return h2_t{(_Float16)v, (_Float16)v}; }
+
 // ---- the epilogue's activations, in f32 -------------------------------------------------------------------
 DEVICE float tanh_f32(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
 DEVICE float activate(float v, u32 flags) {

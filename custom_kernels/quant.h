@@ -48,10 +48,6 @@ template <int BITS> DEVICE void values8(const u32 (&h)[4], int j, float (&q)[8])
 // q. The pairs come out of a word in another order than k's (4-bit: values 0 and 4, 1 and 5, ...; 8-bit: 0 and 2, 1
 // and 3, ...); x_order puts x's 8 values in that order too (a dot product does not care in which order its terms
 // come).
-typedef _Float16 h2_t __attribute__((ext_vector_type(2)));
-DEVICE h2_t as_h2(u32 v) { return __builtin_bit_cast(h2_t, v); }
-DEVICE u32 h2_bits(h2_t v) { return __builtin_bit_cast(u32, v); }
-DEVICE h2_t splat_h2(float v) { return h2_t{(_Float16)v, (_Float16)v}; }
 DEVICE u32 lo_pair(u32 a, u32 b) { return (a & 0xFFFFu) | (b << 16); }  // (a's low half, b's low half)
 DEVICE u32 hi_pair(u32 a, u32 b) { return (a >> 16) | (b & 0xFFFF0000u); }
 

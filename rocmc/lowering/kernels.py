@@ -129,10 +129,10 @@ _LINEAR_CONSTANTS = (
     ("eps", "f32 bits: RMSNorm's epsilon (FLAG_NORM)"),
 )
 
-# The quantized linear kernels' bindings and constants (linear_q.hip, linear_qm.hip: custom_kernels/quant.h).
+# The quantized linear kernels' bindings and constants (linear_q.hip, linear_qm.hip, linear_qmm.hip: quant.h).
 _QUANT_ABI = (
     (
-        Binding("x", False, "(M, K), M <= 2 (linear_qm: M <= 32)"),
+        Binding("x", False, "(M, K), M <= 2 (linear_qm: M <= 32; linear_qmm: any M)"),
         Binding(
             "w", False, "(N, K * bits / 8) bytes, or (2N, ...) with FLAG_GATED: the gate's rows, then the up's", "void"
         ),
@@ -311,6 +311,9 @@ FAMILIES: dict[str, KernelFamily] = {
     ),
     "linear_qm": KernelFamily(
         "linear_qm.hip", ("linear_qm_f16", "linear_qm_bf16"), *_QUANT_ABI, block=256, flags=_LINEAR_FLAGS
+    ),
+    "linear_qmm": KernelFamily(
+        "linear_qmm.hip", ("linear_qmm_f16", "linear_qmm_bf16"), *_QUANT_ABI, block=256, flags=_LINEAR_FLAGS
     ),
 }
 

@@ -440,6 +440,24 @@ def _quantized_cases() -> list[Case]:
         quantized_case("q4k_f16_17_residual", "f16", (17,), 4096, 11008, 4, 86, residual=True),
         quantized_case("q8k_bf16_32_odd", "bf16", (32, 1), 77, 1008, 8, 7, bias=True),
         quantized_case("q4k_bf16_5_perm", "bf16", (5,), 48, 384, 4, 3, perm=True, norm=True),
+        # linear_qmm (a prefill's rows, symbolic or more than 32): 128 x 128 tiles, edges in both, gate, norm first.
+        quantized_case(
+            "q4m_f16_rows_norm_gated",
+            "f16",
+            ("t",),
+            2 * 688,
+            4096,
+            4,
+            32,
+            norm=True,
+            gate="silu",
+            bias=True,
+            sizes=(77, 300),
+        ),
+        quantized_case("q8m_bf16_rows_residual", "bf16", ("t", 1), 300, 1024, 8, 8, residual=True, sizes=(1, 129)),
+        quantized_case("q4m_bf16_rows_fraction", "bf16", ("t",), 37, 256, 4, 2, fraction=True, sizes=(130,)),
+        quantized_case("q4m_f16_rows_down", "f16", ("t",), 4096, 11008, 4, 86, residual=True, sizes=(64, 257)),
+        quantized_case("q8m_f16_40_perm", "f16", (40,), 200, 512, 8, 4, perm=True, bias=True),
     ]
 
 

@@ -438,14 +438,20 @@ def test_rocmc_generate_runs_a_quantized_checkpoint(quantized, tmp_path, capsys)
 @pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942"])
 def test_on_the_gpus_each_projection_reads_its_packed_weight_in_its_own_product(quantized, target):
     """Compiled here (compile-only for ROCm). decode (one row): each of a layer's four projections is one
-    linear_q kernel (the norm, the gate and the residual in it); prefill (symbolic rows): each is one
-    generated dispatch whose product reads the packed weight by group (N x groups x group size), with no
+    linear_q kernel (the norm, the gate and the residual in it); prefill (symbolic rows): on CUDA each is one
+    linear_qmm kernel (the packed bytes dequantized into its tiles); on ROCm, where that kernel is asked for,
+    one generated dispatch whose product reads the packed weight by group (N x groups x group size), with no
     dispatch of its own unpacking a weight."""
     path, _ = quantized("gptq4_g32")
     art = rocmc.llm.compile_hf(path, target, max_seq_len=64, dtype="f16", max_batch=1)
     cfg = rocmc.llm.config.load_config(path)
-    decode = [k["symbol"] for k in art.metadata["kernels"] if k["op"] == "quantized_linear"]
-    assert decode == ["linear_q_f16"] * 4 * cfg.num_hidden_layers, decode
+    symbols = [k["symbol"] for k in art.metadata["kernels"] if k["symbol"].startswith("linear_")]
+    tiled = [s for s in symbols if s == "linear_qmm_f16"]
+    assert [s for s in symbols if s != "linear_qmm_f16"] == ["linear_q_f16"] * 4 * cfg.num_hidden_layers, symbols
+    if target.startswith("cuda"):
+        assert len(tiled) == 4 * cfg.num_hidden_layers, symbols  # prefill's
+        return
+    assert not tiled
     names = [d["name"] for d in art.dispatches() if d["name"].startswith("prefill")]
     products = {n.split("matmul_like_")[1].split("_")[0] for n in names if "matmul_like" in n}
     h, inter, gs = cfg.hidden_size, cfg.intermediate_size, 32

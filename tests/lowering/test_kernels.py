@@ -17,7 +17,9 @@ from rocmc.lowering import kernels
 from rocmc.lowering.kernel import norm as kernel_norm
 from rocmc.lowering.kernel import rope as kernel_rope
 
-ARCHS = ("gfx90a", "gfx942", "gfx1100", "sm_80", "sm_90")
+# Every CUDA target builds its kernels for sm_80 (Target.code_arch: IREE 3.13 has no tables past sm_80; the driver
+# compiles the PTX for the GPU), so sm_80 is the one NVIDIA arch built here.
+ARCHS = ("gfx90a", "gfx942", "gfx1100", "sm_80")
 GPU_TARGETS = ("gfx90a", "gfx942", "gfx1100", "cuda:sm_80")
 # EF_AMDGPU_MACH_* (low byte of e_flags) and the wave size each arch builds with.
 AMDGPU_MACH = {"gfx90a": (0x3F, 64), "gfx942": (0x4C, 64), "gfx1100": (0x41, 32)}
@@ -94,10 +96,9 @@ def test_workgroup_size_and_no_spills(built):
 
 def test_nvptx_rounds_bf16_in_hardware():
     """sm_80+ rounds f32 to bf16 with cvt (two at a time in the norms' vector stores), not integer arithmetic."""
-    for arch in ("sm_80", "sm_90"):
-        norms = kernels.build("rms_norm.hip", arch).data + kernels.build("layer_norm.hip", arch).data
-        assert b"cvt.rn.bf16x2.f32" in norms
-        assert b"cvt.rn.bf16.f32" in kernels.build("rope.hip", arch).data
+    norms = kernels.build("rms_norm.hip", "sm_80").data + kernels.build("layer_norm.hip", "sm_80").data
+    assert b"cvt.rn.bf16x2.f32" in norms
+    assert b"cvt.rn.bf16.f32" in kernels.build("rope.hip", "sm_80").data
 
 
 # Non-default values of every tuning switch (custom_kernels/rows.h, rocmc_gpu.h) that bench/kernel_sweep.py
@@ -115,7 +116,7 @@ SWITCHES = (
 )
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "sm_90"])
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "sm_80"])
 @pytest.mark.parametrize("switches", SWITCHES, ids=["stream-prefetch", "two-pass-nc"])
 def test_tuning_switches_build(arch, switches):
     flags = [f"-D{s}" for s in switches]

@@ -128,11 +128,17 @@ def rule(node: Node, target: Target):
     NVIDIA, where linear_mm was measured against IREE's GEMMs. On ROCm IREE's own MFMA GEMMs keep prefill's
     projections until linear_mm's AMD code (a path of its own: register-staged, MFMA) has run on an AMD GPU;
     impl={op: "kernel"} asks for it there."""
+    return tiled_on_rocm(node, target, "the tiled GEMM (linear_mm)")
+
+
+def tiled_on_rocm(node: Node, target: Target, kernel: str):
+    """The reason a prefill's rows (more than MAX_M, or symbolic) keep IREE's code on ROCm by default: the tiled
+    kernels' AMD code has not run on an AMD GPU. None elsewhere."""
     m = rows(node)
     if (m is None or m > MAX_M) and target.kind == "rocm":
         return (
-            f"{'a symbolic number of' if m is None else m} rows: on ROCm the tiled GEMM (linear_mm) is taken when "
-            f"asked for (its AMD code has not run on an AMD GPU); impl={{{node.op!r}: 'kernel'}} asks for it"
+            f"{'a symbolic number of' if m is None else m} rows: on ROCm {kernel} is taken when asked for (its AMD "
+            f"code has not run on an AMD GPU); impl={{{node.op!r}: 'kernel'}} asks for it"
         )
     return None
 
