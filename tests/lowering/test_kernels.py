@@ -116,7 +116,7 @@ SWITCHES = (
 )
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "sm_80"])
+@pytest.mark.parametrize("arch", ["gfx942", "sm_80"])  # an AMD and the NVIDIA arch (gfx1100 builds the defaults)
 @pytest.mark.parametrize("switches", SWITCHES, ids=["stream-prefetch", "two-pass-nc"])
 def test_tuning_switches_build(arch, switches):
     flags = [f"-D{s}" for s in switches]

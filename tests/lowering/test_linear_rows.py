@@ -131,7 +131,8 @@ def _symbols(art):
     return [k["symbol"] for k in art.metadata["kernels"]]
 
 
-@pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942", "gfx90a"])
+# gfx90a chooses as gfx942 does (both MFMA); its code objects are checked in test_kernels.py.
+@pytest.mark.parametrize("target", ["cuda:sm_80", "gfx942"])
 def test_kernels_take_a_few_static_rows(target):
     for gated in (True, False):
         for normed in (False, True):
