@@ -113,11 +113,17 @@ class Module:
 
     def call(self, function: str, *args, **kwargs):
         """Call the module's function of that name (see __call__ for the arguments)."""
+        return self._call(self._entry("call", function), args, kwargs)
+
+    def _entry(self, verb: str, function: str) -> _Entry:
+        """The function of that name, for `verb` (call, submit); DeviceError once the module is closed."""
         if self._ctx is None:
             raise DeviceError("module was closed; load the artifact again to call it")
         if function not in self._entries:
-            raise InputError(f"call({function!r}): the module has no such function; it has {', '.join(self._entries)}")
-        return self._call(self._entries[function], args, kwargs)
+            raise InputError(
+                f"{verb}({function!r}): the module has no such function; it has {', '.join(self._entries)}"
+            )
+        return self._entries[function]
 
     def _validate(self, entry: _Entry, args, kwargs) -> tuple[list, dict]:
         """The inputs as the module takes them, and the size of each symbolic dim. Inputs are numpy
@@ -197,13 +203,7 @@ class Module:
         results as `call` does. The function must have been compiled with `asynchronous=` naming it."""
         from iree import runtime as rt
 
-        if self._ctx is None:
-            raise DeviceError("module was closed; load the artifact again to call it")
-        if function not in self._entries:
-            raise InputError(
-                f"submit({function!r}): the module has no such function; it has {', '.join(self._entries)}"
-            )
-        entry = self._entries[function]
+        entry = self._entry("submit", function)
         if entry.fn_async is None:
             raise InputError(
                 f"submit({function!r}): the function was compiled without its stream-ordered form; compile "
@@ -320,12 +320,8 @@ class Submission:
         """Wait, then its results as `Module.call` returns them (output="numpy" or "device")."""
         if output not in ("numpy", "device"):
             raise InputError(f"result(output={output!r}): expected 'numpy' or 'device'")
-        self.wait()
-        specs = self._entry.sig["outputs"]
-        if not specs:
-            return None
-        outs = [host_copy(r, DTYPES[s["dtype"]]) if output == "numpy" else r for s, r in zip(specs, self.outputs)]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        outs = [self.output(i, output) for i in range(len(self.outputs))]
+        return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
         return f"<rocmc.Submission {self.function} {'ready' if self.ready else 'queued'}>"
