@@ -15,8 +15,9 @@ calls the library only when its row count M is at least MIN_ROWS (or symbolic: a
 and its N and K at least MIN_COLS; the reason a node stays generated is in `art.summary()`.
 The implementation is opt-in: `libraries=["blas"]` uses it for every GEMM the rule lets through,
 `impl={"matmul": "blas"}` for one op regardless of size. (It was on by default on rocm and cuda
-targets, where it is faster; a 7B prefill through cuBLASLt then hit an illegal memory access at new
-sequence lengths in some runs, which CUDA_LAUNCH_BLOCKING=1 hides: a race not yet found. BENCHMARKS.md.)
+targets until a 7B prefill through cuBLASLt hit an intermittent illegal memory access; the cause, results
+taken from IREE's caching pool, is fixed (providers/dnn.py `result_view`), and the path was not re-measured
+against the hand-written `linear_mm` that became the prefill default meanwhile. BENCHMARKS.md.)
 
 `fused_linear` (activation(linear(x, w, b)), put in place of the chain by rocmc.rewrite) is linear's
 call with the library's epilogue set: relu, or GELU, which both libraries compute as the tanh

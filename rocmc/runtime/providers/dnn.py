@@ -29,6 +29,22 @@ from .capi import P, Api, VendorTable, _ints, capsule_address, load_library, pac
 from .conv_plan import PLANNERS as CONV_PLANNERS
 from .plans import Plan, Replays, _release, _size, itemsize
 
+
+def result_view(device, nbytes: int, shape, element_type):
+    """A fresh device buffer of `nbytes` for a library call's result, viewed as `shape`.
+
+    It is allocated for export (the library writes it through a raw pointer), which keeps it out of IREE's
+    caching pool (IREE 3.13's caching allocator pools no buffer with the export usage). Pooled results
+    faulted: an intermittent illegal memory access in the library's kernels, 4 of 6 runs of
+    bench/blas_fault_gpu.py with the device drained before each call, 0 of 17 with export usage (BENCHMARKS.md,
+    "The GEMM library path's fault")."""
+    from iree import runtime as hal
+
+    usage = hal.BufferUsage.DEFAULT | hal.BufferUsage.SHARING_EXPORT
+    buf = device.allocator.allocate_buffer(hal.MemoryType.DEVICE_LOCAL, usage, nbytes)
+    return hal.HalBufferView(buf, shape, element_type)
+
+
 ACTIVE: "weakref.WeakSet" = weakref.WeakSet()  # live providers (benchmarks read their stats)
 
 
@@ -57,12 +73,6 @@ class DnnProvider(Provider):
         self.stats = dict.fromkeys(("calls", "inputs_s", "output_s", "launch_s", "sync_s", "captures"), 0)
         ACTIVE.add(self)
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        # what every call uses, looked up once
-        from iree import runtime as hal
-
-        self._hal = hal
-        self._allocate = self.device.allocator.allocate_buffer
-        self._device_local, self._usage = hal.MemoryType.DEVICE_LOCAL, hal.BufferUsage.DEFAULT
         self._sync = self.rt.bound("stream_sync")
 
     exportable_hint = ""
@@ -159,9 +169,7 @@ class DnnProvider(Provider):
                 plan = self._plans[key] = self.plan(op, dtype, [tuple(s) for s in shapes], attrs, ptrs)
                 plan.nbytes = max(_size(plan.out_shape) * itemsize(dtype), 1)
             t1 = _now()
-            out = self._hal.HalBufferView(
-                self._allocate(self._device_local, self._usage, plan.nbytes), plan.out_shape, x.element_type
-            )
+            out = result_view(self.device, plan.nbytes, plan.out_shape, x.element_type)
             ycap = export(out, dl, index)
             y = capsule_address(ycap)
             t2 = _now()
