@@ -497,14 +497,16 @@ class LanguageModel:
         return issue
 
     def _sample_settings(self, cfg: GenerationConfig) -> dict:
-        """The `sample` function's inputs that stay the same every step."""
+        """The `sample` function's inputs that stay the same every step, on the device (uploaded once a
+        generation, not at every step)."""
         b, k = self.sizes.max_batch, self.sizes.sample_k
         top_k = k if cfg.top_k == 0 else min(cfg.top_k, k)
-        return {
-            "temperature": np.full(b, cfg.temperature, np.float32),
-            "top_k": np.full(b, top_k, np.int64),
-            "top_p": np.full(b, cfg.top_p, np.float32),
-        }
+        return self.module.on_device(
+            "sample",
+            temperature=np.full(b, cfg.temperature, np.float32),
+            top_k=np.full(b, top_k, np.int64),
+            top_p=np.full(b, cfg.top_p, np.float32),
+        )
 
     def _sample_key(self, seed, n: int, first_row: int) -> np.ndarray:
         """One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate."""

@@ -248,6 +248,36 @@ class Module:
         entry = self._entries.get(function)
         return entry is not None and entry.fn_async is not None
 
+    def on_device(self, function: str, **inputs) -> dict:
+        """Some inputs of `function`, by name, uploaded once as device arrays, to pass to many calls or
+        submissions (settings that stay the same every step, say) without a copy each time. Each must have the
+        input's dtype and its static sizes."""
+        from iree import runtime as rt
+
+        entry = self._entry("on_device", function)
+        specs = {spec["name"]: spec for spec in entry.sig["inputs"]}
+        out = {}
+        for name, v in inputs.items():
+            if name not in specs:
+                raise InputError(
+                    f"on_device({function!r}): {function} has no input {name!r} (it takes {', '.join(specs)})"
+                )
+            spec, v = specs[name], np.asarray(v)
+            d = DTYPES[spec["dtype"]]
+            shape = spec["shape"]
+            if (
+                v.dtype != d.np
+                or v.ndim != len(shape)
+                or any(isinstance(s, int) and s != n for s, n in zip(shape, v.shape))
+            ):
+                raise InputError(
+                    f"on_device({function!r}): input {name!r} is {v.dtype}{list(v.shape)}; "
+                    f"{function} takes {spec['dtype']}{list(shape)}"
+                )
+            view = self._view(np.ascontiguousarray(self._as_module_takes(v, d)) if d.raw is None else v, spec)
+            out[name] = rt.DeviceArray(self.device, view, implicit_host_transfer=True)
+        return out
+
     def _view(self, v: np.ndarray, spec: dict):
         """A host input of a submission as a device buffer view of the module's boundary type."""
         d = DTYPES[spec["dtype"]]

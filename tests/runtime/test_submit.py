@@ -70,6 +70,26 @@ def test_a_call_after_submissions_sees_their_results(art, rng):
     np.testing.assert_allclose(got, _reference(s0[:, 0], [x] * 5, 1.1), rtol=1e-5, atol=1e-6)
 
 
+def test_inputs_uploaded_once_serve_calls_and_submissions(art, rng):
+    m = rocmc.load(art)
+    w = np.array([[0.7]], np.float32)
+    on = m.on_device("step", w=w)
+    assert list(on) == ["w"] and np.array_equal(on["w"].to_host(), w)
+    s = rng.standard_normal((37, 1)).astype(np.float32)
+    x = rng.standard_normal(4).astype(np.float32)
+    want = _reference(s[:, 0], [x], 0.7)
+    np.testing.assert_allclose(m.step(s, x, **on)[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.submit("step", s, x=x, **on).result()[0], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(rocmc.InputError, match=r"step has no input 'v' \(it takes s, x, w\)"):
+        m.on_device("step", v=w)
+    with pytest.raises(rocmc.InputError, match=r"input 'w' is float64\[1, 1\]; step takes f32\[1, 1\]"):
+        m.on_device("step", w=w.astype(np.float64))  # never converted behind the caller's back
+    with pytest.raises(rocmc.InputError, match=r"input 's' is float32\[36, 1\]"):
+        m.on_device("step", s=s[:36])
+    with pytest.raises(rocmc.InputError, match=r"on_device\('nope'\): the module has no such function"):
+        m.on_device("nope", w=w)
+
+
 def test_submit_bad_input(art, rng):
     m = rocmc.load(art)
     with pytest.raises(
