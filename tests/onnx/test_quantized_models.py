@@ -283,21 +283,23 @@ def test_four_bit_values_rocmc_cannot_take_are_reported(op, inputs, needle):
         rocmc.import_onnx(model)
 
 
-@pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, False)])
-def test_matmul_nbits_models_match_onnxruntime(tmp_path, rng, bits, symmetric):
+@pytest.mark.parametrize("bits,symmetric,block", [(4, True, 16), (4, False, 16), (8, False, 16), (4, False, 32)])
+def test_matmul_nbits_models_match_onnxruntime(tmp_path, rng, bits, symmetric, block):
     """ONNX Runtime's MatMulNBitsQuantizer (blocks of 16 along K: 3 and 6 blocks a row, so packed 4-bit zero points
-    end in half a byte) writes com.microsoft MatMulNBits nodes; rocmc imports them as quantized_linear and matches
-    ONNX Runtime's run of the model."""
+    end in half a byte; blocks of 32: K=48 ends in half a block, padding the quantizer wrote) writes com.microsoft
+    MatMulNBits nodes; rocmc imports them as quantized_linear and matches ONNX Runtime's run of the model."""
     from onnxruntime.quantization import matmul_nbits_quantizer as nbits
 
     src = tmp_path / "model.onnx"
     _mlp(src, rng)
-    config = nbits.DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=symmetric, bits=bits)
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=symmetric, bits=bits)
     quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(src)), algo_config=config)
     quantizer.process()
     model = quantizer.model.model
     found = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
     assert len(found) == 2 and all(len(n.input) == (3 if symmetric else 4) for n in found), found
+    ks = [next(a.i for a in n.attribute if a.name == "K") for n in found]
+    assert any(k % block for k in ks) == (block == 32), ks  # the case of a last block past K is the one meant
     dst = tmp_path / "nbits.onnx"
     onnx.save(model, str(dst))
     session = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
@@ -314,7 +316,7 @@ def test_matmul_nbits_models_match_onnxruntime(tmp_path, rng, bits, symmetric):
     "attrs,extra,needle",
     [
         ({"bits": 3}, {}, "bits=3: rocmc's quantized_linear takes 4 or 8"),
-        ({"block_size": 24}, {}, "K=32 in blocks of block_size=24"),
+        ({"block_size": 3}, {}, "block_size=3: expected a positive number of whole bytes of 4-bit values"),
         ({}, {"g_idx": np.arange(32, dtype=np.int32) % 2}, "g_idx other than k // block_size"),
     ],
 )

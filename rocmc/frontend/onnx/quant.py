@@ -16,7 +16,8 @@ from it.
 ONNX Runtime's com.microsoft MatMulNBits (what its MatMulNBitsQuantizer writes: 4- or 8-bit weights in blocks
 along K, the form of ONNX Runtime's int4 LLMs) is rocmc's quantized_linear: its weight blobs are quantized_linear's
 packed rows as they are (the first value of a byte in the low nibble), its blocks quantized_linear's groups, its
-packed zero points (2^(bits - 1) when absent) unpacked at import.
+packed zero points (2^(bits - 1) when absent) unpacked at import. Where K is no multiple of block_size, the last
+block's padding multiplies zeros appended to A.
 """
 
 from __future__ import annotations
@@ -243,9 +244,9 @@ def _matmul_nbits(n: Node):
     k, rows, bits, block = (int(n.attr(a, d)) for a, d in (("K", 0), ("N", 0), ("bits", 4), ("block_size", 0)))
     if bits not in (4, 8):
         raise Unsupported(f"bits={bits}: rocmc's quantized_linear takes 4 or 8")
-    if block < 1 or k % block:
-        raise Unsupported(f"K={k} in blocks of block_size={block}: rocmc takes a K that whole blocks cover")
-    blocks, blob = k // block, block * bits // 8
+    if block < 1 or block * bits % 8:
+        raise Unsupported(f"block_size={block}: expected a positive number of whole bytes of {bits}-bit values")
+    blocks, blob = -(-k // block), block * bits // 8  # a last block past K holds padding
     b = n.known(1, "B")
     if b.dtype != np.uint8 or b.shape != (rows, blocks, blob):
         raise Unsupported(
@@ -279,4 +280,9 @@ def _matmul_nbits(n: Node):
     w = const(b.reshape(rows, blocks * blob), f"{n.inputs[1].name}_packed")
     s = const(scales, f"{n.inputs[2].name}_scales")
     z = const(zeros, f"{n.inputs[1].name}_zeros")
-    return R.quantized_linear(n.value(0), w, s, z, n.value(5) if n.has(5) else None, bits=bits)
+    x = n.value(0)
+    if blocks * block > k:  # the padding of the last block meets zeros appended to A: the product is over K alone
+        if x.rank < 1 or x.shape[-1] != k:
+            raise Unsupported(f"A is {list(x.shape)}: expected (..., K={k}) with K known")
+        x = R.pad(x, [(0, 0)] * (x.rank - 1) + [(0, blocks * block - k)])
+    return R.quantized_linear(x, w, s, z, n.value(5) if n.has(5) else None, bits=bits)
