@@ -2,8 +2,9 @@
 GEMM library (`libraries=["blas"]`), prefilled at random lengths and decoded, once per variant of the provider, each
 variant in its own process (an illegal memory access ends a CUDA context).
 
-    python -m bench.blas_fault_gpu compile --dir out/blas_fault [--layers 4]        # CPU machine
+    python -m bench.blas_fault_gpu compile --dir out/blas_fault [--layers 4]        # CPU machine: blas.vmfb, default.vmfb
     python3 -m bench.blas_fault_gpu run --dir out/blas_fault --json out.json         # GPU machine
+    python3 -m bench.blas_fault_gpu time --dir out/blas_fault --json t.json          # the library path's prefill time
 
 A variant is features joined by '+': `plain` (the provider as shipped), `device_sync` (the whole device
 synchronized before each library call: IREE's stream drained), `no_graphs` (no captured stream graphs), `no_timing`
@@ -36,9 +37,12 @@ def compile_module(a) -> None:
     d.mkdir(parents=True, exist_ok=True)
     cfg = llama_config(SHAPES["7b"] | {"num_hidden_layers": a.layers})
     (d / "config.json").write_text(json.dumps(cfg, indent=1))
-    art = rocmc.llm.compile_hf(d / "config.json", a.target, max_seq_len=a.max_seq_len, libraries=["blas"], cache=False)
-    art.save(d / "blas.vmfb")
-    print(art.summary())
+    for name, libraries in (("blas.vmfb", ["blas"]), ("default.vmfb", [])):
+        art = rocmc.llm.compile_hf(
+            d / "config.json", a.target, max_seq_len=a.max_seq_len, libraries=libraries, cache=False
+        )
+        art.save(d / name)
+        print(name, art.summary(), sep="\n")
 
 
 FEATURES = (
@@ -189,6 +193,46 @@ def run(a) -> int:
     return 0
 
 
+def time_prefill(a) -> int:
+    """Median wall time of a prefill of --tokens tokens (a fresh slot table each; logits read back), for each module
+    of --vmfbs, interleaved round by round in one process: the library path beside the default one."""
+    import statistics
+
+    import rocmc
+    from bench.llm_gpu import write_checkpoint
+    from rocmc.llm.runtime import _SlotTable
+
+    d = Path(a.dir)
+    cfg = json.loads((d / "config.json").read_text())
+    write_checkpoint(cfg, Path(a.ckpt))
+    lms = {name: rocmc.llm.load(d / name, Path(a.ckpt), device="cuda") for name in a.vmfbs.split(",")}
+    ids = [int(t) for t in np.random.default_rng(a.seed).integers(3, cfg["vocab_size"], a.tokens)]
+    times: dict = {name: [] for name in lms}
+    logits: dict = {}
+    for r in range(a.reps + 2):
+        for name, lm in lms.items():
+            slots = _SlotTable(lm.sizes, lm.config, chunk=a.tokens)
+            t = time.perf_counter()
+            for feeds in slots.prefill(0, ids):
+                res = lm.module.prefill(**feeds, output="device")
+            logits[name] = np.asarray(res[1].to_host(), np.float32)
+            if r >= 2:  # two warm-up rounds: plans, algorithm timing, graph captures
+                times[name].append(time.perf_counter() - t)
+    ref = next(iter(logits.values()))
+    out = {
+        name: {
+            "median_ms": 1e3 * statistics.median(ts),
+            "min_ms": 1e3 * min(ts),
+            "last_logits_rel_l2_vs_first": float(np.linalg.norm(logits[name] - ref) / np.linalg.norm(ref)),
+        }
+        for name, ts in times.items()
+    }
+    out["tokens"], out["layers"] = a.tokens, cfg["num_hidden_layers"]
+    Path(a.json).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -213,8 +257,16 @@ def main() -> int:
             r.add_argument("--timeout", type=int, default=240)
         else:
             r.add_argument("--variant", required=True, help="features joined by '+'")
+    t = sub.add_parser("time")
+    t.add_argument("--dir", default="out/blas_fault")
+    t.add_argument("--ckpt", default="/tmp/blas_fault_ckpt")
+    t.add_argument("--vmfbs", default="default.vmfb,blas.vmfb")
+    t.add_argument("--tokens", type=int, default=512)
+    t.add_argument("--reps", type=int, default=10)
+    t.add_argument("--seed", type=int, default=5)
+    t.add_argument("--json", required=True)
     a = ap.parse_args()
-    return {"compile": compile_module, "run": run, "child": child}[a.cmd](a) or 0
+    return {"compile": compile_module, "run": run, "child": child, "time": time_prefill}[a.cmd](a) or 0
 
 
 if __name__ == "__main__":
