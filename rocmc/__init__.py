@@ -16,7 +16,7 @@ from .errors import (
     TargetError,
 )
 from .frontend import Graph, TensorType, Value, dtype
-from .dtypes import bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
+from .dtypes import bf16, bool_, f16, f32, f64, i4, i8, i16, i32, i64, u4, u8, u16, u32, u64
 from . import ops
 from .lowering import compile
 from .lowering.target import Target, known_targets
@@ -74,6 +74,8 @@ __all__ = [
     "f16",
     "bf16",
     "f64",
+    "i4",
+    "u4",
     "i8",
     "i16",
     "i32",

@@ -47,8 +47,20 @@ class DType:
 
     @property
     def itemsize(self) -> int:
-        """Bytes of one element as stored (bool: 1)."""
+        """Bytes of one element as numpy stores it (bool, i4 and u4: 1)."""
         return self.np.itemsize
+
+    @property
+    def packed(self) -> bool:
+        """A sub-byte integer (i4, u4): numpy holds one value a byte, IREE's ABI and a module's buffers two a
+        byte, the first in the low nibble (`pack_nibbles`)."""
+        return self.kind == "int" and self.bits < 8
+
+    @property
+    def passed_as_bits(self) -> bool:
+        """Whether numpy's path into IREE lacks the type, so the runtime passes its bits tagged with `hal`:
+        bf16 and the float8 types (`raw`), and the packed integers."""
+        return self.raw is not None or self.packed
 
     @property
     def limits(self) -> tuple[int, int]:
@@ -67,8 +79,19 @@ class DType:
 
     @property
     def abi_mlir(self) -> str:
-        """Element type at the module boundary (i1 travels as i8 through IREE's ABI)."""
-        return "i8" if self.kind == "bool" else self.mlir
+        """Element type at the module boundary (i1 travels as i8 through IREE's ABI; i4 and u4 as i8 bytes, two
+        values a byte: `abi_shape`)."""
+        return "i8" if self.kind == "bool" or self.packed else self.mlir
+
+    def abi_shape(self, shape) -> list:
+        """The shape of a tensor of this type at the module boundary: its own, or for i4 / u4 (static sizes) the
+        1-D count of bytes its values pack into (`pack_nibbles`)."""
+        if not self.packed:
+            return list(shape)
+        n = 1
+        for d in shape:
+            n *= d
+        return [(n + 1) // 2]
 
     @property
     def abi_np(self) -> NumpyDType:
@@ -113,11 +136,17 @@ f8e5m2fnuz = DType(
     "f8e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), "f8E5M2FNUZ", "float", 8, "FLOAT_8_E5M2_FNUZ", raw=_U8
 )
 FLOAT8 = (f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz)
+# 4-bit integers (ONNX's INT4 / UINT4, the values of int4 checkpoints): numpy arrays of ml_dtypes' int4 / uint4 (a
+# value a byte) on the host; at a module's boundary their bytes, two values a byte (a 1-D i8 tensor: IREE 3.13 sizes
+# an i4 tensor only in whole bytes, and its code for i4 tensors fails to compile at many sizes). Inside a module they
+# are held and computed as i8, each result wrapped to 4 bits as numpy's int4 arithmetic wraps (lowering/nibbles.py).
+i4 = DType("i4", np.dtype(ml_dtypes.int4), "i8", "int", 4, "INT_4")
+u4 = DType("u4", np.dtype(ml_dtypes.uint4), "i8", "int", 4, "INT_4", unsigned=True)
 
-ALL = {d.name: d for d in (f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool_, *FLOAT8)}
+ALL = {d.name: d for d in (f32, f16, bf16, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool_, *FLOAT8, i4, u4)}
 # The type an MLIR element type stands for in the lowering, which sees signless names: 'i8' is i8, whose
 # facts other than the sign are u8's too.
-_BY_MLIR = {d.mlir: d for d in ALL.values() if not d.unsigned}
+_BY_MLIR = {d.mlir: d for d in ALL.values() if not d.unsigned and not d.packed}
 # numpy's names of every type, and rocmc's older spellings
 _ALIASES = {**{d.np.name: d for d in ALL.values()}, "bool_": bool_}
 
@@ -164,12 +193,36 @@ def acc_mlir(elt: str) -> str:
 
 def np_kind(dt) -> str:
     """numpy's kind letter of a numpy dtype ('f', 'i', 'u', 'b', ...), with bfloat16 and the float8 types floats
-    ('f'): ml_dtypes' types are kind 'V' to numpy."""
+    ('f') and int4 / uint4 integers ('i' / 'u'): ml_dtypes' types are kind 'V' to numpy."""
     dt = np.dtype(dt)
-    return "f" if dt.name in _ML_FLOATS else dt.kind
+    return "f" if dt.name in _ML_FLOATS else _ML_INTS.get(dt.name, dt.kind)
 
 
 _ML_FLOATS = {d.np.name for d in (bf16, *FLOAT8)}
+_ML_INTS = {i4.np.name: "i", u4.np.name: "u"}
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """The bytes of a 4-bit array as IREE stores it: its values in order, two a byte, the first in the low
+    nibble (an odd count ends in half a byte)."""
+    flat = np.ascontiguousarray(values).reshape(-1).view(np.uint8) & 0xF
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(raw: np.ndarray, d: DType, shape) -> np.ndarray:
+    """The inverse of `pack_nibbles`: an array of `shape` of the 4-bit type `d` from its packed bytes."""
+    n = int(np.prod(shape, dtype=np.int64))
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if raw.size != (n + 1) // 2:
+        raise GraphError(f"{n} values of {d} take {(n + 1) // 2} bytes, not {raw.size}")
+    nib = np.empty(raw.size * 2, np.uint8)
+    nib[0::2], nib[1::2] = raw & 0xF, raw >> 4
+    values = nib[:n].astype(np.int8)
+    if d.signed:  # sign-extend the nibbles
+        values = (values ^ 8) - 8
+    return values.astype(d.np).reshape(shape)
 
 
 def float8_max(d: DType) -> float:

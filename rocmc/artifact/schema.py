@@ -240,8 +240,10 @@ def _check_function(module, f: dict, what: str) -> None:
 
 def _abi_type(spec: dict) -> str:
     """The type IREE's reflection prints for a signature entry."""
-    dims = "".join(f"{d if isinstance(d, int) else '?'}x" for d in spec["shape"])
-    return f"tensor<{dims}{DTYPES[spec['dtype']].abi_mlir}>"
+    d = DTYPES[spec["dtype"]]
+    shape = d.abi_shape(spec["shape"]) if d.packed else spec["shape"]
+    dims = "".join(f"{n if isinstance(n, int) else '?'}x" for n in shape)
+    return f"tensor<{dims}{d.abi_mlir}>"
 
 
 def _declared(fn, name: str, what: str, fences: bool = False) -> tuple[list, list]:

@@ -18,7 +18,7 @@ from ..errors import GraphError, LoweringError, RocmcError
 from ..frontend.graph import Graph, TensorType
 from ..frontend.opdef import dim_constraints
 from ..signature import input_specs
-from . import registry
+from . import nibbles, registry
 from .emitter import Emitter, T, mlir_string, tensor_type
 from .compiler import iree_version
 from .codegen.padding import ASSUMED_MAX
@@ -163,6 +163,8 @@ class LowerContext:
         if type.dtype.kind == "bool":
             i8 = constant_op(E, self, arr.astype(np.int8), type.shape, "i8", hint)
             return E.convert(T(i8, type, "i8"), "i1")
+        if type.dtype.packed:  # 4-bit values are held as i8 (ml_dtypes keeps only the low nibble of a byte)
+            arr = arr.astype(np.uint8 if type.dtype.unsigned else np.int8)
         return T(constant_op(E, self, arr, type.shape, type.dtype.mlir, hint), type)
 
 
@@ -243,14 +245,19 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
     checks of its inputs' sizes."""
     E = Emitter()
     env: dict[int, T] = {}
-    args = [T(f"%arg{i}", TensorType(v.shape, v.dtype), v.dtype.abi_mlir) for i, v in enumerate(graph.inputs)]
+    args = [
+        nibbles.boundary(v, i) if v.dtype.packed else T(f"%arg{i}", TensorType(v.shape, v.dtype), v.dtype.abi_mlir)
+        for i, v in enumerate(graph.inputs)
+    ]
     E.loc = 'loc("rocmc.checks")'
     ctx.symbols = _emit_checks(E, graph, args, constraints)
     hints = _divisibility_hints(E, constraints, ctx.symbols)
     for v, arg in zip(graph.inputs, args):
         E.loc = f'loc("rocmc.{v.id}:input")'
         arg = _hinted(E, arg, v, hints)
-        env[v.id] = E.convert(arg, "i1") if v.dtype.kind == "bool" else arg
+        env[v.id] = (
+            E.convert(arg, "i1") if v.dtype.kind == "bool" else nibbles.unpack(E, arg, v) if v.dtype.packed else arg
+        )
     choices = []
     for node in graph.nodes:
         E.loc = f'loc("rocmc.{node.outputs[0].id}:{node.op}")'
@@ -262,6 +269,10 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
             else:
                 env[out.id] = ctx.constant(E, arr, out.type, "w")
             continue
+        if node.op in ("parameter", "state") and out.dtype.packed:
+            raise LoweringError(
+                f"{node.describe()}: a {node.op} of {out.dtype} is not supported (a constant or an input is)"
+            )
         if node.op == "parameter":
             env[out.id] = ctx.parameter(E, node.attrs["name"], out.type, "graph")
             continue
@@ -288,7 +299,7 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
                     f"{node.describe()}: {choice.impl.name} lowering returned {r.mlir}, "
                     f"expected {tensor_type(v.type.shape, v.dtype.mlir)}"
                 )
-            env[v.id] = T(r.name, v.type)
+            env[v.id] = nibbles.wrap(E, T(r.name, v.type)) if v.dtype.packed else T(r.name, v.type)
         choices.append(choice.record(node))
     E.loc = 'loc("rocmc.return")'
     for state, v in graph.assigns.items():
@@ -298,6 +309,8 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
         r = env[v.id]
         if v.dtype.kind == "bool":
             r = E.convert(r, "i8")
+        elif v.dtype.packed:
+            r = nibbles.pack(E, r, v)
         rets.append(r)
     return _Function(name, args, rets, E.lines, choices)
 

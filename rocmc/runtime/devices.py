@@ -8,6 +8,7 @@ import threading
 import numpy as np
 
 from ..archs import DEVICES
+from ..dtypes import pack_nibbles
 from ..errors import DeviceError
 
 # The library each GPU driver loads, named in the error when it is absent.
@@ -123,6 +124,8 @@ def upload(device, arr, dtype, element_type):
     from iree import runtime as rt
 
     arr = np.ascontiguousarray(arr)
+    if dtype.packed:  # 4-bit values travel as their bytes, two a byte (DType.abi_shape)
+        arr, element_type = pack_nibbles(arr), rt.HalElementType.INT_8
     raw = arr if dtype.raw is None else arr.view(dtype.raw)  # bf16 travels as its raw bits
     return device.allocator.allocate_buffer_copy(
         memory_type=rt.MemoryType.DEVICE_LOCAL,

@@ -13,7 +13,7 @@ from ..arrays import is_tensor
 from ..archs import DEVICES, default_device, kind_of
 from ..artifact import PARAMETER_SCOPE, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
-from ..dtypes import ALL as DTYPES, DType
+from ..dtypes import ALL as DTYPES, DType, unpack_nibbles
 from ..progress import format_bytes, step
 from ..signature import bind
 from .devices import bind_thread, get_device, upload
@@ -143,11 +143,12 @@ class Module:
         """A host array in the numpy type of the module's boundary (DType.abi_np), or, for a type
         numpy's path into IREE lacks (DType.raw: bf16), a device array of its bits tagged with IREE's
         element type."""
-        if d.raw is None:
+        if not d.passed_as_bits:
             return v if v.dtype == d.abi_np else v.view(d.abi_np)
         from iree import runtime as rt
 
-        return rt.DeviceArray(self.device, upload(self.device, v, d, d.hal_element_type()), override_dtype=d.np)
+        view = upload(self.device, v, d, d.hal_element_type())
+        return rt.DeviceArray(self.device, view, override_dtype=np.dtype(np.int8) if d.packed else d.np)
 
     def __call__(self, *args, **kwargs):
         """Run the module's (first) function on inputs given by position or by name.
@@ -190,7 +191,7 @@ class Module:
         if not entry.sig["outputs"]:
             return None
         for spec, r in zip(entry.sig["outputs"], results):
-            outs.append(host_copy(r, DTYPES[spec["dtype"]]) if output == "numpy" else r)
+            outs.append(host_copy(r, DTYPES[spec["dtype"]], spec["shape"]) if output == "numpy" else r)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def submit(self, function: str, *args, **kwargs) -> "Submission":
@@ -274,14 +275,14 @@ class Module:
                     f"on_device({function!r}): input {name!r} is {v.dtype}{list(v.shape)}; "
                     f"{function} takes {spec['dtype']}{list(shape)}"
                 )
-            view = self._view(np.ascontiguousarray(self._as_module_takes(v, d)) if d.raw is None else v, spec)
+            view = self._view(np.ascontiguousarray(self._as_module_takes(v, d)) if not d.passed_as_bits else v, spec)
             out[name] = rt.DeviceArray(self.device, view, implicit_host_transfer=True)
         return out
 
     def _view(self, v: np.ndarray, spec: dict):
         """A host input of a submission as a device buffer view of the module's boundary type."""
         d = DTYPES[spec["dtype"]]
-        return upload(self.device, v, d, _element_type(v.dtype) if d.raw is None else d.hal_element_type())
+        return upload(self.device, v, d, _element_type(v.dtype) if not d.passed_as_bits else d.hal_element_type())
 
     def _overlaps(self, entry: _Entry) -> bool:
         """Whether a submission of `entry` may be issued while earlier ones still run. IREE records the
@@ -344,7 +345,8 @@ class Submission:
             raise InputError(f"output(output={output!r}): expected 'numpy' or 'device'")
         self.wait()
         r = self.outputs[index]
-        return host_copy(r, DTYPES[self._entry.sig["outputs"][index]["dtype"]]) if output == "numpy" else r
+        spec = self._entry.sig["outputs"][index]
+        return host_copy(r, DTYPES[spec["dtype"]], spec["shape"]) if output == "numpy" else r
 
     def result(self, output: str = "numpy"):
         """Wait, then its results as `Module.call` returns them (output="numpy" or "device")."""
@@ -380,8 +382,8 @@ def _element_type(dtype: np.dtype):
     return map_dtype_to_element_type(dtype)
 
 
-def host_copy(result, dtype: DType) -> np.ndarray:
-    """A result on the host, in an array of its own.
+def host_copy(result, dtype: DType, shape=None) -> np.ndarray:
+    """A result on the host, in an array of its own (of `shape`, for 4-bit values: the module passes their bytes).
 
     On a device whose memory the host can map (the CPU's), IREE's `to_host` is a view of the result's
     buffer; once the result is dropped, the buffer goes back to IREE's pool and a later call writes into
@@ -389,6 +391,8 @@ def host_copy(result, dtype: DType) -> np.ndarray:
     its MLIR spelling (bool as i8, u8 as the signless i8, bf16 as raw bits): the same bytes are viewed as
     the signature's dtype."""
     a = result.to_host() if hasattr(result, "to_host") else np.asarray(result)
+    if dtype.packed:  # the bytes of 4-bit values, two a byte: unpacked into an array of their own
+        return unpack_nibbles(a, dtype, tuple(shape))
     owned = a.flags.owndata and a.base is None
     if a.dtype != dtype.np:
         a = a.view(dtype.np)

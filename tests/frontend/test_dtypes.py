@@ -215,8 +215,9 @@ def test_dtype_spellings():
 
 
 def test_every_dtype_crosses_the_module_boundary_as_its_facts_say(rng):
-    # One module passing every dtype through: the results carry each DType's HAL element type, and
-    # the values (bf16 passed as tagged raw bits, bool as int8) come back unchanged.
+    # One module passing every dtype through: the results carry each DType's HAL element type (i4 and u4: their
+    # bytes, int8), and the values (bf16 passed as tagged raw bits, bool as int8, 4-bit values two a byte) come back
+    # unchanged.
     g = rocmc.Graph("g")
     data, outs = {}, []
     for d in rocmc.dtypes.ALL.values():
@@ -227,7 +228,9 @@ def test_every_dtype_crosses_the_module_boundary_as_its_facts_say(rng):
     module = rocmc.load(rocmc.compile(g, "cpu"))
     on_device = module(**data, output="device")
     for d, r, got in zip(rocmc.dtypes.ALL.values(), on_device, module(**data)):
-        assert int(r._buffer_view.element_type) == int(d.hal_element_type()), d
+        hal = rocmc.i8.hal_element_type() if d.packed else d.hal_element_type()
+        assert int(r._buffer_view.element_type) == int(hal), d
+        assert list(r._buffer_view.shape) == d.abi_shape([5]), d
         assert got.dtype == d.np and np.array_equal(got, data[f"x_{d.name}"]), d
 
 

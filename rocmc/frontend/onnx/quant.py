@@ -3,15 +3,14 @@ scales and zero points), DynamicQuantizeLinear, MatMulInteger and QLinearMatMul,
 does (onnx.reference: x / scale in x's type, rounded half to even, the zero point added, saturated to the
 integer type; products of integers in int32; QLinearMatMul's rescale in float64).
 
-rocmc quantizes to the integer types of its dtype table (int8, uint8, int16, uint16; int32 dequantizes) and to
-its float8 types (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: x / scale converted with saturation unless saturate=0, as
-onnx.reference does). int4 and uint4 are not in the table, but DequantizeLinear takes them where they are known at
-import time (initializers and constants: the weights of a model quantized to 4 bits, such as ONNX Runtime's
-quantize_static with QInt4 / QUInt4 weights): their values are widened to int8 / uint8, which holds them exactly,
-and dequantized as those. Anywhere else (a graph input or output, QuantizeLinear to 4 bits, a Cast) a 4-bit
-value is reported with its type, as are the 2-bit, float8e8m0 and float4 types. ConvInteger and QLinearConv convolve the
-zero-point-shifted integers in float64, where every sum of int8/uint8 products is exact, and take the int32 result
-from it.
+rocmc quantizes to the integer types of its dtype table (int4, uint4, int8, uint8, int16, uint16; int32 dequantizes)
+and to its float8 types (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: x / scale converted with saturation unless saturate=0, as
+onnx.reference does). 4-bit values known at import time (initializers and constants: the weights of a model quantized
+to 4 bits, such as ONNX Runtime's quantize_static with QInt4 / QUInt4 weights) are widened to int8 / uint8, which
+holds them exactly, and dequantized as those; elsewhere (graph inputs and outputs, QuantizeLinear to 4 bits, Cast)
+they are rocmc's i4 / u4 (two a byte at the module's boundary). The 2-bit, float8e8m0 and float4 types are
+reported. ConvInteger and QLinearConv convolve the zero-point-shifted integers in float64, where every sum of
+int8/uint8 products is exact, and take the int32 result from it.
 
 ONNX Runtime's com.microsoft MatMulNBits (what its MatMulNBitsQuantizer writes: 4- or 8-bit weights in blocks
 along K, the form of ONNX Runtime's int4 LLMs) is rocmc's quantized_linear: its weight blobs are quantized_linear's
@@ -33,7 +32,7 @@ from .nn import numpy_matmul
 from .spatial import conv_nd
 from .values import Node, Tensor, Unsupported, _axis, _ops, _rocmc_dtype
 
-RANGES = {"u8": (0, 255), "i8": (-128, 127), "u16": (0, 65535), "i16": (-32768, 32767)}
+RANGES = {"u8": (0, 255), "i8": (-128, 127), "u16": (0, 65535), "i16": (-32768, 32767), "i4": (-8, 7), "u4": (0, 15)}
 FLOAT8 = ("f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz")
 
 
@@ -109,10 +108,10 @@ NARROW = {"int4": "int8", "uint4": "uint8"}
 
 
 def _widen_known(n: Node) -> None:
-    """DequantizeLinear's x and x_zero_point, when they are known int4 / uint4 arrays, as int8 / uint8 arrays of the
-    same values (each checked against the other's type first: widening must not hide a mismatch)."""
+    """DequantizeLinear's x and x_zero_point, when x is a known int4 / uint4 array, as int8 / uint8 arrays of the
+    same values (the zero point's type checked against x's first: widening must not hide a mismatch)."""
     kinds = [n.inputs[i].known.dtype.name if n.has(i) and n.inputs[i].known is not None else None for i in (0, 2)]
-    if not any(k in NARROW for k in kinds):
+    if kinds[0] not in NARROW or (n.has(2) and kinds[1] is None):  # a computed x or zero point: rocmc's i4 / u4
         return
     if n.has(2) and kinds[0] != kinds[1]:
         x_type = kinds[0] or n.inputs[0].dtype_name()

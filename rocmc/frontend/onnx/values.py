@@ -23,7 +23,7 @@ from ..opdef import normalize_axis
 if TYPE_CHECKING:
     from .importer import Importer
 
-# ONNX TensorProto element types rocmc has; anything else (int4, float4, float8e8m0, string, ...) is reported.
+# ONNX TensorProto element types rocmc has; anything else (int2, float4, float8e8m0, string, ...) is reported.
 _DTYPES = {
     1: "f32",
     10: "f16",
@@ -42,6 +42,8 @@ _DTYPES = {
     18: "f8e4m3fnuz",
     19: "f8e5m2",
     20: "f8e5m2fnuz",
+    22: "i4",
+    21: "u4",
 }
 # A value folded at import becomes a constant of the module. A tiny model can ask for a huge one
 # (ConstantOfShape([65536, 65536]), Range(0, 2**40, 1)); past this size it is an import error,
