@@ -57,6 +57,29 @@ def test_four_bit_values_cross_the_boundary_and_wrap_as_numpy(rng, name, shape):
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ref[1:], (back, twice, poly)))
 
 
+def test_casts_between_the_four_bit_types_and_integers_wrap(rng):
+    g = rocmc.Graph("c")
+    x, u = g.input("x", (3, 5), "i4"), g.input("u", (3, 5), "u4")
+    w = g.input("w", (3, 5), "i32")
+    g.output(
+        ops.cast(u, "i4"),
+        ops.cast(x, "u4"),
+        ops.cast(w, "i4"),
+        ops.cast(x, "i32"),
+        ops.add(ops.mul(x, x), ops.cast(u, "i4")),
+    )
+    xv, uv = _values(rng, "i4", (3, 5)), _values(rng, "u4", (3, 5))
+    wv = rng.integers(-300, 300, (3, 5)).astype(np.int32)
+    got = rocmc.load(rocmc.compile(g, "cpu"))(xv, uv, wv)
+    i4, u4 = ml_dtypes.int4, ml_dtypes.uint4
+    wrap = lambda a, t: np.asarray(a).astype(np.int64).astype(t)  # noqa: E731
+    want = (wrap(uv, i4), wrap(xv, u4), wrap(wv, i4), xv.astype(np.int32), xv * xv + wrap(uv, i4))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and np.array_equal(a, b), (a, b)
+    for a, b in zip(rocmc.evaluate(g, x=xv, u=uv, w=wv), want):
+        assert np.array_equal(np.asarray(a), b)
+
+
 @pytest.mark.parametrize("name", ["i4", "u4"])
 def test_floats_past_the_range_wrap_as_ml_dtypes_converts(rng, name):
     g = rocmc.Graph("c")

@@ -62,3 +62,32 @@ def test_format2_artifact_runs(gpu_step, rng):
         got_h, got_y = mod(x)
         assert rel_l2(got_h.astype(np.float64), h) < 2e-3
         assert rel_l2(got_y.astype(np.float64), h @ wm) < 2e-3
+
+
+def _four_bit():
+    """4-bit inputs and outputs (an odd count: 15 values, the last byte half padding), converted, wrapping and back."""
+    g = rocmc.Graph("int4")
+    x = g.input("x", (3, 5), "i4")
+    u = g.input("u", (3, 5), "u4")
+    s = g.input("s", (5,), "f32")
+    y = ops.mul(ops.cast(x, "f32"), s)
+    g.output(y, ops.cast(ops.round(ops.div(y, s)), "i4"), ops.add(ops.mul(x, x), ops.cast(u, "i4")), ops.add(u, u))
+    return g
+
+
+def _four_bit_inputs(rng, n):
+    import ml_dtypes
+
+    return [
+        rng.integers(-8, 8, (3, 5)).astype(ml_dtypes.int4),
+        rng.integers(0, 16, (3, 5)).astype(ml_dtypes.uint4),
+        rng.uniform(0.5, 2, 5).astype(np.float32),
+    ]
+
+
+FOUR_BIT = Case("int4_boundary", _four_bit, _four_bit_inputs, 1e-6, rel_l2)
+
+
+@pytest.mark.gpu
+def test_four_bit_values_cross_a_gpu_module(gpu):
+    gpu(FOUR_BIT)

@@ -240,7 +240,11 @@ def _cast_ref(node, ins, attrs):
         with np.errstate(over="ignore", invalid="ignore"):
             return [np.asarray(x).astype(d.np).astype(np.float64)]
     if d.kind == "int":
-        return [np.trunc(x).astype(d.np) if np.asarray(x).dtype.kind == "f" else np.asarray(x).astype(d.np)]
+        x = np.asarray(x)
+        if x.dtype.kind == "f":
+            return [np.trunc(x).astype(d.np)]
+        # ml_dtypes' 4-bit types convert only through a wider integer (wrapping, as the module's cast does)
+        return [x.astype(np.int64).astype(d.np) if d.packed or x.dtype.kind == "V" else x.astype(d.np)]
     return [np.asarray(x) != 0]
 
 
