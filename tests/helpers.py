@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import rocmc
 from rocmc import ops
@@ -28,9 +29,87 @@ def run(graph, *inputs, target="cpu", **kw):
     return rocmc.load(art)(*inputs)
 
 
-def check(graph, *inputs, tol=None, **compile_kw):
-    """Compile for the CPU, run, and compare every output with the float64 reference."""
-    got = run(graph, *inputs, **compile_kw)
+class CpuBatch:
+    """The graphs of a parametrized test compiled for the CPU as the functions of one module, `size` graphs a
+    module: iree-compile's cost a module (about 0.45 s, against about 0.1 s for each further function) is paid
+    once for them, as bench/onnx_conformance.py does for its cases. `build(*key)` makes the graph of a key; each
+    function is that graph, lowered as it is alone (its own dispatches, signature, input checks and choice of
+    implementations).
+
+    `batch(*key)` -> (graph, its compiled function): the module of the key's `size` neighbours in `keys` is
+    compiled on the first use of any of them (keys in the order the tests run, so a worker's run of tests
+    compiles each module once; a key not in `keys` is compiled alone). Graph by graph instead, so that each is
+    compiled as it would be alone and a failure is its graph's: a module IREE can't compile, or one compiled
+    without the CPU's tuning flags (which a module drops as a whole when IREE fails with them)."""
+
+    def __init__(self, build, keys, size=24, **compile_kw):
+        self.build, self.size, self.compile_kw = build, size, compile_kw
+        self.keys = [tuple(k) for k in keys]
+        self._graphs: dict = {}
+        self._modules: dict = {}
+
+    @classmethod
+    def grid(cls, build, *axes, size=24, **compile_kw):
+        """The batch over every combination of `axes` (lists of values, one per argument of `build`), the first
+        axis varying fastest: the order of pytest's stacked parametrize decorators, the first one nearest the
+        test. `parametrize(argnames)` is the decorator that runs them in that order."""
+        keys = [()]
+        for values in axes:
+            keys = [(*k, v) for v in values for k in keys]
+        return cls(build, keys, size=size, **compile_kw)
+
+    def parametrize(self, argnames: str):
+        """pytest's parametrize over this batch's keys, in their order (so a worker compiles a module once)."""
+        single = "," not in argnames
+        return pytest.mark.parametrize(argnames, [k[0] for k in self.keys] if single else self.keys)
+
+    def graph(self, *key):
+        if key not in self._graphs:
+            self._graphs[key] = self.build(*key)
+        return self._graphs[key]
+
+    def _module(self, first: int):
+        """(artifact, module) of the batch from keys[first], or None where its graphs go one by one."""
+        if first not in self._modules:
+            self._modules[first] = None
+            try:
+                program = {f"f{j}": self.graph(*k) for j, k in enumerate(self.keys[first : first + self.size])}
+                art = rocmc.compile(program, "cpu", **self.compile_kw)
+            except Exception:  # noqa: BLE001 - built and compiled alone, the failing graph says why
+                return None
+            if "compiled without" not in art.metadata.get("compile_note", ""):
+                self._modules[first] = art, rocmc.load(art)
+        return self._modules[first]
+
+    def _place(self, key):
+        """(batch of the key or None, its function's name): a key not in `keys` is compiled alone."""
+        if key not in self.keys:
+            return None, None
+        i = self.keys.index(key)
+        first = i - i % self.size
+        return self._module(first), f"f{i - first}"
+
+    def __call__(self, *key):
+        (batch, name), graph = self._place(key), self.graph(*key)
+        if batch is None:
+            return graph, rocmc.load(rocmc.compile(graph, "cpu", **self.compile_kw))
+        return graph, lambda *args, **kw: batch[1].call(name, *args, **kw)
+
+    def implementations(self, *key) -> list:
+        """The implementation chosen for each node of the key's graph (art.implementations of it alone)."""
+        batch, name = self._place(key)
+        if batch is None:
+            return rocmc.compile(self.graph(*key), "cpu", **self.compile_kw).implementations
+        from rocmc.artifact.schema import functions
+
+        (function,) = [f for f in functions(batch[0].metadata) if f["name"] == name]
+        return function["implementations"]
+
+
+def check(graph, *inputs, tol=None, module=None, **compile_kw):
+    """Compile for the CPU (or take `module`, the graph's compiled function: CpuBatch), run, and compare every
+    output with the float64 reference."""
+    got = module(*inputs) if module is not None else run(graph, *inputs, **compile_kw)
     want = rocmc.evaluate(graph, *inputs)
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)

@@ -13,6 +13,8 @@ import rocmc
 from rocmc import ops
 from rocmc.dtypes import FLOAT8, float8_max
 
+from helpers import CpuBatch
+
 NAMES = [d.name for d in FLOAT8]
 SPECIAL = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-9, -1e-9, 449.0, 241.0, 1e6, -7e4, 57344.0, 0.3], np.float32)
 
@@ -32,26 +34,33 @@ def _inputs(rng, name, n):
     return x.astype(np.float32), q
 
 
+def _f16s_graph(name):
+    g = rocmc.Graph("f16s")
+    h, x = g.input("h", ("n",), "f16"), g.input("x", ("m",), "f32")
+    g.output(ops.cast(h, name), ops.cast(x, name))
+    return g
+
+
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+F16S_BATCH = CpuBatch(_f16s_graph, [(name,) for name in NAMES])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_f16_value_converts_as_ml_dtypes(name):
     """Every f16 value, from f16 and from f32, rounds to the float8 type as ml_dtypes does, bit for bit. Among them
     the values that round up from the largest subnormal to the smallest normal, which IREE 3.13's truncation
     turned into 0 (the emitter sets them first); f32 values between f16's too."""
     d = rocmc.dtype(name)
-    g = rocmc.Graph("f16s")
-    h, x = g.input("h", ("n",), "f16"), g.input("x", ("m",), "f32")
-    g.output(ops.cast(h, name), ops.cast(x, name))
+    _, module = F16S_BATCH(name)
     hs = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     tiny = float(ml_dtypes.finfo(d.np).smallest_normal)
     xs = np.concatenate([hs.astype(np.float32), np.linspace(-1.05 * tiny, 1.05 * tiny, 4099, dtype=np.float32)])
     with np.errstate(over="ignore", invalid="ignore"):
-        from_h, from_x = rocmc.load(rocmc.compile(g, "cpu"))(hs, xs)
+        from_h, from_x = module(hs, xs)
         assert _same(from_h, hs.astype(d.np)) and _same(from_x, xs.astype(d.np))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_conversions_and_arithmetic_match_ml_dtypes(rng, name):
-    d = rocmc.dtype(name)
+def _f8_conversions_graph(name):
     g = rocmc.Graph("f8")
     x = g.input("x", ("n",), "f32")
     q = g.input("q", ("m",), name)
@@ -65,8 +74,16 @@ def test_conversions_and_arithmetic_match_ml_dtypes(rng, name):
         ops.cast(ops.cast(x, "i32"), name, saturate=True),
         q * q + q,  # each op in f32, rounded to the type
     )
-    art = rocmc.compile(g, "cpu")
-    mod = rocmc.load(art)
+    return g
+
+
+CONVERSIONS_BATCH = CpuBatch(_f8_conversions_graph, [(name,) for name in NAMES])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_conversions_and_arithmetic_match_ml_dtypes(rng, name):
+    d = rocmc.dtype(name)
+    g, mod = CONVERSIONS_BATCH(name)
     for n in (1, 37):
         xs, qs = _inputs(rng, name, n)
         got = list(mod(xs, qs))

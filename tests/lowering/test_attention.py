@@ -7,7 +7,7 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import TOL, check, compile_gpu, rand
+from helpers import TOL, CpuBatch, check, compile_gpu, rand
 
 
 def _inputs(rng, q_shape, kv_shape, dv, dtype):
@@ -41,11 +41,15 @@ def test_sdpa_odd_sizes_and_value_dim(rng):
     check(g, *_inputs(rng, (2, 3, 5, 12), (2, 3, 7, 12), 9, "f32"))
 
 
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+GROUPED_BATCH = CpuBatch(lambda hkv: _graph((2, 6, 4, 16), (2, hkv, 9, 16), 8), [(1,), (2,), (6,)])
+
+
 @pytest.mark.parametrize("hkv", [1, 2, 6])
 def test_sdpa_grouped_kv_heads(hkv, rng):
     # hq = 6: MQA (1 kv head), GQA (query head h reads kv head h // 3), plain MHA.
-    g = _graph((2, 6, 4, 16), (2, hkv, 9, 16), 8)
-    check(g, *_inputs(rng, (2, 6, 4, 16), (2, hkv, 9, 16), 8, "f32"))
+    g, module = GROUPED_BATCH(hkv)
+    check(g, *_inputs(rng, (2, 6, 4, 16), (2, hkv, 9, 16), 8, "f32"), module=module)
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -66,20 +70,33 @@ def test_sdpa_causal_is_bottom_right_aligned(rng):
     np.testing.assert_allclose(causal, masked, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "mask_shape,causal", [((2, 1, 1, 9), False), ((2, 1, 1, 9), True), ((6, 4, 9), True), ((2, 6, 4, 9), False)]
+BOOL_MASKS = [((2, 1, 1, 9), False), ((2, 1, 1, 9), True), ((6, 4, 9), True), ((2, 6, 4, 9), False)]
+BOOL_MASK_BATCH = CpuBatch(
+    lambda mask_shape, causal: _graph((2, 6, 4, 16), (2, 3, 9, 16), 8, mask=(mask_shape, "bool"), is_causal=causal),
+    BOOL_MASKS,
 )
+
+
+@pytest.mark.parametrize("mask_shape,causal", BOOL_MASKS)
 def test_sdpa_bool_mask(mask_shape, causal, rng):
-    g = _graph((2, 6, 4, 16), (2, 3, 9, 16), 8, mask=(mask_shape, "bool"), is_causal=causal)
-    check(g, *_inputs(rng, (2, 6, 4, 16), (2, 3, 9, 16), 8, "f32"), _bool_mask(rng, mask_shape))
+    g, module = BOOL_MASK_BATCH(mask_shape, causal)
+    check(g, *_inputs(rng, (2, 6, 4, 16), (2, 3, 9, 16), 8, "f32"), _bool_mask(rng, mask_shape), module=module)
 
 
-@pytest.mark.parametrize(
-    "mask_shape,causal,dtype", [((4, 9), False, "f32"), ((1, 6, 4, 9), True, "f16"), ((2, 6, 4, 9), True, "bf16")]
+ADDITIVE_MASKS = [((4, 9), False, "f32"), ((1, 6, 4, 9), True, "f16"), ((2, 6, 4, 9), True, "bf16")]
+ADDITIVE_MASK_BATCH = CpuBatch(
+    lambda mask_shape, causal, dtype: _graph(
+        (2, 6, 4, 16), (2, 2, 9, 16), 8, dtype, mask=(mask_shape, dtype), is_causal=causal
+    ),
+    ADDITIVE_MASKS,
 )
+
+
+@pytest.mark.parametrize("mask_shape,causal,dtype", ADDITIVE_MASKS)
 def test_sdpa_additive_mask(mask_shape, causal, dtype, rng):
-    g = _graph((2, 6, 4, 16), (2, 2, 9, 16), 8, dtype, mask=(mask_shape, dtype), is_causal=causal)
-    check(g, *_inputs(rng, (2, 6, 4, 16), (2, 2, 9, 16), 8, dtype), _additive_mask(rng, mask_shape, dtype))
+    g, module = ADDITIVE_MASK_BATCH(mask_shape, causal, dtype)
+    inputs = _inputs(rng, (2, 6, 4, 16), (2, 2, 9, 16), 8, dtype)
+    check(g, *inputs, _additive_mask(rng, mask_shape, dtype), module=module)
 
 
 def test_sdpa_symbolic_mask_and_explicit_scale(rng):
@@ -154,13 +171,19 @@ def _cached_graph(b=2, hq=4, hkv=2, sq=1, d=16, n=6, S=9, entries=(1, 4), dtype=
     return g
 
 
+CACHED_BATCH = CpuBatch(
+    lambda dtype, causal: _cached_graph(sq=2, dtype=dtype, is_causal=causal),
+    [(dtype, causal) for causal in (False, True) for dtype in ("f32", "f16")],
+)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_cached_matches_sdpa_of_the_blocks(dtype, causal, rng):
-    g = _cached_graph(sq=2, dtype=dtype, is_causal=causal)
+    g, module = CACHED_BATCH(dtype, causal)
     q, cache = rand(rng, (2, 4, 2, 16), dtype), rand(rng, (6, 2, 9, 16), dtype)
     mask = _bool_mask(rng, (2, 1, 2, 9))
-    (got,) = check(g, q, cache, mask)
+    (got,) = check(g, q, cache, mask, module=module)
     want = rocmc.evaluate(
         _graph((2, 4, 2, 16), (2, 2, 9, 16), 16, "f64", ((2, 1, 2, 9), "bool"), is_causal=causal),
         *(a.astype(np.float64) for a in (q, cache[1:3], cache[4:6])),

@@ -9,7 +9,7 @@ from rocmc import ops
 from rocmc.lowering import registry
 from rocmc.lowering.target import Target
 
-from helpers import GPU_TARGETS, check, compile_gpu, rand
+from helpers import GPU_TARGETS, CpuBatch, check, compile_gpu, rand
 
 N = 3  # value of the symbolic batch dim "n" at run time
 SIZES = {"n": N, "h": 11, "w": 8, "l": 13}  # run-time values of symbolic dims
@@ -24,10 +24,20 @@ def _data(rng, dtype, *shapes):
     return [rand(rng, tuple(SIZES.get(d, d) for d in s), dtype) for s in shapes]
 
 
-def _run(rng, build, dtype, *shapes):
+def _built(build, dtype, *shapes):
     g, xs = _graph(dtype, *shapes)
     g.output(build(*xs))
-    return check(g, *_data(rng, dtype, *shapes), impl="generated")
+    return g
+
+
+def _run(rng, build, dtype, *shapes):
+    return check(_built(build, dtype, *shapes), *_data(rng, dtype, *shapes), impl="generated")
+
+
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+# Keys in the order the tests run (the last parametrize decorator's values outermost).
+def _batch(build, keys):
+    return CpuBatch(build, keys, impl="generated")
 
 
 # ---- convolution --------------------------------------------------------------------------------
@@ -43,13 +53,27 @@ CONV2D = [
 ]
 
 
+def _conv2d_shapes(i, bias):
+    xs, ws, _ = CONV2D[i]
+    return (xs, ws, (ws[0],)) if bias else (xs, ws)
+
+
+def _conv2d_graph(i, bias):
+    kw = CONV2D[i][2]
+    if bias:
+        return _built(lambda x, w, b: ops.conv2d(x, w, b, **kw), "f32", *_conv2d_shapes(i, bias))
+    return _built(lambda x, w: ops.conv2d(x, w, **kw), "f32", *_conv2d_shapes(i, bias))
+
+
+CONV2D_BATCH = _batch(_conv2d_graph, [(i, bias) for i in range(len(CONV2D)) for bias in (True, False)])
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("xs,ws,kw", CONV2D)
 def test_conv2d(xs, ws, kw, bias, rng):
-    if bias:
-        _run(rng, lambda x, w, b: ops.conv2d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
-    else:
-        _run(rng, lambda x, w: ops.conv2d(x, w, **kw), "f32", xs, ws)
+    i = CONV2D.index((xs, ws, kw))
+    g, module = CONV2D_BATCH(i, bias)
+    check(g, *_data(rng, "f32", *_conv2d_shapes(i, bias)), module=module)
 
 
 CONV1D = [
@@ -59,9 +83,18 @@ CONV1D = [
 ]
 
 
+def _conv1d_graph(i):
+    xs, ws, kw = CONV1D[i]
+    return _built(lambda x, w, b: ops.conv1d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
+
+
+CONV1D_BATCH = _batch(_conv1d_graph, [(i,) for i in range(len(CONV1D))])
+
+
 @pytest.mark.parametrize("xs,ws,kw", CONV1D)
 def test_conv1d(xs, ws, kw, rng):
-    _run(rng, lambda x, w, b: ops.conv1d(x, w, b, **kw), "f32", xs, ws, (ws[0],))
+    g, module = CONV1D_BATCH(CONV1D.index((xs, ws, kw)))
+    check(g, *_data(rng, "f32", xs, ws, (ws[0],)), module=module)
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -83,9 +116,24 @@ CONV_T2D = [
 ]
 
 
+def _conv_t2d_shapes(i):
+    xs, ws, kw = CONV_T2D[i]
+    return xs, ws, (ws[1] * kw.get("groups", 1),)
+
+
+def _conv_t2d_graph(i):
+    kw = CONV_T2D[i][2]
+    return _built(lambda x, w, b: ops.conv_transpose2d(x, w, b, **kw), "f32", *_conv_t2d_shapes(i))
+
+
+CONV_T2D_BATCH = _batch(_conv_t2d_graph, [(i,) for i in range(len(CONV_T2D))])
+
+
 @pytest.mark.parametrize("xs,ws,kw", CONV_T2D)
 def test_conv_transpose2d(xs, ws, kw, rng):
-    _run(rng, lambda x, w, b: ops.conv_transpose2d(x, w, b, **kw), "f32", xs, ws, (ws[1] * kw.get("groups", 1),))
+    i = CONV_T2D.index((xs, ws, kw))
+    g, module = CONV_T2D_BATCH(i)
+    check(g, *_data(rng, "f32", *_conv_t2d_shapes(i)), module=module)
 
 
 def test_conv_transpose1d(rng):
@@ -151,28 +199,48 @@ MAX_POOL = [
 ]
 
 
+def _max_pool_graph(i):
+    xs, kw = MAX_POOL[i]
+    return _built(lambda x: ops.max_pool2d(x, **kw), "f32", xs)
+
+
+MAX_POOL_BATCH = _batch(_max_pool_graph, [(i,) for i in range(len(MAX_POOL))])
+
+
 @pytest.mark.parametrize("xs,kw", MAX_POOL)
 def test_max_pool2d(xs, kw, rng):
-    _run(rng, lambda x: ops.max_pool2d(x, **kw), "f32", xs)
+    g, module = MAX_POOL_BATCH(MAX_POOL.index((xs, kw)))
+    check(g, *_data(rng, "f32", xs), module=module)
+
+
+AVG_POOL_SHAPES = (("n", 3, 10, 13), ("n", 2, 7, 8))
+
+
+def _avg_pool_graph(count_include_pad, ceil_mode, which):
+    if which == 0:
+        return _built(
+            lambda x: ops.avg_pool2d(x, 3, 2, padding=1, ceil_mode=ceil_mode, count_include_pad=count_include_pad),
+            "f32",
+            AVG_POOL_SHAPES[0],
+        )
+    return _built(
+        lambda x: ops.avg_pool2d(
+            x, (3, 2), (1, 2), padding=((1, 0), (0, 1)), ceil_mode=ceil_mode, count_include_pad=count_include_pad
+        ),
+        "f32",
+        AVG_POOL_SHAPES[1],
+    )
+
+
+AVG_POOL_BATCH = _batch(_avg_pool_graph, [(c, m, w) for c in (True, False) for m in (False, True) for w in (0, 1)])
 
 
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("count_include_pad", [True, False])
 def test_avg_pool2d(count_include_pad, ceil_mode, rng):
-    _run(
-        rng,
-        lambda x: ops.avg_pool2d(x, 3, 2, padding=1, ceil_mode=ceil_mode, count_include_pad=count_include_pad),
-        "f32",
-        ("n", 3, 10, 13),
-    )
-    _run(
-        rng,
-        lambda x: ops.avg_pool2d(
-            x, (3, 2), (1, 2), padding=((1, 0), (0, 1)), ceil_mode=ceil_mode, count_include_pad=count_include_pad
-        ),
-        "f32",
-        ("n", 2, 7, 8),
-    )
+    for which, shape in enumerate(AVG_POOL_SHAPES):
+        g, module = AVG_POOL_BATCH(count_include_pad, ceil_mode, which)
+        check(g, *_data(rng, "f32", shape), module=module)
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -272,22 +340,43 @@ def test_single_window_and_ceil_pools_compile_for_gpu(dtype):
 # ---- normalization and dropout ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize(
-    "shape,affine,eps", [(("n", 5, 7, 3), True, 1e-5), (("n", 6, 9), False, 0.1), (("n", 3), True, 1e-3)]
-)
-def test_batch_norm(dtype, shape, affine, eps, rng):
+BATCH_NORM = [(("n", 5, 7, 3), True, 1e-5), (("n", 6, 9), False, 0.1), (("n", 3), True, 1e-3)]
+
+
+def _batch_norm_graph(dtype, shape, affine, eps):
     c = shape[1]
     g, (x, mean, var, w, b) = _graph(dtype, shape, (c,), (c,), (c,), (c,))
     g.output(ops.batch_norm(x, mean, var, w if affine else None, b if affine else None, eps=eps))
-    xv, m, wv, bv = _data(rng, dtype, shape, (c,), (c,), (c,))
-    check(g, xv, m, rand(rng, (c,), dtype, 0.2, 3.0), wv, bv, impl="generated")
+    return g
+
+
+BATCH_NORM_BATCH = _batch(_batch_norm_graph, [(d, *case) for case in BATCH_NORM for d in ("f32", "f16", "bf16")])
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("shape,size", [(("n", 7, 5, 3), 3), (("n", 9, 4), 4), (("n", 2, 3, 3), 5)])
+@pytest.mark.parametrize("shape,affine,eps", BATCH_NORM)
+def test_batch_norm(dtype, shape, affine, eps, rng):
+    c = shape[1]
+    g, module = BATCH_NORM_BATCH(dtype, shape, affine, eps)
+    xv, m, wv, bv = _data(rng, dtype, shape, (c,), (c,), (c,))
+    check(g, xv, m, rand(rng, (c,), dtype, 0.2, 3.0), wv, bv, module=module)
+
+
+LRN = [(("n", 7, 5, 3), 3), (("n", 9, 4), 4), (("n", 2, 3, 3), 5)]
+
+
+def _lrn_graph(dtype, shape, size):
+    return _built(lambda x: ops.local_response_norm(x, size, alpha=0.3, beta=0.6, k=1.5), dtype, shape)
+
+
+LRN_BATCH = _batch(_lrn_graph, [(d, *case) for case in LRN for d in ("f32", "f16", "bf16")])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape,size", LRN)
 def test_local_response_norm(dtype, shape, size, rng):
-    _run(rng, lambda x: ops.local_response_norm(x, size, alpha=0.3, beta=0.6, k=1.5), dtype, shape)
+    g, module = LRN_BATCH(dtype, shape, size)
+    check(g, *_data(rng, dtype, shape), module=module)
 
 
 def test_lrn_alias_and_defaults(rng):

@@ -12,7 +12,7 @@ from rocmc.lowering import registry
 from rocmc.lowering.codegen.depthwise import MAX_TAPS
 from rocmc.lowering.target import Target
 
-from helpers import TOL, rand
+from helpers import TOL, CpuBatch, rand
 
 SIZES = {"n": 3, "h": 13, "w": 10, "l": 21}  # run-time values of symbolic dims
 
@@ -29,14 +29,20 @@ def _impls(art, op):
     return [c["impl"] for c in art.implementations if c["op"] == op]
 
 
-def _check(rng, op, xs, ws, kw, bias=True, dtype="f32", impl=None):
-    """Compile for the CPU, check which implementation lowered the conv, compare with the reference."""
-    g = _conv_graph(op, xs, ws, kw, bias, dtype)
-    art = rocmc.compile(g, "cpu", impl=impl)
-    assert _impls(art, op) == [impl or "depthwise"]
+def _check(rng, op, xs, ws, kw, bias=True, dtype="f32", impl=None, batched=None):
+    """Compile for the CPU (or take the graph and its compiled function from `batched`: (CpuBatch, key)), check
+    which implementation lowered the conv, compare with the reference."""
+    if batched is None:
+        g = _conv_graph(op, xs, ws, kw, bias, dtype)
+        art = rocmc.compile(g, "cpu", impl=impl)
+        impls, module = _impls(art, op), rocmc.load(art)
+    else:
+        batch, key = batched
+        (g, module), impls = batch(*key), [c["impl"] for c in batch.implementations(*key) if c["op"] == op]
+    assert impls == [impl or "depthwise"]
     shapes = [xs, ws] + ([(ws[0],)] if bias else [])
     inputs = [rand(rng, tuple(SIZES.get(d, d) for d in s), dtype) for s in shapes]
-    got = rocmc.load(art)(*inputs)
+    got = module(*inputs)
     want = rocmc.evaluate(g, *inputs)
     assert got.shape == want.shape
     rtol, atol = TOL[dtype]
@@ -54,10 +60,17 @@ CONV2D = [
 ]
 
 
+# The parametrization's graphs as the functions of one module (helpers.CpuBatch): one compile, not one a test.
+CONV2D_BATCH = CpuBatch(
+    lambda i, bias: _conv_graph("conv2d", *CONV2D[i], bias),
+    [(i, bias) for i in range(len(CONV2D)) for bias in (True, False)],
+)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("xs,ws,kw", CONV2D)
 def test_depthwise_conv2d(xs, ws, kw, bias, rng):
-    _check(rng, "conv2d", xs, ws, kw, bias)
+    _check(rng, "conv2d", xs, ws, kw, bias, batched=(CONV2D_BATCH, (CONV2D.index((xs, ws, kw)), bias)))
 
 
 @pytest.mark.parametrize("kw", [dict(stride=2, padding=2), dict(padding=((3, 1),), dilation=2)])

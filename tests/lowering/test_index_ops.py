@@ -8,17 +8,18 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import TOL, compile_gpu, rand
+from helpers import TOL, CpuBatch, compile_gpu, rand
 
 
 def same(got, want):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def calls(graph, *inputs_list):
-    """Compile once for the CPU, call the module on each tuple of inputs, and compare every output
-    with the float64 reference (exactly for ints and indices). Returns the results per call."""
-    module = rocmc.load(rocmc.compile(graph, "cpu"))
+def calls(graph, *inputs_list, module=None):
+    """Compile once for the CPU (or take `module`, the graph's compiled function: CpuBatch), call the module on
+    each tuple of inputs, and compare every output with the float64 reference (exactly for ints and indices).
+    Returns the results per call."""
+    module = module or rocmc.load(rocmc.compile(graph, "cpu"))
     results = []
     for inputs in inputs_list:
         got = module(*inputs)
@@ -218,11 +219,23 @@ def test_narrow_errors():
 # ---- argmax ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i32", "i64"])
-def test_argmax_ties_and_nans(dtype, rng):
+DTYPES = ["f32", "f16", "bf16", "i32", "i64"]
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+
+
+def _argmax_graph(dtype):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 13), dtype)
     g.output(ops.argmax(x), ops.argmax(x, 0, keepdims=True), ops.argmax(x, axis=-1, keepdims=True))
+    return g
+
+
+ARGMAX_BATCH = CpuBatch(_argmax_graph, [(d,) for d in DTYPES])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_ties_and_nans(dtype, rng):
+    g, module = ARGMAX_BATCH(dtype)
     runs = []
     for n in (1, 6, 9):
         a = ties(rng, (n, 13), dtype)
@@ -230,7 +243,7 @@ def test_argmax_ties_and_nans(dtype, rng):
             a[rng.random((n, 13)) < 0.1] = np.nan
             a[0, :] = -np.inf
         runs.append((a,))
-    for (a,), got in zip(runs, calls(g, *runs)):
+    for (a,), got in zip(runs, calls(g, *runs, module=module)):
         assert got[0].dtype == np.int64
         same(got[0], np.argmax(a.astype(np.float64), axis=1))
         same(got[1], np.argmax(a.astype(np.float64), axis=0)[None])
@@ -288,14 +301,23 @@ def np_topk(a, k, axis, largest):
     return np.take_along_axis(a, idx, axis), idx
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i32", "i64"])
-def test_topk_ties_nans_both_directions(dtype, rng):
+def _topk_graph(dtype):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 17), dtype)
     big_v, big_i = ops.topk(x, 5)
     small_v, small_i = ops.topk(x, 17, axis=1, largest=False, sorted=False)
     col_v, col_i = ops.topk(x, 1, axis=0)
     g.output(big_v, big_i, small_v, small_i, col_v, col_i)
+    return g
+
+
+TOPK_BATCH = CpuBatch(_topk_graph, [(d,) for d in DTYPES])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_ties_nans_both_directions(dtype, rng):
+    g, module = TOPK_BATCH(dtype)
+    big_v, big_i, _, _, _, col_i = g.outputs
     assert big_v.shape == ("n", 5) and big_i.dtype == rocmc.i64 and col_i.shape == (1, 17)
     runs = []
     for n in (1, 4, 7):
@@ -307,7 +329,7 @@ def test_topk_ties_nans_both_directions(dtype, rng):
         elif dtype == "i64":
             a[0, :3] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, 2**60 + 1]
         runs.append((a,))
-    for (a,), got in zip(runs, calls(g, *runs)):
+    for (a,), got in zip(runs, calls(g, *runs, module=module)):
         for (v, i), (k, axis, largest) in zip(zip(got[::2], got[1::2]), [(5, 1, True), (17, 1, False), (1, 0, True)]):
             want_v, want_i = np_topk(a, k, axis, largest)
             same(i, want_i)
@@ -441,14 +463,25 @@ def test_arange_errors():
 # ---- cumsum ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i32", "i64"])
-def test_cumsum_all_forms(dtype, rng):
+CUMSUM_FORMS = [(axis, ex, rev) for axis in (0, -1) for ex in (False, True) for rev in (False, True)]
+
+
+def _cumsum_graph(dtype):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 9), dtype)
-    forms = [(axis, ex, rev) for axis in (0, -1) for ex in (False, True) for rev in (False, True)]
-    g.output(*[ops.cumsum(x, axis, exclusive=ex, reverse=rev) for axis, ex, rev in forms])
+    g.output(*[ops.cumsum(x, axis, exclusive=ex, reverse=rev) for axis, ex, rev in CUMSUM_FORMS])
+    return g
+
+
+CUMSUM_BATCH = CpuBatch(_cumsum_graph, [(d,) for d in DTYPES])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cumsum_all_forms(dtype, rng):
+    g, module = CUMSUM_BATCH(dtype)
+    forms = CUMSUM_FORMS
     runs = [(rand(rng, (n, 9), dtype),) for n in (1, 5, 8)]
-    for (a,), got in zip(runs, calls(g, *runs)):
+    for (a,), got in zip(runs, calls(g, *runs, module=module)):
         w = a.astype(np.float64)
         for out, (axis, ex, rev) in zip(got, forms):
             v = np.flip(w, axis) if rev else w

@@ -5,7 +5,7 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import check, compile_gpu, rand
+from helpers import CpuBatch, check, compile_gpu, rand
 
 
 def _concrete(shape, sizes):
@@ -27,12 +27,21 @@ MATMULS = [
 ]
 
 
-@pytest.mark.parametrize("a_shape,b_shape,ta,tb", MATMULS)
-def test_matmul_numpy_semantics(a_shape, b_shape, ta, tb, rng):
+def _matmul_graph(a_shape, b_shape, ta, tb):
     g = rocmc.Graph("t")
     a, b = g.input("a", a_shape, "f32"), g.input("b", b_shape, "f32")
     g.output(ops.matmul(a, b, transpose_a=ta, transpose_b=tb))
-    check(g, rand(rng, _concrete(a_shape, SIZES)), rand(rng, _concrete(b_shape, SIZES)))
+    return g
+
+
+# The parametrization's graphs as the functions of one module (helpers.CpuBatch): one compile, not one a test.
+MATMUL_BATCH = CpuBatch(_matmul_graph, MATMULS)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,ta,tb", MATMULS)
+def test_matmul_numpy_semantics(a_shape, b_shape, ta, tb, rng):
+    g, module = MATMUL_BATCH(a_shape, b_shape, ta, tb)
+    check(g, rand(rng, _concrete(a_shape, SIZES)), rand(rng, _concrete(b_shape, SIZES)), module=module)
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -60,14 +69,25 @@ def test_matmul_int(dtype, rng):
     check(g, rand(rng, (5, 7), dtype, -20, 20), rand(rng, (2, 7, 3), dtype, -20, 20))
 
 
-@pytest.mark.parametrize("dtype,with_bias", [("f32", True), ("f32", False), ("f16", True), ("bf16", True)])
-def test_linear(dtype, with_bias, rng):
+LINEARS = [("f32", True), ("f32", False), ("f16", True), ("bf16", True)]
+
+
+def _linear_graph(dtype, with_bias):
     g = rocmc.Graph("t")
     x, w = g.input("x", (2, "s", 24), dtype), g.input("w", (11, 24), dtype)
     bias = g.input("bias", (11,), dtype) if with_bias else None
     g.output(ops.linear(x, w, bias))
+    return g
+
+
+LINEAR_BATCH = CpuBatch(_linear_graph, LINEARS)
+
+
+@pytest.mark.parametrize("dtype,with_bias", LINEARS)
+def test_linear(dtype, with_bias, rng):
+    g, module = LINEAR_BATCH(dtype, with_bias)
     inputs = [rand(rng, (2, 7, 24), dtype, -1, 1), rand(rng, (11, 24), dtype, -1, 1)]
-    check(g, *inputs, *([rand(rng, (11,), dtype)] if with_bias else []))
+    check(g, *inputs, *([rand(rng, (11,), dtype)] if with_bias else []), module=module)
 
 
 def test_linear_1d_input_and_constant_weights(rng):

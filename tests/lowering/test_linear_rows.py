@@ -13,7 +13,7 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import TOL, rand
+from helpers import TOL, CpuBatch, rand
 
 K, N = 37, 13
 ROWS = ((2, 5), (1, 1), (3, 7))  # run-time values of the symbolic ("batch", "seq")
@@ -44,11 +44,17 @@ def _graph(dtype, act, gate_act, lead=("batch", "seq")):
     return g
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("act,gate_act", [("none", "silu"), ("gelu_tanh", "gelu_tanh"), ("relu", "silu")])
+DTYPES = ["f32", "f16", "bf16"]
+ACTS = [("none", "silu"), ("gelu_tanh", "gelu_tanh"), ("relu", "silu")]
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+# Keys in the order the tests run (the last parametrize decorator's values outermost).
+PROJECTION_BATCH = CpuBatch(_graph, [(d, act, gate) for act, gate in ACTS for d in DTYPES])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act,gate_act", ACTS)
 def test_residual_and_gated_projections_against_float64(rng, dtype, act, gate_act):
-    g = _graph(dtype, act, gate_act)
-    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    g, mod = PROJECTION_BATCH(dtype, act, gate_act)
     for shape in ROWS:
         x, w = rand(rng, (*shape, K), dtype), rand(rng, (2 * N, K), dtype, -0.4, 0.4)
         b, r = rand(rng, (2 * N,), dtype), rand(rng, (*shape, 2 * N), dtype)
@@ -64,16 +70,24 @@ def _rms64(x, g, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g.astype(np.float64)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("gate", ["none", "silu", "gelu_tanh"])
-def test_rms_norm_linear_against_float64(rng, dtype, gate):
+def _normed_graph(dtype, gate):
     rows = 2 * N if gate != "none" else N
     g = rocmc.Graph("normed")
     x = g.input("x", ("batch", "seq", K), dtype)
     nw, w = g.input("nw", (K,), dtype), g.input("w", (rows, K), dtype)
     b = g.input("b", (rows,), dtype)
     g.output(ops.rms_norm_linear(x, nw, w, b, eps=1e-5, gate=gate))
-    mod = rocmc.load(rocmc.compile(g, "cpu"))
+    return g
+
+
+GATES = ["none", "silu", "gelu_tanh"]
+NORMED_BATCH = CpuBatch.grid(_normed_graph, DTYPES, GATES)
+
+
+@NORMED_BATCH.parametrize("dtype,gate")
+def test_rms_norm_linear_against_float64(rng, dtype, gate):
+    rows = 2 * N if gate != "none" else N
+    g, mod = NORMED_BATCH(dtype, gate)
     for shape in ROWS:
         x = rand(rng, (*shape, K), dtype)
         nw, w, b = rand(rng, (K,), dtype, 0.5, 1.5), rand(rng, (rows, K), dtype, -0.4, 0.4), rand(rng, (rows,), dtype)

@@ -6,26 +6,87 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import check, compile_gpu, rand
+from helpers import CpuBatch, check, compile_gpu, rand
 
 DTYPES = ["f32", "f16", "bf16"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_every_axis_symbolic(dtype, rng):
+def _softmax_axes_graph(dtype):
     g = rocmc.Graph("t")
     x = g.input("x", (2, "seq", 37), dtype)
     g.output(*(f(x, axis=a) for f in (ops.softmax, ops.log_softmax) for a in (0, 1, -1)))
-    check(g, rand(rng, (2, 5, 37), dtype, -4, 4))
+    return g
+
+
+def _large_logits_graph(dtype):
+    g = rocmc.Graph("t")
+    x = g.input("x", ("n", 4097), dtype)
+    g.output(ops.softmax(x), ops.log_softmax(x))
+    return g
+
+
+def _layer_norm_graph(dtype):
+    g = rocmc.Graph("t")
+    x = g.input("x", (2, "seq", 37), dtype)
+    w, b = g.input("w", (37,), dtype), g.input("b", (37,), dtype)
+    w2 = g.input("w2", ("seq", 37), dtype)
+    g.output(
+        ops.layer_norm(x, w, b),
+        ops.layer_norm(x, w2, axis=1, eps=1e-3),
+        ops.layer_norm(x, axis=0),
+        ops.layer_norm(x, bias=b),
+    )
+    return g
+
+
+def _large_mean_graph(n):
+    g = rocmc.Graph("t")
+    x = g.input("x", ("rows", n), "f32")
+    w = g.input("w", (n,), "f32")
+    g.output(ops.layer_norm(x, w, eps=1e-6))
+    return g
+
+
+def _rms_norm_graph(dtype):
+    g = rocmc.Graph("t")
+    x = g.input("x", (2, "seq", 37), dtype)
+    w, w2 = g.input("w", (37,), dtype), g.input("w2", ("seq", 37), dtype)
+    g.output(ops.rms_norm(x, w), ops.rms_norm(x, w2, axis=-2, eps=1e-2), ops.rms_norm(x))
+    return g
+
+
+# The parametrized tests' graphs below as the functions of one module (helpers.CpuBatch): a compile for all of them,
+# not one a test. Keys (builder, argument) in the order the tests run.
+GRAPHS = {
+    "softmax_axes": _softmax_axes_graph,
+    "large_logits": _large_logits_graph,
+    "layer_norm": _layer_norm_graph,
+    "large_mean": _large_mean_graph,
+    "rms_norm": _rms_norm_graph,
+}
+BATCH = CpuBatch(
+    lambda name, arg: GRAPHS[name](arg),
+    [
+        *(("softmax_axes", d) for d in DTYPES),
+        *(("large_logits", d) for d in ("f32", "f16")),
+        *(("layer_norm", d) for d in DTYPES),
+        *(("large_mean", n) for n in (37, 4097)),
+        *(("rms_norm", d) for d in DTYPES),
+    ],
+)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_every_axis_symbolic(dtype, rng):
+    g, module = BATCH("softmax_axes", dtype)
+    check(g, rand(rng, (2, 5, 37), dtype, -4, 4), module=module)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_softmax_large_logits_subtract_the_max(dtype, rng):
     """exp(100) overflows f32 and f16: only max subtraction keeps these rows finite."""
-    g = rocmc.Graph("t")
-    x = g.input("x", ("n", 4097), dtype)
-    g.output(ops.softmax(x), ops.log_softmax(x))
-    got = check(g, rand(rng, (3, 4097), dtype, 90, 100))
+    g, module = BATCH("large_logits", dtype)
+    got = check(g, rand(rng, (3, 4097), dtype, 90, 100), module=module)
     assert all(np.isfinite(o.astype(np.float32)).all() for o in got)
 
 
@@ -39,29 +100,18 @@ def test_softmax_odd_sizes(rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_symbolic(dtype, rng):
     """Last dim with weight and bias, trailing two dims (one symbolic), without parameters, bias only."""
-    g = rocmc.Graph("t")
-    x = g.input("x", (2, "seq", 37), dtype)
-    w, b = g.input("w", (37,), dtype), g.input("b", (37,), dtype)
-    w2 = g.input("w2", ("seq", 37), dtype)
-    g.output(
-        ops.layer_norm(x, w, b),
-        ops.layer_norm(x, w2, axis=1, eps=1e-3),
-        ops.layer_norm(x, axis=0),
-        ops.layer_norm(x, bias=b),
-    )
-    check(g, rand(rng, (2, 5, 37), dtype), rand(rng, (37,), dtype), rand(rng, (37,), dtype), rand(rng, (5, 37), dtype))
+    g, module = BATCH("layer_norm", dtype)
+    inputs = rand(rng, (2, 5, 37), dtype), rand(rng, (37,), dtype), rand(rng, (37,), dtype), rand(rng, (5, 37), dtype)
+    check(g, *inputs, module=module)
 
 
 @pytest.mark.parametrize("n", [37, 4097])
 def test_layer_norm_large_mean(n, rng):
     """Rows with |mean| >> std: E[x^2] - E[x]^2 in f32 would lose the variance entirely."""
-    g = rocmc.Graph("t")
-    x = g.input("x", ("rows", n), "f32")
-    w = g.input("w", (n,), "f32")
-    g.output(ops.layer_norm(x, w, eps=1e-6))
+    g, module = BATCH("large_mean", n)
     offsets = np.array([[1000.0], [-3.0e4], [1.0e4], [0.5]])
     xs = (rng.uniform(-1, 1, (4, n)) + offsets).astype(np.float32)
-    check(g, xs, rand(rng, (n,), "f32"), tol=(1e-4, 1e-4))
+    check(g, xs, rand(rng, (n,), "f32"), tol=(1e-4, 1e-4), module=module)
 
 
 def test_layer_norm_odd_sizes_and_mixed_weight_dtype(rng):
@@ -83,11 +133,8 @@ def test_layer_norm_odd_sizes_and_mixed_weight_dtype(rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_symbolic(dtype, rng):
-    g = rocmc.Graph("t")
-    x = g.input("x", (2, "seq", 37), dtype)
-    w, w2 = g.input("w", (37,), dtype), g.input("w2", ("seq", 37), dtype)
-    g.output(ops.rms_norm(x, w), ops.rms_norm(x, w2, axis=-2, eps=1e-2), ops.rms_norm(x))
-    check(g, rand(rng, (2, 5, 37), dtype), rand(rng, (37,), dtype), rand(rng, (5, 37), dtype))
+    g, module = BATCH("rms_norm", dtype)
+    check(g, rand(rng, (2, 5, 37), dtype), rand(rng, (37,), dtype), rand(rng, (5, 37), dtype), module=module)
 
 
 def test_rms_norm_odd_sizes(rng):

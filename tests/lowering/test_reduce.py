@@ -7,7 +7,7 @@ import rocmc
 from rocmc import ops
 from rocmc.frontend.ops.reduce import REDUCTIONS
 
-from helpers import TOL, check, compile_gpu, rand
+from helpers import TOL, CpuBatch, check, compile_gpu, rand
 
 FLOAT_DTYPES = ["f32", "f16", "bf16"]
 INT_REDUCTIONS = sorted(k for k, (kinds, _) in REDUCTIONS.items() if "int" in kinds)
@@ -27,10 +27,11 @@ def sample(rng, name, shape, dtype):
     return rand(rng, shape, dtype)
 
 
-@pytest.mark.parametrize("name", sorted(REDUCTIONS))
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_reduction_axes_symbolic(name, dtype, rng):
-    """Every way of choosing axes, on a tensor with a symbolic dim (mean divides by its runtime size)."""
+# Each test's graph is a function of a module of its parametrization's graphs (helpers.CpuBatch): a compile a
+# module, not a test. Keys in the order the tests run (the last parametrize decorator's values outermost).
+
+
+def _axes_graph(name, dtype):
     g = rocmc.Graph("t")
     x = g.input("x", (2, "seq", 37), dtype)
     fn = getattr(ops, name)
@@ -42,32 +43,59 @@ def test_reduction_axes_symbolic(name, dtype, rng):
         fn(x, axis=(-2, -1)),
         fn(x, keepdims=True),
     )
-    check(g, sample(rng, name, (2, 5, 37), dtype), tol=sum_tol(dtype, 2 * 5 * 37))
+    return g
 
 
-@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "norm2"])
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_reduction_odd_sizes(name, dtype, rng):
-    """Rows of 4097 (not a multiple of any vector width) and size-1 dims."""
+AXES_BATCH = CpuBatch.grid(_axes_graph, sorted(REDUCTIONS), FLOAT_DTYPES, size=12)
+
+
+@AXES_BATCH.parametrize("name,dtype")
+def test_reduction_axes_symbolic(name, dtype, rng):
+    """Every way of choosing axes, on a tensor with a symbolic dim (mean divides by its runtime size)."""
+    g, module = AXES_BATCH(name, dtype)
+    check(g, sample(rng, name, (2, 5, 37), dtype), tol=sum_tol(dtype, 2 * 5 * 37), module=module)
+
+
+ODD_NAMES = ["sum", "mean", "max", "min", "norm2"]
+
+
+def _odd_graph(name, dtype):
     g = rocmc.Graph("t")
     a, b = g.input("a", (3, 4097), dtype), g.input("b", (1, 1, 5), dtype)
     fn = getattr(ops, name)
     g.output(fn(a, axis=1), fn(a), fn(b, axis=(0, 1)), fn(b, axis=2, keepdims=True))
-    check(g, rand(rng, (3, 4097), dtype), rand(rng, (1, 1, 5), dtype), tol=sum_tol(dtype, 3 * 4097))
+    return g
 
 
-@pytest.mark.parametrize("name", INT_REDUCTIONS)
-@pytest.mark.parametrize("dtype", ["i32", "i64"])
-def test_reduction_int_exact(name, dtype, rng):
+ODD_BATCH = CpuBatch.grid(_odd_graph, ODD_NAMES, ["f32", "bf16"])
+
+
+@ODD_BATCH.parametrize("name,dtype")
+def test_reduction_odd_sizes(name, dtype, rng):
+    """Rows of 4097 (not a multiple of any vector width) and size-1 dims."""
+    g, module = ODD_BATCH(name, dtype)
+    check(g, rand(rng, (3, 4097), dtype), rand(rng, (1, 1, 5), dtype), tol=sum_tol(dtype, 3 * 4097), module=module)
+
+
+def _int_graph(name, dtype):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 7), dtype)
     fn = getattr(ops, name)
     g.output(fn(x, axis=1), fn(x, axis=0, keepdims=True), fn(x))
+    return g
+
+
+INT_BATCH = CpuBatch.grid(_int_graph, INT_REDUCTIONS, ["i32", "i64"])
+
+
+@INT_BATCH.parametrize("name,dtype")
+def test_reduction_int_exact(name, dtype, rng):
+    g, module = INT_BATCH(name, dtype)
     if name == "prod":  # small nonzero factors: a product of 7 stays exact in i32
         xs = rng.choice([-3, -2, -1, 1, 2, 3, 5], size=(6, 7)).astype(rocmc.dtype(dtype).np)
     else:
         xs = rand(rng, (6, 7), dtype, -1000, 1000)
-    out = check(g, xs)
+    out = check(g, xs, module=module)
     assert out[0].dtype == rocmc.dtype(dtype).np
 
 

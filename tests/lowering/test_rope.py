@@ -7,7 +7,7 @@ import pytest
 import rocmc
 from rocmc import ops
 
-from helpers import check, compile_gpu, rand, run
+from helpers import CpuBatch, check, compile_gpu, rand, run
 
 B, H, T, D = 2, 3, 5, 10
 
@@ -31,12 +31,39 @@ def _graph(layout, dtype, table_shape, t="t", pos_dtype=None, table_dtype=None, 
     return g
 
 
+# The graphs the parametrized tests below check, as the functions of one module (helpers.CpuBatch): a compile for
+# all of them, not one a test. A key is _graph's arguments (keywords as sorted pairs), in the order the tests run.
+def _key(layout, dtype, table_shape, **kw):
+    return layout, dtype, table_shape, tuple(sorted(kw.items()))
+
+
+CHECKED = [
+    *(_key(layout, "f32", (9, D // 2), interleaved=i) for i in (True, False) for layout in ("bhsd", "bshd")),
+    *(
+        _key(layout, dtype, (T, D // 2), table_dtype=table_dtype, interleaved=layout == "bhsd")
+        for dtype, layout, table_dtype in (("f16", "bhsd", "f16"), ("bf16", "bshd", "bf16"), ("f16", "bshd", "f32"))
+    ),
+    *(_key("bshd", "f32", (B, "t", D // 2), interleaved=i) for i in (True, False)),
+    *(_key(layout, "f32", (7, 3), interleaved=i, rotary_dim=6) for i, layout in ((True, "bhsd"), (False, "bshd"))),
+    *(
+        _key(layout, "f32", (32, 3), pos_dtype=pos, interleaved=i, rotary_dim=6)
+        for pos, i, layout in (("i64", False, "bhsd"), ("i32", True, "bshd"))
+    ),
+]
+BATCH = CpuBatch(lambda layout, dtype, table_shape, kw: _graph(layout, dtype, table_shape, **dict(kw)), CHECKED)
+
+
+def _batched(layout, dtype, table_shape, **kw):
+    """(graph, its compiled function) of _graph(...) from BATCH."""
+    return BATCH(*_key(layout, dtype, table_shape, **kw))
+
+
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_rope_variants_batched(layout, interleaved, rng):
     # b > 1 in every variant: candle once had the interleaved batch stride wrong (t*d/2, not h*t*d).
-    g = _graph(layout, "f32", (9, D // 2), interleaved=interleaved)  # T = 9 >= t: rows 0..t-1 used
-    check(g, rand(rng, _x_shape(layout)), *_tables(rng, (9, D // 2)))
+    g, module = _batched(layout, "f32", (9, D // 2), interleaved=interleaved)  # T = 9 >= t: rows 0..t-1 used
+    check(g, rand(rng, _x_shape(layout)), *_tables(rng, (9, D // 2)), module=module)
 
 
 def test_rope_matches_pair_formula(rng):
@@ -57,30 +84,30 @@ def test_rope_matches_pair_formula(rng):
     "dtype,layout,table_dtype", [("f16", "bhsd", "f16"), ("bf16", "bshd", "bf16"), ("f16", "bshd", "f32")]
 )
 def test_rope_half_types(dtype, layout, table_dtype, rng):
-    g = _graph(layout, dtype, (T, D // 2), table_dtype=table_dtype, interleaved=layout == "bhsd")
-    check(g, rand(rng, _x_shape(layout), dtype), *_tables(rng, (T, D // 2), table_dtype))
+    g, module = _batched(layout, dtype, (T, D // 2), table_dtype=table_dtype, interleaved=layout == "bhsd")
+    check(g, rand(rng, _x_shape(layout), dtype), *_tables(rng, (T, D // 2), table_dtype), module=module)
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_rope_per_batch_tables(interleaved, rng):
-    g = _graph("bshd", "f32", (B, "t", D // 2), interleaved=interleaved)
-    check(g, rand(rng, _x_shape("bshd")), *_tables(rng, (B, T, D // 2)))
+    g, module = _batched("bshd", "f32", (B, "t", D // 2), interleaved=interleaved)
+    check(g, rand(rng, _x_shape("bshd")), *_tables(rng, (B, T, D // 2)), module=module)
 
 
 @pytest.mark.parametrize("interleaved,layout", [(True, "bhsd"), (False, "bshd")])
 def test_rope_partial_rotary_dim(interleaved, layout, rng):
     # Only the first 6 of 10 dims rotate (r = 3 pairs); the last 4 pass through unchanged.
-    g = _graph(layout, "f32", (7, 3), interleaved=interleaved, rotary_dim=6)
+    g, module = _batched(layout, "f32", (7, 3), interleaved=interleaved, rotary_dim=6)
     x = rand(rng, _x_shape(layout))
-    (y,) = check(g, x, *_tables(rng, (7, 3)))
+    (y,) = check(g, x, *_tables(rng, (7, 3)), module=module)
     np.testing.assert_array_equal(y[..., 6:], x[..., 6:])
 
 
 @pytest.mark.parametrize("pos_dtype,interleaved,layout", [("i64", False, "bhsd"), ("i32", True, "bshd")])
 def test_rope_position_ids(pos_dtype, interleaved, layout, rng):
-    g = _graph(layout, "f32", (32, 3), pos_dtype=pos_dtype, interleaved=interleaved, rotary_dim=6)
+    g, module = _batched(layout, "f32", (32, 3), pos_dtype=pos_dtype, interleaved=interleaved, rotary_dim=6)
     pos = rng.permutation(32)[: B * T].reshape(B, T).astype(rocmc.dtype(pos_dtype).np)  # distinct rows per batch
-    check(g, rand(rng, _x_shape(layout)), *_tables(rng, (32, 3)), pos)
+    check(g, rand(rng, _x_shape(layout)), *_tables(rng, (32, 3)), pos, module=module)
 
 
 def test_gpu_targets_compile():

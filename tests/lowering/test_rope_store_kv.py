@@ -10,7 +10,7 @@ import rocmc
 from rocmc import ops
 from rocmc.errors import GraphError, InputError
 
-from helpers import TOL, compile_gpu, rand
+from helpers import TOL, CpuBatch, compile_gpu, rand
 
 HQ, HKV, D, E, S = 4, 2, 10, 6, 12
 
@@ -42,9 +42,27 @@ def _feeds(rng, g, positions, slots=None, dtype="f32", table_dtype=None):
     return out
 
 
-def _check(g, feeds, dtype="f32", target="cpu"):
-    art = rocmc.compile(g, target)
-    got = rocmc.load(art)(*feeds)
+# The graphs the tests below check on the CPU, as the functions of one module (helpers.CpuBatch): a compile for all
+# of them, not one a test. A key is _graph's keywords, as sorted pairs, in the order the tests run.
+CHECKED = [
+    *(tuple(sorted(dict(interleaved=i, rotary_dim=r, entries=(1, 3)).items())) for r in (D, 6) for i in (False, True)),
+    *(
+        tuple(sorted(dict(b=1, dtype=dtype, table_dtype=table_dtype, entries=(0, 3)).items()))
+        for dtype, table_dtype in (("f16", "f16"), ("bf16", "f32"), ("f16", "bf16"))
+    ),
+    tuple(sorted(dict(b=2, t=1, entries=(0, 3)).items())),
+]
+BATCH = CpuBatch(lambda *kw: _graph(**dict(kw)), CHECKED)
+
+
+def _batched(**kw):
+    """(graph, its compiled function) of _graph(**kw) from BATCH."""
+    return BATCH(*sorted(kw.items()))
+
+
+def _check(g, feeds, dtype="f32", target="cpu", module=None):
+    """Compile for `target` (or take `module`, the graph's compiled function), run and compare with the reference."""
+    got = (module or rocmc.load(rocmc.compile(g, target)))(*feeds)
     want = rocmc.evaluate(g, *feeds)
     rtol, atol = TOL[dtype]
     for x, w in zip(got, want):
@@ -77,9 +95,9 @@ def _plain(qkv, cache, cos, sin, pos, slots, entries, interleaved=False, rotary_
 @pytest.mark.parametrize("rotary_dim", [D, 6])
 def test_matches_rope_and_scatter(interleaved, rotary_dim, rng):
     pos = np.array([[0, 5, 7], [3, 4, 11]])
-    g = _graph(interleaved=interleaved, rotary_dim=rotary_dim, entries=(1, 3))
+    g, module = _batched(interleaved=interleaved, rotary_dim=rotary_dim, entries=(1, 3))
     feeds = _feeds(rng, g, pos, slots=[0, 2])
-    got, want = _check(g, feeds)
+    got, want = _check(g, feeds, module=module)
     for w, p in zip(want, _plain(*feeds[:5], [0, 2], (1, 3), interleaved, rotary_dim)):
         np.testing.assert_allclose(w, p, rtol=1e-12, atol=1e-12)
     # Only the stored places changed: entries 1 + slot (keys) and 3 + slot (values) at each row's positions.
@@ -102,15 +120,15 @@ def test_slots_implied_and_shared_positions(rng):
 
 @pytest.mark.parametrize("dtype,table_dtype", [("f16", "f16"), ("bf16", "f32"), ("f16", "bf16")])
 def test_half_types_with_tables_of_any_dtype(dtype, table_dtype, rng):
-    g = _graph(b=1, dtype=dtype, table_dtype=table_dtype, entries=(0, 3))
+    g, module = _batched(b=1, dtype=dtype, table_dtype=table_dtype, entries=(0, 3))
     pos = np.arange(4, 9)[None]
-    _check(g, _feeds(rng, g, pos, slots=[2], dtype=dtype, table_dtype=table_dtype), dtype)
+    _check(g, _feeds(rng, g, pos, slots=[2], dtype=dtype, table_dtype=table_dtype), dtype, module=module)
 
 
 def test_positions_and_slots_past_the_ends_are_clamped(rng):
-    g = _graph(b=2, t=1, entries=(0, 3))
+    g, module = _batched(b=2, t=1, entries=(0, 3))
     feeds = _feeds(rng, g, np.array([[40], [-3]]), slots=[-1, 1])
-    got, _ = _check(g, feeds)
+    got, _ = _check(g, feeds, module=module)
     # Row 0 stores at slot 0, position 11 (the last); row 1 at slot 1, position 0.
     changed = np.argwhere(np.any(got[1] != feeds[1], axis=(1, 3)))
     assert {(e, p) for e, p in changed} == {(0, S - 1), (3, S - 1), (1, 0), (4, 0)}

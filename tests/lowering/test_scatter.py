@@ -8,7 +8,7 @@ import pytest
 
 import rocmc
 from rocmc import ops
-from helpers import check, compile_gpu, rand, run
+from helpers import CpuBatch, check, compile_gpu, rand, run
 
 REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
@@ -35,18 +35,30 @@ def _numpy_scatter_elements(data, idx, upd, axis, reduction):
     return out
 
 
-@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
-def test_scatter_elements_matches_numpy(rng, reduction):
+REDUCTIONS = ["none", "add", "mul", "max", "min"]
+
+
+def _scatter_elements_graph(reduction):
     g = rocmc.Graph("s")
     data = g.input("data", ("n", 7, 5), "f32")
     idx = g.input("idx", ("n", 3, 5), "i64")
     upd = g.input("upd", ("n", 3, 5), "f32")
     g.output(ops.scatter_elements(data, idx, upd, axis=1, reduction=reduction))
+    return g
+
+
+# A parametrization's graphs as the functions of one module (helpers.CpuBatch): one compile, not one a test.
+SCATTER_ELEMENTS_BATCH = CpuBatch(_scatter_elements_graph, [(r,) for r in REDUCTIONS])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_scatter_elements_matches_numpy(rng, reduction):
+    g, module = SCATTER_ELEMENTS_BATCH(reduction)
     for n in (1, 3):
         d, u = rand(rng, (n, 7, 5)), rand(rng, (n, 3, 5))
         # "none" only with distinct places: ONNX leaves the order of duplicates open
         i = _distinct_along(rng, (n, 3, 5), 1, 7) if reduction == "none" else rng.integers(-7, 7, size=(n, 3, 5))
-        got = check(g, d, i, u)[0]
+        got = check(g, d, i, u, module=module)[0]
         np.testing.assert_allclose(got, _numpy_scatter_elements(d, i, u, 1, reduction), rtol=2e-5, atol=2e-5)
 
 
@@ -119,13 +131,21 @@ def _numpy_scatter_nd(data, idx, upd, reduction):
     return out
 
 
-@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
-def test_scatter_nd_matches_numpy(rng, reduction):
+def _scatter_nd_graph(reduction):
     g = rocmc.Graph("nd")
     data = g.input("data", (5, "s", 3), "f32")
     idx = g.input("idx", ("m", 2, 2), "i64")
     upd = g.input("upd", ("m", 2, 3), "f32")
     g.output(ops.scatter_nd(data, idx, upd, reduction=reduction))
+    return g
+
+
+SCATTER_ND_BATCH = CpuBatch(_scatter_nd_graph, [(r,) for r in REDUCTIONS])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_scatter_nd_matches_numpy(rng, reduction):
+    g, module = SCATTER_ND_BATCH(reduction)
     s, m = 7, 3
     d, u = rand(rng, (5, s, 3)), rand(rng, (m, 2, 3))
     if reduction == "none":  # distinct tuples
@@ -133,7 +153,7 @@ def test_scatter_nd_matches_numpy(rng, reduction):
         i = np.stack(np.unravel_index(flat, (5, s)), -1).reshape(m, 2, 2) - [5, 0] * rng.integers(0, 2, (m, 2, 1))
     else:
         i = np.stack([rng.integers(-5, 5, (m, 2)), rng.integers(-s, s, (m, 2))], -1)
-    got = check(g, d, i, u)[0]
+    got = check(g, d, i, u, module=module)[0]
     np.testing.assert_allclose(got, _numpy_scatter_nd(d, i, u, reduction), rtol=2e-5, atol=2e-5)
 
 
@@ -315,13 +335,22 @@ EQUATIONS = [
 ]
 
 
-@pytest.mark.parametrize("equation, shapes", EQUATIONS)
-def test_einsum_matches_numpy(rng, equation, shapes):
+def _einsum_graph(equation, shapes):
     g = rocmc.Graph("e")
     xs = [g.input(f"x{i}", s, "f32") for i, s in enumerate(shapes)]
     g.output(ops.einsum(equation, *xs))
+    return g
+
+
+# The equations' graphs as the functions of one module (helpers.CpuBatch): one compile, not one a test.
+EINSUM_BATCH = CpuBatch(_einsum_graph, [(e, tuple(s)) for e, s in EQUATIONS])
+
+
+@pytest.mark.parametrize("equation, shapes", EQUATIONS)
+def test_einsum_matches_numpy(rng, equation, shapes):
+    g, module = EINSUM_BATCH(equation, tuple(shapes))
     arrays = [rand(rng, s) for s in shapes]
-    got = check(g, *arrays)[0]
+    got = check(g, *arrays, module=module)[0]
     np.testing.assert_allclose(got, np.einsum(equation, *[a.astype(np.float64) for a in arrays]), rtol=2e-5, atol=2e-5)
 
 

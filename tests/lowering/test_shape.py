@@ -8,7 +8,7 @@ import rocmc
 from rocmc import ops
 from rocmc.lowering.module import lower
 
-from helpers import check, compile_gpu, rand
+from helpers import CpuBatch, check, compile_gpu, rand
 
 
 def same(got, want):
@@ -18,15 +18,27 @@ def same(got, want):
 # ---- reshape and its builders --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "i64", "bool"])
-def test_reshape_split_symbolic(dtype, rng):
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+# Keys in the order the tests run (the last parametrize decorator's values outermost).
+
+
+def _reshape_graph(dtype):
     g = rocmc.Graph("t")
     x = g.input("x", ("b", "seq", 96), dtype)
-    y = ops.reshape(x, ("b", "seq", 8, -1))
+    g.output(ops.reshape(x, ("b", "seq", 8, -1)))
+    return g
+
+
+RESHAPE_BATCH = CpuBatch(_reshape_graph, [(d,) for d in ("f32", "f16", "i64", "bool")])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "i64", "bool"])
+def test_reshape_split_symbolic(dtype, rng):
+    g, module = RESHAPE_BATCH(dtype)
+    (y,) = g.outputs
     assert y.shape == ("b", "seq", 8, 12) and y.graph.nodes[-1].attrs["shape"] == ["b", "seq", 8, 12]
-    g.output(y)
     a = rand(rng, (3, 5, 96), dtype)
-    same(check(g, a)[0], a.reshape(3, 5, 8, 12))
+    same(check(g, a, module=module)[0], a.reshape(3, 5, 8, 12))
     text = lower(g, "cpu").text
     assert "tensor.expand_shape" in text and "tensor.reshape" not in text
 
@@ -193,14 +205,23 @@ SLICES = [  # (shape as built, run shape, starts, ends, axes, steps, numpy index
 ]
 
 
-@pytest.mark.parametrize("case", range(len(SLICES)))
-def test_slice(case, rng):
-    shape, run_shape, starts, ends, axes, steps, index = SLICES[case]
+def _slice_graph(case):
+    shape, _, starts, ends, axes, steps, _ = SLICES[case]
     g = rocmc.Graph("t")
     x = g.input("x", shape, "f32")
     g.output(ops.slice(x, starts, ends, axes, steps))
+    return g
+
+
+SLICE_BATCH = CpuBatch(_slice_graph, [(case,) for case in range(len(SLICES))])
+
+
+@pytest.mark.parametrize("case", range(len(SLICES)))
+def test_slice(case, rng):
+    _, run_shape, _, _, _, _, index = SLICES[case]
+    g, module = SLICE_BATCH(case)
     a = rand(rng, run_shape)
-    same(check(g, a)[0], a[index])
+    same(check(g, a, module=module)[0], a[index])
 
 
 @pytest.mark.parametrize("dtype", ["f16", "i64", "bool"])
@@ -279,19 +300,27 @@ def test_slice_errors():
 # ---- gather / embedding --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "dtype,idx_dtype,axis", [("f32", "i64", 1), ("f16", "i32", 0), ("i64", "i64", -1), ("bool", "i32", 2)]
-)
-def test_gather(dtype, idx_dtype, axis, rng):
+GATHERS = [("f32", "i64", 1), ("f16", "i32", 0), ("i64", "i64", -1), ("bool", "i32", 2)]
+
+
+def _gather_graph(dtype, idx_dtype, axis):
     g = rocmc.Graph("t")
     x = g.input("x", (5, "n", 3), dtype)
     i = g.input("i", ("k", 2), idx_dtype)
-    y = ops.gather(x, i, axis)
-    g.output(y)
+    g.output(ops.gather(x, i, axis))
+    return g
+
+
+GATHER_BATCH = CpuBatch(_gather_graph, GATHERS)
+
+
+@pytest.mark.parametrize("dtype,idx_dtype,axis", GATHERS)
+def test_gather(dtype, idx_dtype, axis, rng):
+    g, module = GATHER_BATCH(dtype, idx_dtype, axis)
     a = rand(rng, (5, 6, 3), dtype)
     n = a.shape[axis]
     idx = rng.integers(-n, n, size=(4, 2)).astype(rocmc.dtype(idx_dtype).np)  # negative ones wrap
-    same(check(g, a, idx)[0], np.take(a, idx, axis=axis))
+    same(check(g, a, idx, module=module)[0], np.take(a, idx, axis=axis))
 
 
 def test_embedding_and_scalar_index(rng):
@@ -348,26 +377,43 @@ def test_broadcast_to_errors():
 # ---- pad -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype,value", [("f32", 1.5), ("bf16", -2.0), ("i32", 7), ("bool", 1)])
-def test_pad_constant(dtype, value, rng):
+PAD_VALUES = [("f32", 1.5), ("bf16", -2.0), ("i32", 7), ("bool", 1)]
+
+
+def _pad_constant_graph(dtype, value):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 3), dtype)
-    y = ops.pad(x, [(1, 2), (0, 3)], value=value)
-    assert y.shape == ("(n+3)", 6)
-    g.output(y)
+    g.output(ops.pad(x, [(1, 2), (0, 3)], value=value))
+    return g
+
+
+PAD_CONSTANT_BATCH = CpuBatch(_pad_constant_graph, PAD_VALUES)
+
+
+@pytest.mark.parametrize("dtype,value", PAD_VALUES)
+def test_pad_constant(dtype, value, rng):
+    g, module = PAD_CONSTANT_BATCH(dtype, value)
+    assert g.outputs[0].shape == ("(n+3)", 6)
     a = rand(rng, (4, 3), dtype)
     want = np.pad(a, [(1, 2), (0, 3)], constant_values=np.asarray(value).astype(a.dtype))
-    same(check(g, a)[0], want)
+    same(check(g, a, module=module)[0], want)
 
 
-@pytest.mark.parametrize("mode", ["reflect", "edge"])
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_pad_reflect_edge(mode, dtype, rng):
+def _pad_mode_graph(mode, dtype):
     g = rocmc.Graph("t")
     x = g.input("x", (2, "n", 5), dtype)
     g.output(ops.pad(x, [(0, 0), (2, 3), (4, 1)], mode=mode), ops.pad(x, 1, mode=mode))
+    return g
+
+
+PAD_MODE_BATCH = CpuBatch.grid(_pad_mode_graph, ["reflect", "edge"], ["f32", "f16"])
+
+
+@PAD_MODE_BATCH.parametrize("mode,dtype")
+def test_pad_reflect_edge(mode, dtype, rng):
+    g, module = PAD_MODE_BATCH(mode, dtype)
     a = rand(rng, (2, 7, 5), dtype)
-    got = check(g, a)
+    got = check(g, a, module=module)
     same(got[0], np.pad(a, [(0, 0), (2, 3), (4, 1)], mode=mode))
     same(got[1], np.pad(a, 1, mode=mode))
 

@@ -10,7 +10,7 @@ import rocmc
 from rocmc import ops
 from rocmc.inspect import describe, format_description
 
-from helpers import check, rand
+from helpers import CpuBatch, check, rand
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -22,20 +22,30 @@ def _concrete(shape):
     return tuple(SIZES.get(d, d) for d in shape)
 
 
-def _run(rng, build, torch_fn, shapes, dtype="f32", compiled=True):
-    """Build a graph over inputs of `shapes`; compare its reference with torch (float64) and, when
-    `compiled`, the CPU module with the reference."""
+def _graph(build, shapes, dtype="f32"):
     g = rocmc.Graph("t")
     xs = [g.input(f"in{i}", s, dtype) for i, s in enumerate(shapes)]
     g.output(build(*xs))
+    return g
+
+
+def _run(rng, build, torch_fn, shapes, dtype="f32", compiled=True, batched=None):
+    """Build a graph over inputs of `shapes` (or take it and its compiled function from a CpuBatch: `batched`);
+    compare its reference with torch (float64) and, when `compiled`, the CPU module with the reference."""
+    g, module = batched if batched is not None else (_graph(build, shapes, dtype), None)
     data = [rand(rng, _concrete(s), dtype) for s in shapes]
     want = rocmc.evaluate(g, *data)
     if torch_fn is not None:
         expected = torch_fn(*[torch.tensor(a.astype(np.float64)) for a in data]).numpy()
         np.testing.assert_allclose(want, expected, rtol=1e-12, atol=1e-12)
     if compiled:
-        check(g, *data, impl="generated")
+        check(g, *data, impl="generated", module=module)
     return g
+
+
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+def _batch(build, cases):
+    return CpuBatch(build, [(i,) for i in range(len(cases))], impl="generated")
 
 
 # ---- 3-D convolution and transposed convolution -----------------------------------------------
@@ -48,9 +58,18 @@ CONV3D = [
 ]
 
 
+def _conv3d_graph(i):
+    xs, ws, kw = CONV3D[i]
+    return _graph(lambda x, w, b: ops.conv3d(x, w, b, **kw), [xs, ws, (ws[0],)])
+
+
+CONV3D_BATCH = _batch(_conv3d_graph, CONV3D)
+
+
 @pytest.mark.parametrize("xs,ws,kw", CONV3D)
 def test_conv3d(xs, ws, kw, rng):
-    _run(rng, lambda x, w, b: ops.conv3d(x, w, b, **kw), lambda x, w, b: F.conv3d(x, w, b, **kw), [xs, ws, (ws[0],)])
+    batched = CONV3D_BATCH(CONV3D.index((xs, ws, kw)))
+    _run(rng, None, lambda x, w, b: F.conv3d(x, w, b, **kw), [xs, ws, (ws[0],)], batched=batched)
 
 
 def test_conv3d_asymmetric_padding(rng):
@@ -193,9 +212,15 @@ INTERPOLATE = [
 ]
 
 
+INTERPOLATE_BATCH = _batch(
+    lambda i: _graph(lambda x: ops.interpolate(x, **INTERPOLATE[i]), [("n", 3, 6, 9)]), INTERPOLATE
+)
+
+
 @pytest.mark.parametrize("kw", INTERPOLATE, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
 def test_interpolate_2d(kw, rng):
-    _run(rng, lambda x: ops.interpolate(x, **kw), lambda x: F.interpolate(x, **kw), [("n", 3, 6, 9)])
+    batched = INTERPOLATE_BATCH(INTERPOLATE.index(kw))
+    _run(rng, None, lambda x: F.interpolate(x, **kw), [("n", 3, 6, 9)], batched=batched)
 
 
 def test_interpolate_trilinear(rng):
@@ -230,19 +255,18 @@ def test_resize_asymmetric_linear_matches_hand_computed_taps(rng):
     )
 
 
-@pytest.mark.parametrize(
-    "rounding,scale,expect",
-    [
-        # asymmetric: x_orig = o / scale; scale 2 puts ties at the half positions, 2.5 none.
-        ("round_prefer_floor", 2.0, [0, 0, 1, 1, 2, 2, 3, 3]),
-        ("round_prefer_ceil", 2.0, [0, 1, 1, 2, 2, 3, 3, 3]),
-        ("floor", 2.5, [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]),
-        ("ceil", 2.5, [0, 1, 1, 2, 2, 2, 3, 3, 3, 3]),
-    ],
-)
-def test_resize_nearest_modes(rounding, scale, expect, rng):
-    _run(
-        rng,
+NEAREST_MODES = [
+    # asymmetric: x_orig = o / scale; scale 2 puts ties at the half positions, 2.5 none.
+    ("round_prefer_floor", 2.0, [0, 0, 1, 1, 2, 2, 3, 3]),
+    ("round_prefer_ceil", 2.0, [0, 1, 1, 2, 2, 3, 3, 3]),
+    ("floor", 2.5, [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]),
+    ("ceil", 2.5, [0, 1, 1, 2, 2, 2, 3, 3, 3, 3]),
+]
+
+
+def _nearest_graph(i):
+    rounding, scale, _ = NEAREST_MODES[i]
+    return _graph(
         lambda x: ops.resize(
             x,
             scales=[scale],
@@ -251,9 +275,17 @@ def test_resize_nearest_modes(rounding, scale, expect, rng):
             nearest_mode=rounding,
             coordinate_transformation_mode="asymmetric",
         ),
-        lambda x: x[..., expect],
         [("n", 2, 4)],
     )
+
+
+NEAREST_BATCH = _batch(_nearest_graph, NEAREST_MODES)
+
+
+@pytest.mark.parametrize("rounding,scale,expect", NEAREST_MODES)
+def test_resize_nearest_modes(rounding, scale, expect, rng):
+    batched = NEAREST_BATCH(NEAREST_MODES.index((rounding, scale, expect)))
+    _run(rng, None, lambda x: x[..., expect], [("n", 2, 4)], batched=batched)
 
 
 def test_resize_tf_crop_and_resize_extrapolates(rng):
@@ -276,18 +308,27 @@ def test_resize_tf_crop_and_resize_extrapolates(rng):
     assert (np.abs(y[:, :, :-1, 1:]) <= 2.0).all()
 
 
-@pytest.mark.parametrize(
-    "mode,extra",
-    [
-        ("cubic", dict(exclude_outside=True, cubic_coeff_a=-0.5, coordinate_transformation_mode="half_pixel")),
-        ("linear", dict(coordinate_transformation_mode="half_pixel_symmetric")),
-        ("nearest", dict(coordinate_transformation_mode="pytorch_half_pixel", nearest_mode="round_prefer_ceil")),
-        ("linear", dict(keep_aspect_ratio_policy="not_larger")),
-        ("cubic", dict(keep_aspect_ratio_policy="not_smaller", antialias=True)),
-    ],
-)
+RESIZE_OPTIONS = [
+    ("cubic", dict(exclude_outside=True, cubic_coeff_a=-0.5, coordinate_transformation_mode="half_pixel")),
+    ("linear", dict(coordinate_transformation_mode="half_pixel_symmetric")),
+    ("nearest", dict(coordinate_transformation_mode="pytorch_half_pixel", nearest_mode="round_prefer_ceil")),
+    ("linear", dict(keep_aspect_ratio_policy="not_larger")),
+    ("cubic", dict(keep_aspect_ratio_policy="not_smaller", antialias=True)),
+]
+
+
+def _resize_options_graph(i):
+    mode, extra = RESIZE_OPTIONS[i]
+    return _graph(lambda x: ops.resize(x, sizes=[4, 11], axes=[3, 2], mode=mode, **extra), [("n", 3, 7, 5)])
+
+
+RESIZE_OPTIONS_BATCH = _batch(_resize_options_graph, RESIZE_OPTIONS)
+
+
+@pytest.mark.parametrize("mode,extra", RESIZE_OPTIONS)
 def test_resize_onnx_options_compile_like_the_reference(mode, extra, rng):
-    _run(rng, lambda x: ops.resize(x, sizes=[4, 11], axes=[3, 2], mode=mode, **extra), None, [("n", 3, 7, 5)])
+    batched = RESIZE_OPTIONS_BATCH(RESIZE_OPTIONS.index((mode, extra)))
+    _run(rng, None, None, [("n", 3, 7, 5)], batched=batched)
 
 
 def test_resize_nearest_keeps_integer_dtype(rng):

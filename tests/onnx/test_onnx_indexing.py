@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import rocmc  # noqa: E402
-from helpers import rand  # noqa: E402
+from helpers import CpuBatch, rand  # noqa: E402
 
 _ELEM = {
     np.dtype(np.float32): TensorProto.FLOAT,
@@ -39,12 +39,12 @@ def _model(op, inputs: dict, attrs=None, consts=None, opset=18, shapes=None, out
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _check(model, inputs: dict, exact=False, reference=None):
-    """rocmc (imported, compiled for the CPU) against onnx.reference on the same inputs (running
-    `reference` instead, for an op it lacks)."""
+def _check(model, inputs: dict, exact=False, reference=None, batched=None):
+    """rocmc (imported, compiled for the CPU; or the model's graph and compiled function from a CpuBatch:
+    `batched`) against onnx.reference on the same inputs (running `reference` instead, for an op it lacks)."""
     want = ReferenceEvaluator(reference or model).run(None, inputs)
-    graph = rocmc.import_onnx(model)
-    got = rocmc.load(rocmc.compile(graph, "cpu"))(*inputs.values())
+    graph, module = batched if batched is not None else (rocmc.import_onnx(model), None)
+    got = (module or rocmc.load(rocmc.compile(graph, "cpu")))(*inputs.values())
     got = got if isinstance(got, tuple) else (got,)
     for g, w in zip(got, want):
         assert g.shape == w.shape, f"shape {g.shape} vs {w.shape}"
@@ -53,6 +53,13 @@ def _check(model, inputs: dict, exact=False, reference=None):
         else:
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
     return graph
+
+
+def _imported(model_of):
+    """A CpuBatch of the models model_of(*key) makes, imported: a parametrized test's models are the functions of
+    one module (a compile a module, not a test). The models' graph inputs are placeholders of their shapes and
+    dtypes (a graph input's values are not part of the model)."""
+    return lambda keys: CpuBatch(lambda *key: rocmc.import_onnx(model_of(*key)), keys)
 
 
 # ---- scatters ----------------------------------------------------------------------------------
@@ -103,14 +110,22 @@ def test_scatter_nd(rng, reduction):
 # ---- Trilu -------------------------------------------------------------------------------------
 
 
+def _trilu_model(upper, k):
+    consts = {} if k is None else {"k": np.array(k, np.int64)}
+    return _model(
+        "Trilu", {"x": np.zeros((2, 5, 5), np.float32)}, {"upper": upper}, consts, shapes={"x": (2, "s", "s")}
+    )
+
+
+TRILU_BATCH = _imported(_trilu_model)([(upper, k) for k in (None, 0, 2, -1) for upper in (0, 1)])
+
+
 @pytest.mark.parametrize("upper", [0, 1])
 @pytest.mark.parametrize("k", [None, 0, 2, -1])
 def test_trilu_over_a_symbolic_sequence(rng, upper, k):
     """Exporters build causal masks with Trilu over the sequence length; k arrives as an initializer."""
     x = rand(rng, (2, 5, 5))
-    consts = {} if k is None else {"k": np.array(k, np.int64)}
-    m = _model("Trilu", {"x": x}, {"upper": upper}, consts, shapes={"x": (2, "s", "s")})
-    graph = _check(m, {"x": x}, exact=True)
+    graph = _check(_trilu_model(upper, k), {"x": x}, exact=True, batched=TRILU_BATCH(upper, k))
     assert ("triu" if upper else "tril") in str(graph)
 
 
@@ -124,18 +139,27 @@ def test_trilu_on_constants_is_folded():
 # ---- Einsum, Tile ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "equation, shapes",
-    [
-        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
-        ("ij->ji", [(3, 4)]),
-        ("i,i", [(5,), (5,)]),
-        ("...j,kj->...k", [(2, 3, 4), (6, 4)]),
-    ],
-)
+EINSUMS = [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("ij->ji", [(3, 4)]),
+    ("i,i", [(5,), (5,)]),
+    ("...j,kj->...k", [(2, 3, 4), (6, 4)]),
+]
+
+
+def _einsum_model(i):
+    equation, shapes = EINSUMS[i]
+    return _model("Einsum", {f"x{j}": np.zeros(s, np.float32) for j, s in enumerate(shapes)}, {"equation": equation})
+
+
+EINSUM_BATCH = _imported(_einsum_model)([(i,) for i in range(len(EINSUMS))])
+
+
+@pytest.mark.parametrize("equation, shapes", EINSUMS)
 def test_einsum(rng, equation, shapes):
     inputs = {f"x{i}": rand(rng, s) for i, s in enumerate(shapes)}
-    _check(_model("Einsum", inputs, {"equation": equation}), inputs)
+    i = EINSUMS.index((equation, shapes))
+    _check(_einsum_model(i), inputs, batched=EINSUM_BATCH(i))
 
 
 def test_einsum_diagonal_is_refused(rng):
@@ -144,22 +168,41 @@ def test_einsum_diagonal_is_refused(rng):
         rocmc.import_onnx(m)
 
 
-@pytest.mark.parametrize("repeats", [[2, 1, 3], [1, 1, 1], [1, 4, 1]])
+def _tile_model(*repeats):
+    return _model(
+        "Tile",
+        {"x": np.zeros((3, 2, 5), np.float32)},
+        consts={"r": np.array(repeats, np.int64)},
+        shapes={"x": ("n", 2, 5)},
+    )
+
+
+REPEATS = [[2, 1, 3], [1, 1, 1], [1, 4, 1]]
+TILE_BATCH = _imported(_tile_model)(REPEATS)
+
+
+@pytest.mark.parametrize("repeats", REPEATS)
 def test_tile_with_a_symbolic_dim(rng, repeats):
     x = rand(rng, (3, 2, 5))
-    m = _model("Tile", {"x": x}, consts={"r": np.array(repeats, np.int64)}, shapes={"x": ("n", 2, 5)})
-    _check(m, {"x": x}, exact=True)
+    _check(_tile_model(*repeats), {"x": x}, exact=True, batched=TILE_BATCH(*repeats))
 
 
 # ---- ArgMax / ArgMin ---------------------------------------------------------------------------
+
+
+def _arg_model(op, last):
+    x = np.zeros((4, 7), np.float32)
+    return _model(op, {"x": x}, {"axis": 1, "keepdims": 0, "select_last_index": last}, shapes={"x": ("n", 7)})
+
+
+ARG_BATCH = _imported(_arg_model)([(op, last) for last in (0, 1) for op in ("ArgMax", "ArgMin")])
 
 
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("last", [0, 1])
 def test_arg_extremes(rng, op, last):
     x = np.round(rand(rng, (4, 7), low=-2, high=2))  # rounded: ties
-    m = _model(op, {"x": x}, {"axis": 1, "keepdims": 0, "select_last_index": last}, shapes={"x": ("n", 7)})
-    _check(m, {"x": x})
+    _check(_arg_model(op, last), {"x": x}, batched=ARG_BATCH(op, last))
 
 
 # ---- OneHot, EyeLike, Hardmax --------------------------------------------------------------------
@@ -175,10 +218,13 @@ def _one_hot_model(axis, shapes):
     )
 
 
+ONE_HOT_BATCH = _imported(lambda axis: _one_hot_model(axis, {"idx": ("n", 4)}))([(-1,), (0,), (1,)])
+
+
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 def test_one_hot(rng, axis):
     idx = rng.integers(-5, 5, size=(3, 4))
-    _check(_one_hot_model(axis, {"idx": ("n", 4)}), {"idx": idx}, exact=True)
+    _check(_one_hot_model(axis, {"idx": ("n", 4)}), {"idx": idx}, exact=True, batched=ONE_HOT_BATCH(axis))
 
 
 def test_one_hot_out_of_range_is_all_off():
@@ -191,18 +237,32 @@ def test_one_hot_out_of_range_is_all_off():
     assert (got[0, 2] == -1.5).all() and (got[1, 0] == -1.5).all()
 
 
+def _eye_like_model(k, symbolic):
+    shapes = {"x": ("r", "c")} if symbolic else {}
+    return _model("EyeLike", {"x": np.zeros((3, 5), np.float32)}, {"k": k, "dtype": TensorProto.INT32}, shapes=shapes)
+
+
+EYE_LIKE_BATCH = _imported(_eye_like_model)([(k, symbolic) for k in (0, 1, -2) for symbolic in (False, True)])
+
+
 @pytest.mark.parametrize("k", [0, 1, -2])
 def test_eye_like_static_and_symbolic(rng, k):
     x = rand(rng, (3, 5))
-    for shapes in ({}, {"x": ("r", "c")}):
-        m = _model("EyeLike", {"x": x}, {"k": k, "dtype": TensorProto.INT32}, shapes=shapes)
-        _check(m, {"x": x})
+    for symbolic in (False, True):
+        _check(_eye_like_model(k, symbolic), {"x": x}, batched=EYE_LIKE_BATCH(k, symbolic))
+
+
+def _hardmax_model(axis):
+    return _model("Hardmax", {"x": np.zeros((2, 3, 4), np.float32)}, {"axis": axis}, opset=13)
+
+
+HARDMAX_BATCH = _imported(_hardmax_model)([(-1,), (0,), (1,)])
 
 
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 def test_hardmax(rng, axis):
     x = np.round(rand(rng, (2, 3, 4), low=-2, high=2))  # rounded: ties, the first wins
-    _check(_model("Hardmax", {"x": x}, {"axis": axis}, opset=13), {"x": x}, exact=True)
+    _check(_hardmax_model(axis), {"x": x}, exact=True, batched=HARDMAX_BATCH(axis))
 
 
 @pytest.mark.parametrize("axis", [1, 2])

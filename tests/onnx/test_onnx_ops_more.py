@@ -12,7 +12,7 @@ import rocmc  # noqa: E402
 from rocmc import ops  # noqa: E402
 from rocmc.frontend import onnx as onnx_import  # noqa: E402
 
-from helpers import check, compile_gpu, rand  # noqa: E402
+from helpers import CpuBatch, check, compile_gpu, rand  # noqa: E402
 
 NEW_UNARY = ("cos", "sin", "sign", "floor", "ceil", "round", "reciprocal")
 SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0, 0.5, -0.5, 1.5, -2.5, 2.5]
@@ -28,13 +28,24 @@ def _with_specials(x):
 # ---- the ops ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", NEW_UNARY)
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-def test_unary_with_special_values(name, dtype, rng):
+# A parametrized test's graphs are the functions of one module (helpers.CpuBatch): a compile a module, not a test.
+# Keys in the order the tests run (the last parametrize decorator's values outermost).
+
+
+def _unary_graph(name, dtype):
     g = rocmc.Graph("t")
     x = g.input("x", ("n", 11), dtype)
     g.output(getattr(ops, name)(x))
-    check(g, _with_specials(rand(rng, (7, 11), dtype, -6.0, 6.0)))
+    return g
+
+
+UNARY_BATCH = CpuBatch.grid(_unary_graph, NEW_UNARY, ["f32", "f16", "bf16"])
+
+
+@UNARY_BATCH.parametrize("name,dtype")
+def test_unary_with_special_values(name, dtype, rng):
+    g, module = UNARY_BATCH(name, dtype)
+    check(g, _with_specials(rand(rng, (7, 11), dtype, -6.0, 6.0)), module=module)
 
 
 def test_sign_of_integers(rng):
@@ -62,30 +73,45 @@ def test_isnan_isinf(dtype, rng):
     assert got[0].dtype == np.bool_ and got[0].reshape(-1)[0] and got[1].reshape(-1)[1:3].all()
 
 
+def _mod_graph(fmod, dtype, shapes):
+    g = rocmc.Graph("t")
+    a, b = (g.input(name, shape, dtype) for name, shape in zip("ab", shapes))
+    g.output(ops.mod(a, b, fmod=fmod))
+    return g
+
+
+FLOAT_MOD_BATCH = CpuBatch(
+    lambda fmod, dtype: _mod_graph(fmod, dtype, (("n", 5), (5,))),
+    [(m, d) for d in ("f32", "f16", "bf16") for m in (0, 1)],
+)
+
+
 @pytest.mark.parametrize("fmod", [0, 1])
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_float_mod(fmod, dtype, rng):
-    g = rocmc.Graph("t")
-    a, b = g.input("a", ("n", 5), dtype), g.input("b", (5,), dtype)
-    g.output(ops.mod(a, b, fmod=fmod))
+    g, module = FLOAT_MOD_BATCH(fmod, dtype)
     x = rand(rng, (13, 5), dtype, -20.0, 20.0)
     x[0] = np.asarray([-0.0, np.inf, 3.0, -3.0, np.nan]).astype(x.dtype)
     y = rand(rng, (5,), dtype, -4.0, 4.0)
     y[2:4] = np.asarray([0.0, np.inf]).astype(y.dtype)
-    check(g, x, y)
+    check(g, x, y, module=module)
+
+
+INT_MOD_BATCH = CpuBatch(
+    lambda fmod, dtype: _mod_graph(fmod, dtype, ((4, "n"), (4, "n"))),
+    [(m, d) for d in ("i32", "i64") for m in (0, 1)],
+)
 
 
 @pytest.mark.parametrize("fmod", [0, 1])
 @pytest.mark.parametrize("dtype", ["i32", "i64"])
 def test_integer_mod_by_zero_is_zero(fmod, dtype, rng):
     """Integer division by zero does not trap: the remainder is defined as 0 (and INT_MIN % -1 is 0)."""
-    g = rocmc.Graph("t")
-    a, b = g.input("a", (4, "n"), dtype), g.input("b", (4, "n"), dtype)
-    g.output(ops.mod(a, b, fmod=fmod))
+    g, module = INT_MOD_BATCH(fmod, dtype)
     x, y = rand(rng, (4, 7), dtype, -30, 30), rand(rng, (4, 7), dtype, -6, 6)
     y[0, :3] = [0, 0, -1]
     x[0, :3] = [5, -5, np.iinfo(x.dtype).min]
-    got = check(g, x, y)[0]
+    got = check(g, x, y, module=module)[0]
     assert (got[0, :3] == 0).all()
     safe = np.where(y == 0, 1, y)
     np.testing.assert_array_equal(got[1:], np.where(y == 0, 0, (np.fmod if fmod else np.mod)(x, safe))[1:])
@@ -136,10 +162,11 @@ def _ort(model, *inputs):
     return sess.run(None, {i.name: v for i, v in zip(sess.get_inputs(), inputs)})
 
 
-def _compare_all(model, *inputs):
-    """rocmc compiled for the CPU and rocmc's reference both agree with onnxruntime."""
-    graph = rocmc.import_onnx(model)
-    got = rocmc.load(rocmc.compile(graph, "cpu"))(*inputs)
+def _compare_all(model, *inputs, batched=None):
+    """rocmc compiled for the CPU (or the model's graph and compiled function from a CpuBatch: `batched`) and
+    rocmc's reference both agree with onnxruntime."""
+    graph, module = batched if batched is not None else (rocmc.import_onnx(model), None)
+    got = (module or rocmc.load(rocmc.compile(graph, "cpu")))(*inputs)
     ref = rocmc.evaluate(graph, *inputs)
     got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
     for g, r, w in zip(got, ref, _ort(model, *inputs)):
@@ -153,15 +180,25 @@ def _compare_all(model, *inputs):
     return graph
 
 
-@pytest.mark.parametrize("op_type", ["Cos", "Sin", "Sign", "Floor", "Ceil", "Round", "Reciprocal", "IsNaN"])
-def test_unary_onnx_ops_match_onnxruntime(op_type, rng):
+ONNX_UNARY = ["Cos", "Sin", "Sign", "Floor", "Ceil", "Round", "Reciprocal", "IsNaN"]
+
+
+def _unary_model(op_type):
     out_type = TensorProto.BOOL if op_type == "IsNaN" else TensorProto.FLOAT
-    m = _model(
+    return _model(
         [helper.make_node(op_type, ["x"], ["y"])],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 7])],
         [helper.make_tensor_value_info("y", out_type, ["n", 7])],
     )
-    graph = _compare_all(m, _with_specials(rand(rng, (5, 7), "f32", -5.0, 5.0)))
+
+
+ONNX_UNARY_BATCH = CpuBatch(lambda op_type: rocmc.import_onnx(_unary_model(op_type)), [(t,) for t in ONNX_UNARY])
+
+
+@pytest.mark.parametrize("op_type", ONNX_UNARY)
+def test_unary_onnx_ops_match_onnxruntime(op_type, rng):
+    m = _unary_model(op_type)
+    graph = _compare_all(m, _with_specials(rand(rng, (5, 7), "f32", -5.0, 5.0)), batched=ONNX_UNARY_BATCH(op_type))
     assert [n.op for n in graph.nodes if n.op != "constant"] == [onnx_import.elementwise._UNARY[op_type]]
 
 
@@ -175,19 +212,26 @@ def test_isinf_attributes_match_onnxruntime(attrs, rng):
     _compare_all(m, _with_specials(rand(rng, (3, 11), "f32")))
 
 
-@pytest.mark.parametrize(
-    "elem,fmod", [(TensorProto.FLOAT, 1), (TensorProto.INT32, 0), (TensorProto.INT64, 0), (TensorProto.INT64, 1)]
-)
-def test_mod_matches_onnxruntime(elem, fmod, rng):
-    m = _model(
+ONNX_MODS = [(TensorProto.FLOAT, 1), (TensorProto.INT32, 0), (TensorProto.INT64, 0), (TensorProto.INT64, 1)]
+
+
+def _mod_model(elem, fmod):
+    return _model(
         [helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)],
         [helper.make_tensor_value_info("a", elem, ["n", 6]), helper.make_tensor_value_info("b", elem, [6])],
         [helper.make_tensor_value_info("y", elem, ["n", 6])],
     )
+
+
+ONNX_MOD_BATCH = CpuBatch(lambda elem, fmod: rocmc.import_onnx(_mod_model(elem, fmod)), ONNX_MODS)
+
+
+@pytest.mark.parametrize("elem,fmod", ONNX_MODS)
+def test_mod_matches_onnxruntime(elem, fmod, rng):
     dtype = {TensorProto.FLOAT: "f32", TensorProto.INT32: "i32", TensorProto.INT64: "i64"}[elem]
     a, b = rand(rng, (9, 6), dtype, -40, 40), rand(rng, (6,), dtype, -7, 7)
     b[b == 0] = 3
-    _compare_all(m, a, b)
+    _compare_all(_mod_model(elem, fmod), a, b, batched=ONNX_MOD_BATCH(elem, fmod))
 
 
 # ---- folding at import --------------------------------------------------------------------------

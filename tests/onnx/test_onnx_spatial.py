@@ -11,7 +11,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import rocmc  # noqa: E402
 
-from helpers import rand  # noqa: E402
+from helpers import CpuBatch, rand  # noqa: E402
 
 FLOAT = TensorProto.FLOAT
 
@@ -28,11 +28,12 @@ def _model(node, inputs, inits=(), opset=19, extra_nodes=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _compare(m, feeds, rtol=1e-4, atol=1e-5):
-    """Import, compile for the CPU, run, and compare with ONNX's reference evaluator."""
+def _compare(m, feeds, rtol=1e-4, atol=1e-5, batched=None):
+    """Import, compile for the CPU (or take the model's graph and compiled function from a CpuBatch: `batched`),
+    run, and compare with ONNX's reference evaluator."""
     want = ReferenceEvaluator(m).run(None, feeds)[0]
-    graph = rocmc.import_onnx(m)
-    got = rocmc.load(rocmc.compile(graph, "cpu"))(**feeds)
+    graph, module = batched if batched is not None else (rocmc.import_onnx(m), None)
+    got = (module or rocmc.load(rocmc.compile(graph, "cpu")))(**feeds)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     return graph
@@ -59,23 +60,36 @@ def test_conv_transpose_3d_asymmetric_pads(rng):
     _compare(m, {"x": rand(rng, (1, 2, 3, 4, 4))})
 
 
-@pytest.mark.parametrize(
-    "op,attrs",
-    [
-        (
-            "MaxPool",
-            dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 0], ceil_mode=1, dilations=[1, 2, 1]),
-        ),
-        (
-            "AveragePool",
-            dict(kernel_shape=[3, 3, 2], strides=[2, 2, 1], pads=[1, 1, 0, 1, 0, 1], ceil_mode=1, count_include_pad=0),
-        ),
-        ("AveragePool", dict(kernel_shape=[2, 3, 3], pads=[1, 1, 1, 1, 1, 1], count_include_pad=1)),
-    ],
-)
+def _imported(cases, model_of):
+    """A CpuBatch of the models of a parametrized test's cases (model_of(*case)), imported: the functions of one
+    module, a compile a module, not a test."""
+    return CpuBatch(lambda i: rocmc.import_onnx(model_of(*cases[i])), [(i,) for i in range(len(cases))])
+
+
+POOLS_3D = [
+    (
+        "MaxPool",
+        dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 0], ceil_mode=1, dilations=[1, 2, 1]),
+    ),
+    (
+        "AveragePool",
+        dict(kernel_shape=[3, 3, 2], strides=[2, 2, 1], pads=[1, 1, 0, 1, 0, 1], ceil_mode=1, count_include_pad=0),
+    ),
+    ("AveragePool", dict(kernel_shape=[2, 3, 3], pads=[1, 1, 1, 1, 1, 1], count_include_pad=1)),
+]
+
+
+def _pool_3d_model(op, attrs):
+    return _model(helper.make_node(op, ["x"], ["y"], **attrs), {"x": [2, 3, 7, 6, 9]})
+
+
+POOL_3D_BATCH = _imported(POOLS_3D, _pool_3d_model)
+
+
+@pytest.mark.parametrize("op,attrs", POOLS_3D)
 def test_pool_3d(op, attrs, rng):
-    m = _model(helper.make_node(op, ["x"], ["y"], **attrs), {"x": [2, 3, 7, 6, 9]})
-    _compare(m, {"x": rand(rng, (2, 3, 7, 6, 9))})
+    batched = POOL_3D_BATCH(POOLS_3D.index((op, attrs)))
+    _compare(_pool_3d_model(op, attrs), {"x": rand(rng, (2, 3, 7, 6, 9))}, batched=batched)
 
 
 @pytest.mark.parametrize("include", [0, 1])
@@ -121,39 +135,53 @@ def test_group_normalization_scale_per_group_then_per_channel(opset, params, rng
 EMPTY = np.zeros(0, np.float32)
 
 
-@pytest.mark.parametrize(
-    "attrs,scales,sizes",
-    [
-        (dict(mode="nearest"), [1, 1, 2.5, 1.5], None),
-        (dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="ceil"), None, [2, 3, 11, 4]),
-        (dict(mode="linear", coordinate_transformation_mode="align_corners"), None, [2, 3, 4, 9]),
-        (dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel"), [1, 1, 0.6, 1.7], None),
-        (dict(mode="cubic", exclude_outside=1, cubic_coeff_a=-0.5), None, [2, 3, 9, 3]),
-        (dict(mode="cubic", coordinate_transformation_mode="asymmetric"), [1, 1, 1.3, 2.0], None),
-    ],
-)
-def test_resize_11(attrs, scales, sizes, rng):
+RESIZES_11 = [
+    (dict(mode="nearest"), [1, 1, 2.5, 1.5], None),
+    (dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="ceil"), None, [2, 3, 11, 4]),
+    (dict(mode="linear", coordinate_transformation_mode="align_corners"), None, [2, 3, 4, 9]),
+    (dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel"), [1, 1, 0.6, 1.7], None),
+    (dict(mode="cubic", exclude_outside=1, cubic_coeff_a=-0.5), None, [2, 3, 9, 3]),
+    (dict(mode="cubic", coordinate_transformation_mode="asymmetric"), [1, 1, 1.3, 2.0], None),
+]
+
+
+def _resize_11_model(attrs, scales, sizes):
     inits = {"roi": EMPTY, "scales": np.asarray(scales, np.float32) if scales else EMPTY}
     if sizes:
         inits["sizes"] = np.asarray(sizes, np.int64)
     node = helper.make_node("Resize", ["x", "roi", "scales"] + (["sizes"] if sizes else []), ["y"], **attrs)
-    m = _model(node, {"x": [2, 3, 5, 7]}, inits, opset=13)
-    _compare(m, {"x": rand(rng, (2, 3, 5, 7))})
+    return _model(node, {"x": [2, 3, 5, 7]}, inits, opset=13)
 
 
-@pytest.mark.parametrize(
-    "attrs,sizes",
-    [
-        (dict(mode="linear", axes=[3, 2], keep_aspect_ratio_policy="not_larger"), [4, 12]),
-        (dict(mode="linear", axes=[2, 3], coordinate_transformation_mode="half_pixel_symmetric"), [8, 3]),
-        (dict(mode="cubic", axes=[2, 3], antialias=1), [3, 4]),
-        (dict(mode="nearest", axes=[2], keep_aspect_ratio_policy="not_smaller"), [9]),
-    ],
-)
-def test_resize_19_axes_policy_antialias(attrs, sizes, rng):
+RESIZE_11_BATCH = _imported(RESIZES_11, _resize_11_model)
+
+
+@pytest.mark.parametrize("attrs,scales,sizes", RESIZES_11)
+def test_resize_11(attrs, scales, sizes, rng):
+    batched = RESIZE_11_BATCH(RESIZES_11.index((attrs, scales, sizes)))
+    _compare(_resize_11_model(attrs, scales, sizes), {"x": rand(rng, (2, 3, 5, 7))}, batched=batched)
+
+
+RESIZES_19 = [
+    (dict(mode="linear", axes=[3, 2], keep_aspect_ratio_policy="not_larger"), [4, 12]),
+    (dict(mode="linear", axes=[2, 3], coordinate_transformation_mode="half_pixel_symmetric"), [8, 3]),
+    (dict(mode="cubic", axes=[2, 3], antialias=1), [3, 4]),
+    (dict(mode="nearest", axes=[2], keep_aspect_ratio_policy="not_smaller"), [9]),
+]
+
+
+def _resize_19_model(attrs, sizes):
     node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **attrs)
-    m = _model(node, {"x": [1, 2, 6, 7]}, {"sizes": np.asarray(sizes, np.int64)}, opset=19)
-    _compare(m, {"x": rand(rng, (1, 2, 6, 7))})
+    return _model(node, {"x": [1, 2, 6, 7]}, {"sizes": np.asarray(sizes, np.int64)}, opset=19)
+
+
+RESIZE_19_BATCH = _imported(RESIZES_19, _resize_19_model)
+
+
+@pytest.mark.parametrize("attrs,sizes", RESIZES_19)
+def test_resize_19_axes_policy_antialias(attrs, sizes, rng):
+    batched = RESIZE_19_BATCH(RESIZES_19.index((attrs, sizes)))
+    _compare(_resize_19_model(attrs, sizes), {"x": rand(rng, (1, 2, 6, 7))}, batched=batched)
 
 
 def test_resize_tf_crop_and_resize_with_extrapolation(rng):

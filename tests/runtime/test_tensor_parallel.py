@@ -145,8 +145,8 @@ def test_ranks_read_their_own_slices(llm_checkpoint, rng):  # noqa: F811
 def tp_artifacts(llm_checkpoint, tmp_path_factory):  # noqa: F811
     d = llm_checkpoint("llama3")
     out = tmp_path_factory.mktemp("tp")
-    for degree in (1, 2):
-        rocmc.llm.compile_hf(d, "cpu", max_seq_len=32, max_batch=2, tensor_parallel=degree).save(
+    for degree in (1, 2):  # the sizes of tests/llm/test_llm.py's models: its llama3 module is degree 1's
+        rocmc.llm.compile_hf(d, "cpu", max_seq_len=64, max_batch=2, tensor_parallel=degree).save(
             out / f"tp{degree}.vmfb"
         )
     (out / "rank.py").write_text(RANK_SCRIPT)
