@@ -21,7 +21,7 @@
 #if HAS_MMA
 template <typename T>
 DEVICE void linear_mm_entry(const T* x, const T* w, const T* bias, const T* res, const T*, T* y, const LinShape& s) {
-  SHARED MmTiles tiles;
+  MM_TILES(tiles);
   linear_mm<T, 0>(x, MmWeights<T>{w, nullptr, nullptr, 0u, 0u, true}, bias, res, y, s, tiles);
 }
 #else

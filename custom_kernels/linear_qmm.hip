@@ -17,7 +17,7 @@
 template <typename T, int BITS>
 DEVICE void linear_qmm_bits(const T* x, const unsigned char* w, const T* sc, const T* z, const T* bias, const T* res,
                             const T*, T* y, const QShape& q) {
-  SHARED MmTiles tiles;
+  MM_TILES(tiles);
   const MmWeights<T> W{w, sc, z, q.G, q.s.K / q.G, ((u64)w & 7u) == 0};
   linear_mm<T, BITS>(x, W, bias, res, y, q.s, tiles);
 }

@@ -19,15 +19,23 @@
 #pragma once
 #include "linear.h"
 
-#define BM 128    // rows of x a workgroup
-#define BN 128    // rows of w a workgroup
-#define BK 32     // k of a chunk
-#define PIECES 4  // 16-byte pieces of a chunk's row
-#if defined(__NVPTX__)
-#define STAGES 3  // chunks in shared memory: 3 x 16 KB, static shared memory's 48 KB
-#else
-#define STAGES 2
+// The tile: a source (or a sweep's -D) may set ROCMC_MM_BN and ROCMC_MM_STAGES before including this header.
+#ifndef ROCMC_MM_BN
+#define ROCMC_MM_BN 128
 #endif
+#ifndef ROCMC_MM_STAGES
+#if defined(__NVPTX__)
+#define ROCMC_MM_STAGES 3  // 3 x 16 KB at BN 128: static shared memory's 48 KB
+#else
+#define ROCMC_MM_STAGES 2
+#endif
+#endif
+#define BM 128           // rows of x a workgroup
+#define BN ROCMC_MM_BN   // rows of w a workgroup
+#define BK 32            // k of a chunk
+#define PIECES 4         // 16-byte pieces of a chunk's row
+#define STAGES ROCMC_MM_STAGES  // chunks in shared memory
+#define MM_TILE_BYTES (STAGES * (BM + BN) * PIECES * 16)
 #define WROWS (BM / 2)         // x rows a wave
 #define WCOLS (BN / (NW / 2))  // w rows a wave
 #define MI (WROWS / 16)        // the wave's 16-row tiles of x
@@ -43,6 +51,15 @@ struct MmTiles {
   U4 x[STAGES][BM * PIECES];
   U4 w[STAGES][BN * PIECES];
 };
+
+// MM_TILES(name): the workgroup's MmTiles, in static shared memory up to its 48 KB; past it (NVIDIA) in the dynamic
+// shared memory the dispatch gives (the export's workgroup_local_memory, kernels.py's KernelFamily.local_memory).
+#if defined(__NVPTX__) && MM_TILE_BYTES > 49152
+extern SHARED U4 mm_dynamic_tiles[];
+#define MM_TILES(name) MmTiles& name = *reinterpret_cast<MmTiles*>(mm_dynamic_tiles)
+#else
+#define MM_TILES(name) SHARED MmTiles name
+#endif
 
 // Where piece p of row r of a chunk lives (in pieces).
 DEVICE u32 slot(u32 r, u32 p) { return r * PIECES + (p ^ ((r >> 1) & 3)); }

@@ -69,6 +69,12 @@ class KernelFamily:
     constants: tuple  # (name, doc) of each i32 push constant, in order
     flags: tuple = ()  # (name, doc) of each bit of the constant `flags`, bit 0 first
     block: int = 256  # threads of a workgroup (1-D), every kernel of the family
+    # Bytes of dynamic shared memory a workgroup takes (NVIDIA; the export's workgroup_local_memory): past static
+    # shared memory's 48 KB a kernel declares its tiles extern and the driver sizes them at launch.
+    local_memory: int = 0
+    # The one architecture its kernels build for, whatever the target's code architecture (None: that one): a
+    # family written for one GPU generation's instructions, dispatched only where the target is that generation.
+    arch: str | None = None
 
     def __post_init__(self):
         writes = [b.writes for b in self.bindings]
@@ -118,6 +124,12 @@ _EPILOGUE_BINDINGS = (
     Binding("residual", False, "(M, N) (a placeholder when absent)"),
     Binding("norm", False, "(K,): RMSNorm's weight, with FLAG_NORM (a placeholder when absent)"),
     Binding("y", True, "(M, N)"),
+)
+# The tiled GEMMs' bindings (linear_mm.hip, linear_wgmma.hip): x of any row count, the weight, the epilogue's.
+_TILED_BINDINGS = (
+    Binding("x", False, "(M, K), any M"),
+    Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
+    *_EPILOGUE_BINDINGS,
 )
 
 # The linear-layer kernels' push constants (linear.h's LinShape).
@@ -297,14 +309,22 @@ FAMILIES: dict[str, KernelFamily] = {
     "linear_mm": KernelFamily(
         "linear_mm.hip",
         ("linear_mm_f16", "linear_mm_bf16"),
-        (
-            Binding("x", False, "(M, K), any M"),
-            Binding("w", False, "(N, K), or (2N, K) with FLAG_GATED: the gate's rows, then the up's"),
-            *_EPILOGUE_BINDINGS,
-        ),
+        _TILED_BINDINGS,
         _LINEAR_CONSTANTS,
         block=256,  # 8 waves of 32 (NVIDIA) / 4 of 64 (AMD) over a 128 x 128 tile
         flags=_LINEAR_FLAGS,
+    ),
+    # linear_mm on Hopper's warpgroup matrix instructions (built for sm_90a, dispatched for cuda:sm_90 targets):
+    # 128 x 128 tiles, chunks of 64 in 3 stages of 32 KB in dynamic shared memory.
+    "linear_wgmma": KernelFamily(
+        "linear_wgmma.hip",
+        ("linear_wgmma_f16", "linear_wgmma_bf16"),
+        _TILED_BINDINGS,
+        _LINEAR_CONSTANTS,
+        block=256,  # two warpgroups of 128 threads, 64 rows of the tile each
+        flags=_LINEAR_FLAGS,
+        local_memory=3 * (128 + 128) * 128,
+        arch="sm_90a",
     ),
     "linear_q": KernelFamily(
         "linear_q.hip", ("linear_q_f16", "linear_q_bf16"), *_QUANT_ABI, block=128, flags=_LINEAR_FLAGS
@@ -416,7 +436,8 @@ def clang_flags(kind: str, arch: str) -> list[str]:
         "-nocudainc",
         "-nocudalib",
         "-S",
-        "--cuda-feature=+ptx78",
+        # PTX 7.8 so that older drivers load it; sm_90a's warpgroup instructions need PTX 8.0
+        "--cuda-feature=+ptx80" if arch.endswith("a") else "--cuda-feature=+ptx78",
         *common,
     ]
 

@@ -73,6 +73,11 @@ class Target:
         return (
             f"{self.code_arch} code generated for {self.arch}: IREE {_IREE_TABLES} has no {self.arch} "
             f"target; the driver compiles the {self.code_arch} PTX for the GPU when the module loads"
+            + (
+                "; hand-written kernels written for Hopper are sm_90a PTX (an sm_90 GPU runs the module)"
+                if self.arch == "sm_90"
+                else ""
+            )
         )
 
     @property

@@ -81,7 +81,14 @@ class Module:
                 self._vm_module = _vm_module(self._ctx.instance, artifact)
                 self._ctx.add_vm_module(self._vm_module)
             except Exception as e:  # noqa: BLE001
-                raise DeviceError(f"could not load the module on {device!r}: {e}") from None
+                hopper = any(k.get("arch") == "sm_90a" for k in meta.get("kernels", []))
+                hint = (
+                    " (its hand-written kernels are sm_90a code, Hopper's instructions: it loads on an sm_90 GPU, "
+                    "such as an H100 or H200; compile for cuda:sm_80 for other NVIDIA GPUs)"
+                    if hopper
+                    else ""
+                )
+                raise DeviceError(f"could not load the module on {device!r}: {e}{hint}") from None
         # Each function, with a second one for inputs whose attention scores would not fit (lowering/module.py).
         self._entries = {f["name"]: _Entry(self._ctx, f) for f in functions(meta)}
         self._default = next(iter(self._entries.values()))

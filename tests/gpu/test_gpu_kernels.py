@@ -7,7 +7,8 @@ slots given or implied. The norm, rope and linear_rows modules run on NaN inputs
 kernel fails to write keeps the NaN and fails the test; rope_store_kv's whole cache is compared (the places not
 stored keep their values). linear_rows: 1 to 32 rows (odd counts, several matrix-instruction blocks), odd N and K
 (element loads, partial tiles), K 11008, bias, residual, relu / gelu_tanh and gated silu / gelu_tanh; linear_mm:
-symbolic rows at 1 to 513 (partial and several tiles), 33 and 300 static rows, the same odd sizes and epilogues."""
+symbolic rows at 1 to 513 (partial and several tiles), 33 and 300 static rows, the same odd sizes and epilogues;
+linear_wgmma (cuda:sm_90 modules: H100 / H200 only): linear_mm's cases, K 4096 gated, K 100 (element loads)."""
 
 from __future__ import annotations
 
@@ -344,6 +345,24 @@ def _linear_cases() -> list[Case]:
     ]
 
 
+def _wgmma_cases() -> list[Case]:
+    """linear_mm's cases compiled for cuda:sm_90, where linear_wgmma takes them (Hopper's warpgroup instructions;
+    the sm_90a PTX needs an H100 / H200), and the 7B prefill's K with an odd N at 2 tiles and a partial one."""
+    cases = [replace(c, name=c.name.replace("mm_", "wgmma_", 1), target="cuda:sm_90") for c in _linear_cases()]
+    return [c for c in cases if c.name.startswith("wgmma_")] + [
+        replace(
+            linear_case(
+                "wgmma_f16_sym_gate_up_k4096", "f16", (1, "s"), 1000, 4096, "gated_linear", "silu", sizes=(300,)
+            ),
+            target="cuda:sm_90",
+        ),
+        replace(
+            linear_case("wgmma_bf16_130_k100_odd", "bf16", (130,), 77, 100, "fused_linear", residual=True),
+            target="cuda:sm_90",
+        ),
+    ]
+
+
 def quantized_case(
     name,
     dtype,
@@ -497,6 +516,7 @@ def _cases() -> list[Case]:
                 rope_case(f"{v}_oddrot", dt, 2, 3, 5, 20, interleaved=inter, rot=6),
             ]
     out += _store_cases() + _attention_cases() + _prefill_cases() + _linear_cases() + _quantized_cases()
+    out += _wgmma_cases()
     return [replace(c, name=f"kernel.{c.name}") for c in out]
 
 

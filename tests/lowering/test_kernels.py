@@ -94,6 +94,20 @@ def test_workgroup_size_and_no_spills(built):
             assert ".local" not in body, f"{spec.symbol} uses local memory (a stack or spills)"
 
 
+def test_hopper_kernel_builds_for_sm90a_only():
+    """linear_wgmma is sm_90a PTX (8.0: the warpgroup instructions), its tiles dynamic shared memory, no stack or
+    spills in the PTX; built for any other arch its entry points only trap (never dispatched there)."""
+    fam = kernels.FAMILIES["linear_wgmma"]
+    text = kernels.build(fam.source, fam.arch).data.decode()
+    assert re.search(r"^\.target sm_90a\b", text, re.M) and re.search(r"^\.version 8\.0$", text, re.M)
+    assert ".extern .shared .align 1024 .b8 wg_tiles[]" in text and "wgmma.mma_async" in text
+    for symbol in fam.symbols:
+        body = text[text.index(f".entry {symbol}(") :]
+        body = body[: body.index("\n}")]
+        assert re.search(r"\.maxntid (\d+), 1, 1", body).group(1) == str(fam.block) and ".local" not in body
+    assert "wgmma.mma_async" not in kernels.build(fam.source, "sm_80").data.decode()
+
+
 def test_nvptx_rounds_bf16_in_hardware():
     """sm_80+ rounds f32 to bf16 with cvt (two at a time in the norms' vector stores), not integer arithmetic."""
     norms = kernels.build("rms_norm.hip", "sm_80").data + kernels.build("layer_norm.hip", "sm_80").data
@@ -244,7 +258,7 @@ def test_graph_dispatches_use_kernels(target):
     for src in ("rms_norm.hip", "layer_norm.hip", "rope.hip"):
         assert kernels.build(src, arch).data in art.vmfb
     # The module declares the workgroup size the kernels were built for.
-    sizes = set(re.findall(r"<workgroup_size = \[(\d+) : index", art.ir("input")))
+    sizes = set(re.findall(r"<\{workgroup_size = \[(\d+) : index", art.ir("input")))
     assert sizes == {str(s.workgroup[0]) for s in kernels.KERNELS.values() if s.source in ("rms_norm.hip", "rope.hip")}
 
 

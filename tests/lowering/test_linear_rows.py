@@ -173,6 +173,23 @@ def test_kernels_take_a_few_static_rows(target):
     assert _symbols(rocmc.compile(_rows_graph((32,), "bf16"), target)) == ["linear_rows_bf16"]
 
 
+def test_hopper_modules_take_the_warpgroup_kernel_for_many_rows():
+    """cuda:sm_90: a prefill's projections (more rows than linear_rows takes, or a symbolic number) take
+    linear_wgmma, built for sm_90a, its tiles in dynamic shared memory the export declares; a few rows keep the
+    kernels every NVIDIA GPU runs; cuda:sm_80 keeps linear_mm."""
+    for rows, want in [(("n", 1), "linear_wgmma_f16"), ((33,), "linear_wgmma_f16"), ((3, 1), "linear_rows_f16")]:
+        art = rocmc.compile(_rows_graph(rows, gated=True), "cuda:sm_90")
+        assert _symbols(art) == [want], rows
+        (kernel,) = art.metadata["kernels"]
+        assert kernel["arch"] == ("sm_90a" if want.startswith("linear_wgmma") else "sm_80"), kernel
+    art = rocmc.compile(_rows_graph(("n", 1), normed=True), "cuda:sm_90")
+    assert _symbols(art) == ["rms_norm_f16_short", "linear_wgmma_f16"]
+    assert "linear_wgmma_f16" in art.summary() and "[sm_90a]" in art.summary()
+    assert "hand-written kernels written for Hopper are sm_90a PTX" in art.metadata["compile_note"]
+    assert "workgroup_local_memory = 98304 : index" in art.ir("input")
+    assert _symbols(rocmc.compile(_rows_graph(("n", 1), gated=True), "cuda:sm_80")) == ["linear_mm_f16"]
+
+
 def test_what_the_kernels_pass_over():
     for rows, dtype, target, why in [
         ((4,), "f32", "cuda:sm_80", "x is f32; the kernels take f16, bf16"),

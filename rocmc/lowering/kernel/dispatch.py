@@ -30,7 +30,8 @@ WIDE = {"f32": 4, "f16": 8, "bf16": 8}
 
 def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObject]:
     """Declare (once per module) the executable holding every kernel of `source`; returns its name."""
-    obj = kernels.build(source, ctx.target.code_arch)
+    family = next(f for f in kernels.FAMILIES.values() if f.source == source)
+    obj = kernels.build(source, family.arch or ctx.target.code_arch)
     name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
     if name in ctx.decl_keys:
         return name, obj
@@ -49,7 +50,9 @@ def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObjec
                 f"hal.executable.export public @{spec.symbol} ordinal({ordinal}) layout(#hal.pipeline.layout<"
                 f"constants = {spec.constants}, bindings = [{', '.join(bindings)}]>) "
                 f"count(%device: !hal.device, %groups: index) -> (index, index, index)",
-                f"<workgroup_size = [{wg}]>",
+                f"<{{workgroup_size = [{wg}]"
+                + (f", workgroup_local_memory = {family.local_memory} : index" if family.local_memory else "")
+                + "}>",
             ):
                 one = X.index(1)
                 X.emit(f"hal.return %groups, {one}, {one} : index, index, index")

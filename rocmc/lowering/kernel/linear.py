@@ -7,7 +7,9 @@ add, the activation or the gate's act(gate) * up in the same dispatch.
   (VEC_MAX_M + 1 to MAX_M rows) after rms_norm's own kernel.
 - Many rows, or a symbolic number (a prefill's projections; custom_kernels/linear_mm.hip): `linear_mm`, a tiled
   GEMM on the matrix units through shared memory, after rms_norm's kernel for rms_norm_linear. The default on
-  NVIDIA (measured against IREE's GEMMs); on ROCm asked for by name (impl={op: "kernel"}): `rule` says why.
+  NVIDIA (measured against IREE's GEMMs); on ROCm asked for by name (impl={op: "kernel"}): `rule` says why. A
+  module for Hopper (cuda:sm_90) takes `linear_wgmma` instead (custom_kernels/linear_wgmma.hip: the same tiles and
+  epilogue on the warpgroup matrix instructions, which mma.sync code can't reach on those GPUs).
 
 They take f16/bf16 x and a static (N, K) weight; linear_vec on every GPU, linear_rows and linear_mm on NVIDIA
 sm_80+ (mma.sync) and AMD gfx90a / gfx94x (MFMA). Anything else (f32, more rows on gfx11 (WMMA: not written) or
@@ -37,6 +39,10 @@ VROWS = 8  # its VROWS: rows of w a linear_vec workgroup (gated: half of them ga
 MM_BM, MM_BN = 128, 128  # linear_mm.hip's BM, BN: x rows and w rows a workgroup (gated: BN / 2 outputs)
 DTYPES = ("f16", "bf16")  # what the matrix instructions take (tf32 would change f32's results); linear_vec too
 MFMA_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942")
+# Targets whose prefill projections take linear_wgmma (custom_kernels/linear_wgmma.hip, built for sm_90a): on an
+# H200 a 7B layer's four projections 1.42-1.48x faster than linear_mm's mma.sync at 512 and 2048 rows
+# (bench/mm_sweep.py, BENCHMARKS.md).
+WGMMA_ARCHS = ("sm_90",)
 
 
 def matrix_problem(target: Target) -> str | None:
@@ -49,6 +55,12 @@ def matrix_problem(target: Target) -> str | None:
     elif arch not in MFMA_ARCHS:
         return f"{arch}: the kernel uses the MFMA instructions of {', '.join(MFMA_ARCHS)} (gfx11's WMMA: not written)"
     return kernels.arch_problem(arch)
+
+
+def tiled_kernel(target: Target) -> str:
+    """The tiled GEMM of many rows for `target`: linear_wgmma (Hopper's warpgroup matrix instructions) where the
+    module is for Hopper (cuda:sm_90; the artifact then needs an sm_90 GPU), linear_mm (mma.sync / MFMA) elsewhere."""
+    return "linear_wgmma" if target.kind == "cuda" and target.arch in WGMMA_ARCHS else "linear_mm"
 
 
 def rows(node: Node):
@@ -110,9 +122,9 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         symbol, groups = f"linear_vec_{dt}", -(-n // (VROWS // 2 if gated else VROWS))
     elif m is not None and m <= MAX_M:
         symbol, groups = f"linear_rows_{dt}", -(-n // TILE)
-    else:
+    else:  # linear_wgmma tiles as linear_mm does
         tiles_n = -(-n // (MM_BN // 2 if gated else MM_BN))
-        symbol, groups = f"linear_mm_{dt}", E.product([E.ceildivui(rows_x, MM_BM), tiles_n])
+        symbol, groups = f"{tiled_kernel(ctx.target)}_{dt}", E.product([E.ceildivui(rows_x, MM_BM), tiles_n])
     return [dispatch(E, ctx, node, symbol, constants, operands, out, [*lead, n], groups)]
 
 
