@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +39,13 @@ VERSIONS = {
     "128x256 s4": ["ROCMC_MM_BN=256", "ROCMC_MM_STAGES=4", "ROCMC_MM_OCC=1"],
 }
 # label -> -D switches of linear_wgmma.hip (sm_90a), chunks of 64: a stage is (128 + BN) x 128 bytes
+# "BLOCK=n": the family's workgroup size changed to n for that build (n / 128 warpgroups of 64 rows: BM = n / 2)
 WGMMA = {
-    "wgmma 128x128 s4": ["ROCMC_WG_BN=128", "ROCMC_WG_STAGES=4"],
-    "wgmma 128x128 s3 occ2": ["ROCMC_WG_BN=128", "ROCMC_WG_STAGES=3", "ROCMC_WG_OCC=2"],
-    "wgmma 128x256 s3": ["ROCMC_WG_BN=256", "ROCMC_WG_STAGES=3"],
-    "wgmma 128x256 s4": ["ROCMC_WG_BN=256", "ROCMC_WG_STAGES=4"],
+    "wgmma s3 occ2 (default)": [],
+    "wgmma s3 occ2 async": ["ROCMC_WG_ASYNC=1"],
+    "wgmma 256x128 s3": ["BLOCK=512", "ROCMC_WG_OCC=1"],
+    "wgmma 256x128 s4": ["BLOCK=512", "ROCMC_WG_STAGES=4", "ROCMC_WG_OCC=1"],
+    "wgmma 256x128 s4 async": ["BLOCK=512", "ROCMC_WG_STAGES=4", "ROCMC_WG_OCC=1", "ROCMC_WG_ASYNC=1"],
 }
 
 
@@ -62,11 +65,24 @@ def compile_all(out: Path) -> None:
         bn, stages = _value(flags, "ROCMC_MM_BN", 128), _value(flags, "ROCMC_MM_STAGES", 3)
         smem = stages * (BM + bn) * 64
         plan[label] = {"ptx": f"v{i}.ptx", "bn": bn, "dynamic": smem if smem > 49152 else 0}
+    wg = kernels.FAMILIES["linear_wgmma"]
     for i, (label, flags) in enumerate(WGMMA.items()):
-        obj = kernels.build("linear_wgmma.hip", "sm_90a", [f"-D{f}" for f in flags])
+        block = _value(flags, "BLOCK", wg.block)
+        kernels.FAMILIES["linear_wgmma"] = replace(wg, block=block)
+        try:
+            obj = kernels.build("linear_wgmma.hip", "sm_90a", [f"-D{f}" for f in flags if not f.startswith("BLOCK=")])
+        finally:
+            kernels.FAMILIES["linear_wgmma"] = wg
         (out / f"w{i}.ptx").write_bytes(obj.data)
-        bn, stages = _value(flags, "ROCMC_WG_BN", 128), _value(flags, "ROCMC_WG_STAGES", 4)
-        plan[label] = {"ptx": f"w{i}.ptx", "bn": bn, "dynamic": stages * (BM + bn) * 128, "symbol": "linear_wgmma"}
+        bn, stages, bm = _value(flags, "ROCMC_WG_BN", 128), _value(flags, "ROCMC_WG_STAGES", 3), block // 2
+        plan[label] = {
+            "ptx": f"w{i}.ptx",
+            "bn": bn,
+            "bm": bm,
+            "block": block,
+            "dynamic": stages * (bm + bn) * 128,
+            "symbol": "linear_wgmma",
+        }
     bits = {n: 1 << i for i, (n, _) in enumerate(fam.flags)}
     (out / "plan.json").write_text(json.dumps({"versions": plan, "flags": bits, "block": fam.block}, indent=1))
 
@@ -105,10 +121,11 @@ def run_all(out: Path) -> None:
                 np.uint32(a) for a in (m, n, k, flags, 0)
             )
             outs = v["bn"] // 2 if flags & bits["gated"] else v["bn"]
-            grid = ((m + BM - 1) // BM * ((n + outs - 1) // outs),)
+            bm, threads = v.get("bm", BM), v.get("block", block)
+            grid = ((m + bm - 1) // bm * ((n + outs - 1) // outs),)
 
             def launch():
-                kern(grid, (block,), args, shared_mem=v["dynamic"])
+                kern(grid, (threads,), args, shared_mem=v["dynamic"])
 
             launch()
             torch.cuda.synchronize()

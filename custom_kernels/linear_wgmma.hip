@@ -19,9 +19,11 @@
 // one column of tiles consecutive. Built for sm_90a only; elsewhere the entry point traps (never dispatched).
 //
 // Tuning switches, set with -D to compare versions (bench/mm_sweep.py): ROCMC_WG_BN, ROCMC_WG_STAGES, ROCMC_WG_OCC
-// (resident workgroups a multiprocessor to fit registers for). The defaults, 128 x 128 tiles, 3 stages and two
-// workgroups a multiprocessor (122 registers), were the fastest on an H200 (BENCHMARKS.md): one workgroup of 4
-// stages 1.37x slower at 512 rows; 256-wide tiles spill (100 to 3500 bytes) and run 15-25x slower.
+// (resident workgroups a multiprocessor to fit registers for), ROCMC_WG_ASYNC; the family's BLOCK sets the rows
+// (BLOCK / 128 warpgroups of 64). The defaults, 128 x 128 tiles, 3 stages, two workgroups a multiprocessor (122
+// registers) and each chunk's products waited for, were the fastest on an H200 (BENCHMARKS.md): one workgroup of 4
+// stages 1.37x slower at 512 rows; a group of products in flight 1.3-1.4x slower; 256 x 128 tiles (4 warpgroups)
+// 1.07-1.15x slower; 128 x 256 tiles spill (100 to 3500 bytes) and run 15-25x slower.
 #include "linear.h"
 
 #ifndef ROCMC_WG_BN
@@ -33,7 +35,13 @@
 #ifndef ROCMC_WG_OCC
 #define ROCMC_WG_OCC 2
 #endif
-#define WG_BM 128  // rows of x a workgroup: a warpgroup's 64 each
+#ifndef ROCMC_WG_ASYNC
+#define ROCMC_WG_ASYNC 0  // 1: a chunk's products still run while the next chunk's are issued (one group in flight)
+#endif
+// Chunks copied ahead of the one computed: a stage is free again once every warpgroup has waited for the products
+// that read it, one iteration later with a group in flight.
+#define WG_AHEAD (ROCMC_WG_STAGES - 1 - ROCMC_WG_ASYNC)
+#define WG_BM (BLOCK / 128 * 64)  // rows of x a workgroup: a warpgroup's 64 each
 #define WG_BN ROCMC_WG_BN
 #define WG_BK 64    // k of a chunk: a 128-byte row of f16 / bf16
 #define WG_ROW 128  // bytes of a tile row
@@ -41,6 +49,7 @@
 #define WG_STAGE_BYTES ((WG_BM + WG_BN) * WG_ROW)
 #define WG_XP (WG_BM * 8 / BLOCK)  // x pieces a thread copies a chunk
 #define WG_WP (WG_BN * 8 / BLOCK)  // w pieces
+static_assert(BLOCK % 128 == 0 && WG_BN * 8 % BLOCK == 0, "whole warpgroups, and a chunk's w pieces over the threads");
 
 #if defined(__NVPTX__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d (this thread's share of a 64 x N f32 tile) += a (64 x 16) . b (16 x N), a and b K-major tiles in shared memory
@@ -125,7 +134,7 @@ template <> DEVICE void wgmma<256, bf16_t>(float (&d)[128], u64 a, u64 b, u32 ac
 
 DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-DEVICE void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 // This thread's writes to shared memory (cp.async's, once waited for, and plain stores) seen by the async proxy
 // the matrix instructions read through.
 DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -180,13 +189,13 @@ DEVICE void linear_wgmma_body(const T* x, const T* w, const T* bias, const T* re
 #pragma unroll
   for (int i = 0; i < WG_BN / 2; ++i) d[i] = 0.0f;
 #pragma unroll
-  for (u32 st = 0; st < WG_STAGES - 1; ++st) {
+  for (u32 st = 0; st < WG_AHEAD; ++st) {
     if (st < chunks) load(st, st);
     cp_commit();
   }
   const u32 base = shared_addr(wg_tiles);
   for (u32 c = 0; c < chunks; ++c) {
-    cp_wait<WG_STAGES - 2>();
+    cp_wait<WG_AHEAD - 1>();
     fence_proxy_async();
     sync_threads();  // chunk c is in; every warpgroup is done with the stage the next copy overwrites
     const u32 tile = base + c % WG_STAGES * WG_STAGE_BYTES;
@@ -195,11 +204,12 @@ DEVICE void linear_wgmma_body(const T* x, const T* w, const T* bias, const T* re
 #pragma unroll
     for (u32 kk = 0; kk < WG_BK / 16; ++kk) wgmma<WG_BN, T>(d, da + 2 * kk, db + 2 * kk, 1u);  // +32 bytes a step
     wgmma_commit();
-    const u32 next = c + WG_STAGES - 1;
-    if (next < chunks) load(next, next % WG_STAGES);  // the stage chunk c - 1 used
+    const u32 next = c + WG_AHEAD;
+    if (next < chunks) load(next, next % WG_STAGES);  // the stage of chunk c - 1 (c - 2 with a group in flight)
     cp_commit();
-    wgmma_wait_all();
+    wgmma_wait<ROCMC_WG_ASYNC>();
   }
+  wgmma_wait<0>();
   cp_wait<0>();
 #pragma unroll
   for (int j = 0; j < WG_BN / 8; ++j)
