@@ -74,7 +74,7 @@ def compile_all(out: Path) -> None:
         finally:
             kernels.FAMILIES["linear_wgmma"] = wg
         (out / f"w{i}.ptx").write_bytes(obj.data)
-        bn, stages, bm = _value(flags, "ROCMC_WG_BN", 128), _value(flags, "ROCMC_WG_STAGES", 3), block // 2
+        bn, stages, bm = 128, _value(flags, "ROCMC_WG_STAGES", 3), block // 2
         plan[label] = {
             "ptx": f"w{i}.ptx",
             "bn": bn,

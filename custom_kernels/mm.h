@@ -45,6 +45,14 @@
 #define ROCMC_MM_OCC 2  // NVPTX: resident workgroups a multiprocessor to fit registers for
 #endif
 
+// The weights: w (as x's type, BITS 0) or its packed bytes with a scale and a zero point a group of gs values.
+template <typename T> struct MmWeights {
+  const void* w;
+  const T *scales, *zeros;
+  u32 G, gs;
+  bool aligned;  // packed: w's address a multiple of 8 (rows are multiples of 16 bytes): word loads
+};
+
 #if HAS_MMA
 
 struct MmTiles {
@@ -72,14 +80,6 @@ DEVICE u32 w_row_of(u32 r, u32 n0, bool gated, u32 N) {
   if (o >= N) return 2 * N;  // past the outputs: zeros
   return within < WCOLS / 2 ? o : N + o;
 }
-
-// The weights: w (as x's type, BITS 0) or its packed bytes with a scale and a zero point a group of gs values.
-template <typename T> struct MmWeights {
-  const void* w;
-  const T *scales, *zeros;
-  u32 G, gs;
-  bool aligned;  // packed: w's address a multiple of 8 (rows are multiples of 16 bytes): word loads
-};
 
 // 4 bytes at p as a little-endian word, byte by byte (an unaligned packed w; out of line).
 __attribute__((device, noinline)) static u32 word_at(const unsigned char* p) {
@@ -154,38 +154,43 @@ DEVICE void fetch_packed(const Loader& L, const MmWeights<T>& W, u32 k0, Packed<
 // conversions run at a quarter of the FMA rate).
 DEVICE float small_int(u32 v) { return __builtin_bit_cast(float, 0x4B000000u | v) - 8388608.0f; }
 
-// The packed pieces as x's type, W = q * s + nzs rounded once, to shared memory. f16: two values at a time, in k's
-// order, as f16 pairs by their bits (0x6400 | q is 1024 + q), 1024 subtracted exactly, then one packed fma with s
-// and nzs in f16 (linear_qm's arithmetic); bf16: through f32.
+// 8 packed values (4-bit: one word, 8-bit: two; k's order from the low bits) as x's type, W = q * s + nzs rounded
+// once. f16: two values at a time, as f16 pairs by their bits (0x6400 | q is 1024 + q), 1024 subtracted exactly, then
+// one packed fma with s and nzs in f16 (linear_qm's arithmetic); bf16: through f32. Also linear_qwgmma's (wgmma.h).
+template <typename T, int BITS> DEVICE U4 dequant8(const u32 (&q)[BITS / 4], float s, float nzs) {
+  u32 h[4];
+  if constexpr (__is_same(T, _Float16)) {
+    const h2_t sv = splat_h2(s), zv = splat_h2(nzs), base = splat_h2(1024.0f);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // values 2j, 2j + 1
+      const u32 v = BITS == 4 ? q[0] >> (8 * j) : q[j / 2] >> (16 * (j % 2));
+      const u32 bits = BITS == 4 ? (v & 0xFu) | (v << 12 & 0xF0000u) : (v & 0xFFu) | (v << 8 & 0xFF0000u);
+      h[j] = h2_bits(__builtin_elementwise_fma(as_h2(bits | 0x64006400u) - base, sv, zv));
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      float q0, q1;
+      if constexpr (BITS == 4) {
+        q0 = small_int((q[0] >> (4 * e)) & 15u), q1 = small_int((q[0] >> (4 * e + 4)) & 15u);
+      } else {
+        q0 = small_int((q[e / 4] >> (8 * (e % 4))) & 255u);
+        q1 = small_int((q[e / 4] >> (8 * (e % 4 + 1))) & 255u);
+      }
+      const u32 w0 = __builtin_bit_cast(u16, from_f32<T>(q0 * s + nzs));
+      const u32 w1 = __builtin_bit_cast(u16, from_f32<T>(q1 * s + nzs));
+      h[e / 2] = w0 | w1 << 16;
+    }
+  }
+  return U4{h[0], h[1], h[2], h[3]};
+}
+
+// The packed pieces as x's type (dequant8), to shared memory.
 template <typename T, int BITS> DEVICE void put_packed(const Packed<BITS>& pk, MmTiles& t, u32 stage) {
 #pragma unroll
   for (u32 i = 0; i < WP; ++i) {
-    u32 h[4];
-    if constexpr (__is_same(T, _Float16)) {
-      const h2_t sv = splat_h2(pk.s[i]), zv = splat_h2(pk.nzs[i]), base = splat_h2(1024.0f);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // values 2j, 2j + 1
-        const u32 v = BITS == 4 ? pk.q[i][0] >> (8 * j) : pk.q[i][j / 2] >> (16 * (j % 2));
-        const u32 bits = BITS == 4 ? (v & 0xFu) | (v << 12 & 0xF0000u) : (v & 0xFFu) | (v << 8 & 0xFF0000u);
-        h[j] = h2_bits(__builtin_elementwise_fma(as_h2(bits | 0x64006400u) - base, sv, zv));
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        float q0, q1;
-        if constexpr (BITS == 4) {
-          q0 = small_int((pk.q[i][0] >> (4 * e)) & 15u), q1 = small_int((pk.q[i][0] >> (4 * e + 4)) & 15u);
-        } else {
-          q0 = small_int((pk.q[i][e / 4] >> (8 * (e % 4))) & 255u);
-          q1 = small_int((pk.q[i][e / 4] >> (8 * (e % 4 + 1))) & 255u);
-        }
-        const u32 w0 = __builtin_bit_cast(u16, from_f32<T>(q0 * pk.s[i] + pk.nzs[i]));
-        const u32 w1 = __builtin_bit_cast(u16, from_f32<T>(q1 * pk.s[i] + pk.nzs[i]));
-        h[e / 2] = w0 | w1 << 16;
-      }
-    }
     const u32 id = piece_id(XP + i);
-    t.w[stage][slot(id / PIECES, id % PIECES)] = U4{h[0], h[1], h[2], h[3]};
+    t.w[stage][slot(id / PIECES, id % PIECES)] = dequant8<T, BITS>(pk.q[i], pk.s[i], pk.nzs[i]);
   }
 }
 

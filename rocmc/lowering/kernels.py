@@ -125,6 +125,9 @@ _EPILOGUE_BINDINGS = (
     Binding("norm", False, "(K,): RMSNorm's weight, with FLAG_NORM (a placeholder when absent)"),
     Binding("y", True, "(M, N)"),
 )
+# wgmma.h's tiles: 3 stages of 128 rows of x and 128 of w, 128 bytes a row.
+_WGMMA_TILES = 3 * (128 + 128) * 128
+
 # The tiled GEMMs' bindings (linear_mm.hip, linear_wgmma.hip): x of any row count, the weight, the epilogue's.
 _TILED_BINDINGS = (
     Binding("x", False, "(M, K), any M"),
@@ -323,7 +326,7 @@ FAMILIES: dict[str, KernelFamily] = {
         _LINEAR_CONSTANTS,
         block=256,  # two warpgroups of 128 threads, 64 rows of the tile each
         flags=_LINEAR_FLAGS,
-        local_memory=3 * (128 + 128) * 128,
+        local_memory=_WGMMA_TILES,
         arch="sm_90a",
     ),
     "linear_q": KernelFamily(
@@ -334,6 +337,16 @@ FAMILIES: dict[str, KernelFamily] = {
     ),
     "linear_qmm": KernelFamily(
         "linear_qmm.hip", ("linear_qmm_f16", "linear_qmm_bf16"), *_QUANT_ABI, block=256, flags=_LINEAR_FLAGS
+    ),
+    # linear_qmm on Hopper's warpgroup matrix instructions: linear_wgmma's tiles over packed weights.
+    "linear_qwgmma": KernelFamily(
+        "linear_qwgmma.hip",
+        ("linear_qwgmma_f16", "linear_qwgmma_bf16"),
+        *_QUANT_ABI,
+        block=256,
+        flags=_LINEAR_FLAGS,
+        local_memory=_WGMMA_TILES,
+        arch="sm_90a",
     ),
 }
 

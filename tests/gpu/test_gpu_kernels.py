@@ -8,7 +8,8 @@ kernel fails to write keeps the NaN and fails the test; rope_store_kv's whole ca
 stored keep their values). linear_rows: 1 to 32 rows (odd counts, several matrix-instruction blocks), odd N and K
 (element loads, partial tiles), K 11008, bias, residual, relu / gelu_tanh and gated silu / gelu_tanh; linear_mm:
 symbolic rows at 1 to 513 (partial and several tiles), 33 and 300 static rows, the same odd sizes and epilogues;
-linear_wgmma (cuda:sm_90 modules: H100 / H200 only): linear_mm's cases, K 4096 gated, K 100 (element loads)."""
+linear_wgmma (cuda:sm_90 modules: H100 / H200 only): linear_mm's cases, K 4096 gated, K 100 (element loads);
+linear_qwgmma: linear_qmm's cases and 8-bit gated groups of 64."""
 
 from __future__ import annotations
 
@@ -349,7 +350,16 @@ def _wgmma_cases() -> list[Case]:
     """linear_mm's cases compiled for cuda:sm_90, where linear_wgmma takes them (Hopper's warpgroup instructions;
     the sm_90a PTX needs an H100 / H200), and the 7B prefill's K with an odd N at 2 tiles and a partial one."""
     cases = [replace(c, name=c.name.replace("mm_", "wgmma_", 1), target="cuda:sm_90") for c in _linear_cases()]
-    return [c for c in cases if c.name.startswith("wgmma_")] + [
+    quantized = [
+        replace(c, name="qwg" + c.name[1:], target="cuda:sm_90") for c in _quantized_cases() if c.name[2] == "m"
+    ]
+    cases += quantized + [
+        replace(
+            quantized_case("q8wg_f16_rows_gated_g64", "f16", ("t",), 2 * 100, 320, 8, 5, gate="silu", sizes=(200,)),
+            target="cuda:sm_90",
+        )
+    ]
+    return [c for c in cases if c.name.startswith(("wgmma_", "qwg", "q8wg"))] + [
         replace(
             linear_case(
                 "wgmma_f16_sym_gate_up_k4096", "f16", (1, "s"), 1000, 4096, "gated_linear", "silu", sizes=(300,)

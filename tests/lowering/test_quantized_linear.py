@@ -201,6 +201,19 @@ def test_the_kernels_take_a_few_static_rows(target):
     assert _symbols(art) == ["rms_norm_bf16_short", "linear_qm_bf16"]
 
 
+def test_hopper_modules_take_the_warpgroup_kernel_for_a_prefill():
+    """cuda:sm_90: a prefill's quantized projections take linear_qwgmma (sm_90a) where in-features and the group
+    size are multiples of 64, linear_qmm otherwise; a few rows keep linear_q / linear_qm."""
+    for bits, k, groups, lead, want, arch in [
+        (4, 256, 2, ("t",), "linear_qwgmma_f16", "sm_90a"),  # groups of 128
+        (8, 256, 4, (33,), "linear_qwgmma_f16", "sm_90a"),  # groups of 64
+        (4, 256, 8, ("t",), "linear_qmm_f16", "sm_80"),  # groups of 32: linear_qmm's chunk, not linear_qwgmma's
+        (4, 256, 2, (2,), "linear_q_f16", "sm_80"),
+    ]:
+        art = rocmc.compile(_fused_graph("f16", bits, 256, groups, k, lead, False, "none", False), "cuda:sm_90")
+        assert [(c["symbol"], c["arch"]) for c in art.metadata["kernels"]] == [(want, arch)], (bits, groups, lead)
+
+
 def test_without_matrix_instructions_one_or_two_rows_take_the_vector_kernel():
     for lead, want in [((1,), ["linear_q_f16"]), ((2,), ["linear_q_f16"]), ((3,), [])]:
         art = rocmc.compile(_fused_graph("f16", 4, 256, 2, 96, lead, True, "silu", False), "gfx1100")

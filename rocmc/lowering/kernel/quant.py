@@ -4,7 +4,9 @@ prefill's, dequantized on their way into shared memory. linear_q (custom_kernels
 rows on the vector units, with the norm fused (linear_vec's prologue), on every GPU; on GPUs with the matrix
 instructions linear_rows uses (NVIDIA sm_80+, AMD gfx90a / gfx94x), linear_qm (linear_qm.hip) takes VEC_MAX_M + 1 to
 MAX_M rows on the matrix units, and linear_qmm (linear_qmm.hip: linear_mm's tiled product) more rows or a symbolic
-number of them, a norm being rms_norm's kernel before them. (At one row on an H100, 7B: linear_qm took 3.9 ms a step
+number of them, a norm being rms_norm's kernel before them; a module for Hopper (cuda:sm_90) takes linear_qwgmma
+(linear_qwgmma.hip: linear_wgmma's tiles over the packed bytes) there instead, where in-features and the group size
+are multiples of its chunk of 64. (At one row on an H100, 7B: linear_qm took 3.9 ms a step
 for 4-bit weights and 5.7 for 8-bit, plus 0.24 ms of norms, against linear_q's 3.9 and 4.8 with the norms fused:
 BENCHMARKS.md.)
 
@@ -27,18 +29,25 @@ from ..registry import lowering
 from ..target import Target
 from .dispatch import dispatch, f32_bits
 from .attention import wave_size
-from .linear import MM_BM, MM_BN, matrix_problem, rows, tiled_on_rocm
+from .linear import MM_BM, MM_BN, matrix_problem, rows, tiled_kernel, tiled_on_rocm
 from .norm import norm_kernel
 
 FAMILY = kernels.FAMILIES["linear_q"]
 MATRIX = kernels.FAMILIES["linear_qm"]
 TILED = kernels.FAMILIES["linear_qmm"]
 TILED_K = 32  # linear_qmm's BK (mm.h): K and group sizes it takes are multiples of it
+WGMMA_K = 64  # linear_qwgmma's chunk (wgmma.h): K and group sizes of multiples of it take it on Hopper
 MAX_M = 32  # linear_qm.hip's MAX_M (linear.h): x rows it takes
 TILE = 16  # its TILE: rows of w a workgroup
 VEC_MAX_M = 2  # linear_q.hip's QMAX_M: x rows it takes
 WAVE_ROWS = 4  # its QWR: rows of w a wave (a workgroup: that times its waves; gated: half of them gate rows)
 DTYPES = ("f16", "bf16")
+
+
+def hopper_tiles(target: Target, k: int, groups: int) -> bool:
+    """Whether a prefill's quantized projection takes linear_qwgmma (wgmma.h: Hopper's warpgroup instructions, a
+    cuda:sm_90 module) rather than linear_qmm: in-features and group size multiples of its chunk of 64."""
+    return tiled_kernel(target) == "linear_wgmma" and k % WGMMA_K == 0 and (k // groups) % WGMMA_K == 0
 
 
 def supports(node: Node, target: Target):
@@ -102,9 +111,10 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
         "eps": f32_bits(eps),
     }
     operands = {"x": x, "w": w, "scales": scales, "zeros": zeros, "bias": bias, "residual": residual, "norm": norm}
-    if tiled:
+    if tiled:  # linear_qwgmma tiles as linear_qmm does
         tiles_n = -(-n // (MM_BN // 2 if gated else MM_BN))
-        symbol, groups = f"linear_qmm_{x.type.dtype.name}", E.product([E.ceildivui(constants["M"], MM_BM), tiles_n])
+        kernel = "linear_qwgmma" if hopper_tiles(ctx.target, x.shape[-1], scales.shape[1]) else "linear_qmm"
+        symbol, groups = f"{kernel}_{x.type.dtype.name}", E.product([E.ceildivui(constants["M"], MM_BM), tiles_n])
     elif matrix:
         symbol, groups = f"linear_qm_{x.type.dtype.name}", -(-n // TILE)
     else:
