@@ -690,11 +690,19 @@ def elf_machine(data: bytes) -> tuple[int, int]:
     return machine, flags
 
 
+def source_arch(source: str, arch: str) -> str:
+    """The architecture `source` builds for among kernels built for `arch`: a family written for one generation
+    (linear_wgmma: sm_90a) builds for it where `arch` is that generation, as a module for that GPU embeds it."""
+    family = next(f for f in FAMILIES.values() if f.source == source)
+    own = family.arch is not None and split_arch(arch)[1].rstrip("a") == family.arch.rstrip("a")
+    return family.arch if own else arch
+
+
 def build_all(arch: str) -> list[dict]:
     """Build every kernel source for `arch`; one row per exported kernel (for `rocmc kernels build`)."""
     rows = []
     for source in SOURCES:
-        obj = build(source, arch)
+        obj = build(source, source_arch(source, arch))
         present = set(obj.symbols)
         for spec in (s for s in KERNELS.values() if s.source == source):
             res = obj.resources.get(spec.symbol, {})

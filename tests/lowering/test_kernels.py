@@ -231,6 +231,11 @@ def test_build_all_lists_every_kernel():
     rows = kernels.build_all("gfx1100")
     assert {r["symbol"] for r in rows} == set(kernels.KERNELS)
     assert all(r["present"] and r["spills"] == 0 and r["scratch"] == 0 for r in rows)
+    # For sm_90 each source builds as a cuda:sm_90 module embeds it: the Hopper families as sm_90a.
+    assert kernels.source_arch("linear_wgmma.hip", "sm_90") == kernels.source_arch("linear_qwgmma.hip", "sm_90a")
+    assert kernels.source_arch("linear_wgmma.hip", "sm_90") == "sm_90a"
+    assert kernels.source_arch("rms_norm.hip", "sm_90") == "sm_90"
+    assert kernels.source_arch("linear_wgmma.hip", "sm_80") == "sm_80"
 
 
 # ---- graphs with the three ops -------------------------------------------------------------------------------
