@@ -330,4 +330,6 @@ def _mlp(cfg: LlmConfig, w: _Weights, p: str, x: _Normed) -> Value:
 
 def _lm_head(cfg: LlmConfig, w: _Weights, h: Value) -> Value:
     name = EMBED if cfg.tie_word_embeddings and w.n == 1 else LM_HEAD  # a rank's tied head: its own slice
-    return _gather_last(ops.cast(ops.matmul(h, w(name), transpose_b=True), "f32"), w)
+    # linear (weight (vocab, hidden) as stored): the projections' kernels take it on a GPU (a prefill's tiled GEMM
+    # over every position, decode's GEMV), where a matmul of a transposed weight was IREE's GEMM.
+    return _gather_last(ops.cast(ops.linear(h, w(name)), "f32"), w)
