@@ -53,6 +53,17 @@ def _value(flags, name, default):
     return next((int(f.split("=")[1]) for f in flags if f.startswith(name + "=")), default)
 
 
+def _build(kernels, name: str, arch: str, flags, block: int, local_memory: int):
+    """A version of family `name`'s source: its -D switches, its workgroup size and the dynamic shared memory its
+    launch gives (the family's, as the ABI header states them, changed for this build only)."""
+    fam = kernels.FAMILIES[name]
+    kernels.FAMILIES[name] = replace(fam, block=block, local_memory=local_memory)
+    try:
+        return kernels.build(fam.source, arch, [f"-D{f}" for f in flags if not f.startswith("BLOCK=")])
+    finally:
+        kernels.FAMILIES[name] = fam
+
+
 def compile_all(out: Path) -> None:
     from rocmc.lowering import kernels
 
@@ -60,27 +71,25 @@ def compile_all(out: Path) -> None:
     fam = kernels.FAMILIES["linear_mm"]
     plan = {}
     for i, (label, flags) in enumerate(VERSIONS.items()):
-        obj = kernels.build("linear_mm.hip", "sm_80", [f"-D{f}" for f in flags])
-        (out / f"v{i}.ptx").write_bytes(obj.data)
         bn, stages = _value(flags, "ROCMC_MM_BN", 128), _value(flags, "ROCMC_MM_STAGES", 3)
         smem = stages * (BM + bn) * 64
-        plan[label] = {"ptx": f"v{i}.ptx", "bn": bn, "dynamic": smem if smem > 49152 else 0}
+        dynamic = smem if smem > 49152 else 0
+        obj = _build(kernels, "linear_mm", "sm_80", flags, fam.block, dynamic)
+        (out / f"v{i}.ptx").write_bytes(obj.data)
+        plan[label] = {"ptx": f"v{i}.ptx", "bn": bn, "dynamic": dynamic}
     wg = kernels.FAMILIES["linear_wgmma"]
     for i, (label, flags) in enumerate(WGMMA.items()):
         block = _value(flags, "BLOCK", wg.block)
-        kernels.FAMILIES["linear_wgmma"] = replace(wg, block=block)
-        try:
-            obj = kernels.build("linear_wgmma.hip", "sm_90a", [f"-D{f}" for f in flags if not f.startswith("BLOCK=")])
-        finally:
-            kernels.FAMILIES["linear_wgmma"] = wg
-        (out / f"w{i}.ptx").write_bytes(obj.data)
         bn, stages, bm = 128, _value(flags, "ROCMC_WG_STAGES", 3), block // 2
+        dynamic = stages * (bm + bn) * 128
+        obj = _build(kernels, "linear_wgmma", "sm_90a", flags, block, dynamic)
+        (out / f"w{i}.ptx").write_bytes(obj.data)
         plan[label] = {
             "ptx": f"w{i}.ptx",
             "bn": bn,
             "bm": bm,
             "block": block,
-            "dynamic": stages * (bm + bn) * 128,
+            "dynamic": dynamic,
             "symbol": "linear_wgmma",
         }
     bits = {n: 1 << i for i, (n, _) in enumerate(fam.flags)}

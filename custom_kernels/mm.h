@@ -63,6 +63,7 @@ struct MmTiles {
 // MM_TILES(name): the workgroup's MmTiles, in static shared memory up to its 48 KB; past it (NVIDIA) in the dynamic
 // shared memory the dispatch gives (the export's workgroup_local_memory, kernels.py's KernelFamily.local_memory).
 #if defined(__NVPTX__) && MM_TILE_BYTES > 49152
+static_assert(MM_TILE_BYTES <= LOCAL_MEMORY, "the tiles fit the dynamic shared memory a dispatch gives");
 extern SHARED U4 mm_dynamic_tiles[];
 #define MM_TILES(name) MmTiles& name = *reinterpret_cast<MmTiles*>(mm_dynamic_tiles)
 #else

@@ -46,6 +46,7 @@
 #define WG_XP (WG_BM * 8 / BLOCK)  // x pieces a thread copies a chunk
 #define WG_WP (WG_BN * 8 / BLOCK)  // w pieces
 static_assert(BLOCK % 128 == 0 && WG_BN * 8 % BLOCK == 0, "whole warpgroups, and a chunk's w pieces over the threads");
+static_assert(WG_STAGES * WG_STAGE_BYTES <= LOCAL_MEMORY, "the tiles fit the dynamic shared memory a dispatch gives");
 
 #if defined(__NVPTX__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d (this thread's share of a 64 x 128 f32 tile) += a (64 x 16) . b (16 x 128), a and b K-major tiles in shared

@@ -7,6 +7,7 @@ No GPU here: these are compile-only. tests/gpu/test_gpu_kernels.py runs every ke
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -108,6 +109,15 @@ def test_hopper_kernel_builds_for_sm90a_only():
     assert "wgmma.mma_async" not in kernels.build(fam.source, "sm_80").data.decode()
 
 
+def test_tiles_past_the_dynamic_shared_memory_given_do_not_build(monkeypatch):
+    """The tiles' size and the export's workgroup_local_memory are checked against each other when the kernel
+    builds (the ABI header's LOCAL_MEMORY): a family that gives less than its tiles take fails to build."""
+    fam = kernels.FAMILIES["linear_wgmma"]
+    monkeypatch.setitem(kernels.FAMILIES, "linear_wgmma", replace(fam, local_memory=fam.local_memory // 2))
+    with pytest.raises(rocmc.CompileError, match="the tiles fit the dynamic shared memory"):
+        kernels.build(fam.source, fam.arch)
+
+
 def test_nvptx_rounds_bf16_in_hardware():
     """sm_80+ rounds f32 to bf16 with cvt (two at a time in the norms' vector stores), not integer arithmetic."""
     norms = kernels.build("rms_norm.hip", "sm_80").data + kernels.build("layer_norm.hip", "sm_80").data
@@ -179,8 +189,6 @@ def test_entry_points_take_their_parameters_from_the_family():
 
 
 def test_family_block_reaches_the_code_object(tmp_path, monkeypatch):
-    from dataclasses import replace
-
     monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(kernels.FAMILIES, "rope", replace(kernels.FAMILIES["rope"], block=128))
     text = kernels.build("rope.hip", "sm_80").data.decode()
@@ -189,7 +197,6 @@ def test_family_block_reaches_the_code_object(tmp_path, monkeypatch):
 
 def test_a_constant_the_source_does_not_read_by_that_name_fails_the_build(tmp_path, monkeypatch):
     """The kernels read push constants by their names in the family: renaming one breaks the build."""
-    from dataclasses import replace
 
     monkeypatch.setenv("ROCMC_CACHE_DIR", str(tmp_path))
     fam = kernels.FAMILIES["rope"]

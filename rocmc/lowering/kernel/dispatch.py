@@ -28,9 +28,9 @@ _PLACEHOLDER = "tensor<4xi32>"
 WIDE = {"f32": 4, "f16": 8, "bf16": 8}
 
 
-def executable(ctx: LowerContext, source: str) -> tuple[str, kernels.KernelObject]:
-    """Declare (once per module) the executable holding every kernel of `source`; returns its name."""
-    family = next(f for f in kernels.FAMILIES.values() if f.source == source)
+def executable(ctx: LowerContext, family: kernels.KernelFamily) -> tuple[str, kernels.KernelObject]:
+    """Declare (once per module) the executable holding every kernel of `family`'s source; returns its name."""
+    source = family.source
     obj = kernels.build(source, family.arch or ctx.target.code_arch)
     name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
     if name in ctx.decl_keys:
@@ -94,7 +94,7 @@ def dispatch_results(
     """
     spec = kernels.KERNELS[symbol]
     fam = spec.family
-    exe, obj = executable(ctx, spec.source)
+    exe, obj = executable(ctx, fam)
     operands = [b.name for b in fam.bindings if not b.writes or b.tied]
     written = [b for b in fam.bindings if b.writes]
     new = [b.name for b in written if not b.tied]
