@@ -39,6 +39,32 @@ def median_ms(fn, warmup: int = 5, reps: int = 50, sync=None) -> float:
     return timings(fn, reps, warmup, sync)["median_ms"]
 
 
+def build_at(kernels, source: str, arch: str, switches, rev: str | None = None):
+    """Kernel `source` built for `arch` with -D `switches`: from the working tree's custom_kernels/, or (rev) from
+    that git revision's (a baseline in the same run as the working tree's version)."""
+    if rev is None:
+        return kernels.build(source, arch, switches)
+    import subprocess
+    import tarfile
+    import tempfile
+
+    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip())
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", rev, "custom_kernels"], capture_output=True, check=True
+        )
+        tar_path = Path(tmp) / "src.tar"
+        tar_path.write_bytes(archive.stdout)
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(tmp, filter="data")
+        saved = kernels.KERNEL_DIR
+        kernels.KERNEL_DIR = Path(tmp) / "custom_kernels"
+        try:
+            return kernels.build(source, arch, switches)
+        finally:
+            kernels.KERNEL_DIR = saved
+
+
 def sweep_main(doc: str, default_out: str, compile_all, run_all, argv=None) -> int:
     """A kernel sweep's command line (bench/linear_sweep.py, bench/quant_sweep.py): `compile` builds the versions
     here into --out, `run` times them there from it."""

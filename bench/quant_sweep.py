@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import sweep_main
+from bench.common import build_at, sweep_main
 
 # (name, out features, in features, flags): Llama-2-7B's projections (gate/up joined: 2 x 11008 rows).
 SHAPES = (
@@ -48,28 +48,7 @@ WAVES = 4  # BLOCK 128 / 32
 
 def _build(kernels, flags: list[str]):
     rev = next((f[4:] for f in flags if f.startswith("REV=")), None)
-    switches = [f"-D{f}" for f in flags if not f.startswith("REV=")]
-    if rev is None:
-        return kernels.build("linear_q.hip", "sm_80", switches)
-    import subprocess
-    import tarfile
-    import tempfile
-
-    root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip())
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(root), "archive", rev, "custom_kernels"], capture_output=True, check=True
-        )
-        tar_path = Path(tmp) / "src.tar"
-        tar_path.write_bytes(archive.stdout)
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(tmp, filter="data")
-        saved = kernels.KERNEL_DIR
-        kernels.KERNEL_DIR = Path(tmp) / "custom_kernels"
-        try:
-            return kernels.build("linear_q.hip", "sm_80", switches)
-        finally:
-            kernels.KERNEL_DIR = saved
+    return build_at(kernels, "linear_q.hip", "sm_80", [f"-D{f}" for f in flags if not f.startswith("REV=")], rev)
 
 
 def compile_all(out: Path) -> None:

@@ -187,6 +187,15 @@ _ATTENTION_CONSTANTS = (
     ("flags", "FLAG_* bits"),
 )
 _ATTENTION_FLAGS = (("mask", "mask present"), ("causal", "keep j <= i + S - sq"))
+# attention_decode.h's elements a lane (E = head dim / wave) and its entries: few rows (<= 2 a workgroup), or more.
+ATTENTION_LANE_ELEMENTS = (1, 2, 4, 8)
+
+
+def _attention_symbols(prefix: str) -> tuple:
+    return tuple(
+        f"{prefix}_{rows}{dt}_e{e}" for e in ATTENTION_LANE_ELEMENTS for rows in ("", "rows_") for dt in DTYPES
+    )
+
 
 FAMILIES: dict[str, KernelFamily] = {
     "rms_norm": KernelFamily(
@@ -268,12 +277,38 @@ FAMILIES: dict[str, KernelFamily] = {
             ("tab_f16", "the tables are f16 (neither: bf16)"),
         ),
     ),
+    # attention_decode.h's two instantiations: at most 2 query rows a workgroup (MHA decode), and more (GQA).
     "attention_decode": KernelFamily(
         "attention_decode.hip",
-        tuple(f"attention_decode_{dt}" for dt in DTYPES),
+        _attention_symbols("attention_decode"),
         _ATTENTION_BINDINGS,
         _ATTENTION_CONSTANTS,
         flags=_ATTENTION_FLAGS,
+        # 4 waves of 32 (NVIDIA) / 2 of 64 (AMD): on an H200 (bench/attn_sweep.py, BENCHMARKS.md) 7B decode
+        # attention at 8 / 32 rows took 37.9 / 120.4 us against 39.4 / 135.3 with 256 threads.
+        block=128,
+    ),
+    # The same, the positions split over workgroups: partial results for attention_combine.
+    "attention_split": KernelFamily(
+        "attention_split.hip",
+        _attention_symbols("attention_split"),
+        (
+            *_ATTENTION_BINDINGS[:4],
+            Binding("part", True, "(b * hq * sq, splits, d + 2) f32: a split's weighted values, max, sum", "float"),
+        ),
+        (*_ATTENTION_CONSTANTS, ("splits", "workgroups a (batch row, kv head)")),
+        flags=_ATTENTION_FLAGS,
+        block=128,
+    ),
+    "attention_combine": KernelFamily(
+        "attention_combine.hip",
+        tuple(f"attention_combine_{dt}" for dt in DTYPES),
+        (
+            Binding("part", False, "(rows, splits, d + 2) f32, as attention_split writes it", "float"),
+            Binding("out", True, "(rows, d)"),
+        ),
+        (("rows", "rows of out"), ("d", "head dim"), ("splits", "partial results a row")),
+        block=128,
     ),
     "attention_prefill": KernelFamily(
         "attention_prefill.hip",

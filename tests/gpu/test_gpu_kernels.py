@@ -258,6 +258,13 @@ def _attention_cases() -> list[Case]:
         attention_case("att_f16_sdpa_causal_sq3", "f16", 2, 8, 2, 64, 50, keep=None, sq=3, cached=False, causal=True),
         attention_case("att_f16_sdpa_mask_per_head", "f16", 2, 4, 2, 128, 37, keep="heads", cached=False),
         attention_case("att_bf16_gqa4_d128_s1000", "bf16", 8, 16, 4, 128, 1000),
+        # The cases above have fewer than 128 (batch row, kv head) pairs: their positions are split over workgroups
+        # (attention_split, then attention_combine; a window of 5 leaves most splits empty). These have 128: one
+        # workgroup a pair (attention_decode).
+        attention_case("att_f16_mha_d128_s513_whole", "f16", 4, 32, 32, 128, 513),
+        attention_case("att_bf16_gqa4_d64_s300_whole", "bf16", 32, 16, 4, 64, 300),
+        attention_case("att_f16_gqa8_d128_s77_whole_window", "f16", 16, 64, 8, 128, 77, keep="window"),
+        attention_case("att_f16_mha_d128_s4095_one_row", "f16", 1, 32, 32, 128, 4095),
     ]
 
 

@@ -194,16 +194,24 @@ def test_sdpa_cached_matches_sdpa_of_the_blocks(dtype, causal, rng):
 
 def test_decode_attention_kernel_is_chosen_and_reads_the_cache_in_place():
     g = _cached_graph(b=16, hq=32, hkv=8, d=64, S=40, entries=(0, 16), n=32, dtype="f16")  # 128 workgroups
-    for target in ("gfx942", "cuda:sm_80"):
+    # 4 query rows a workgroup: the rows entry; head dim 64 is 1 element a lane of a wave of 64, 2 of 32.
+    for target, symbol in (("gfx942", "attention_decode_rows_f16_e1"), ("cuda:sm_80", "attention_decode_rows_f16_e2")):
         art = rocmc.compile(g, target)
-        assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_decode_f16"]
+        assert [k["symbol"] for k in art.metadata["kernels"]] == [symbol]
         assert art.call_structure()["main"].copies == 0
-    # Fewer workgroups: IREE's attention by default (faster there), the kernel when asked for by name.
+    # Fewer workgroups: IREE's attention by default, the kernel when asked for by name: the positions split over
+    # 8 workgroups a (row, kv head), then their partial results combined.
     few = _cached_graph(b=3, hq=8, hkv=2, d=64, S=40, entries=(0, 3), dtype="f16")
     art = rocmc.compile(few, "cuda:sm_80")
     assert not art.metadata["kernels"] and "3 x 2 workgroups (batch x kv heads): fewer than 128" in art.summary()
     art = rocmc.compile(few, "cuda:sm_80", impl={"sdpa_cached": "kernel"})
-    assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_decode_f16"]
+    assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_split_rows_f16_e2", "attention_combine_f16"]
+    names = [x["name"] for x in art.dispatches()]
+    assert names[-2:] == ["attention_split_rows_f16_e2", "attention_combine_f16"]  # after the bool mask's widening
+    assert art.call_structure()["main"].copies == 0
+    mha = _cached_graph(b=1, hq=4, hkv=4, d=128, S=40, entries=(0, 1), dtype="bf16")
+    art = rocmc.compile(mha, "gfx942", impl={"sdpa_cached": "kernel"})
+    assert [k["symbol"] for k in art.metadata["kernels"]] == ["attention_split_bf16_e2", "attention_combine_bf16"]
     compile_gpu(_graph((2, 4, 1, 64), (2, 2, 33, 64), 64, "f16", ((2, 1, 1, 33), "bool")), impl={"sdpa": "kernel"})
 
 

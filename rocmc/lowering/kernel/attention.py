@@ -3,9 +3,12 @@ transpose, no copy) and only at the positions the mask keeps. Both take bool mas
 (b, hq, sq, S) whose last dim is the positions', is_causal and GQA.
 
 - A few queries per head (a decode step; custom_kernels/attention_decode.hip): one workgroup per (batch row, kv
-  head), head dims a wave's lanes split evenly (d / wave of 1, 2, 4 or 8 elements a lane), at most 16, 8 or 4
-  query rows per workgroup (hq / hkv * sq) as a lane holds 1-2, 4 or 8 elements (on AMDGPU at most 4). A batch of
-  few workgroups is IREE's attention (`rule`).
+  head), head dims a wave's lanes split evenly (d / wave of 1, 2, 4 or 8 elements a lane: an entry each, and one
+  for at most 2 query rows a workgroup, one for more), at most 16, 8 or 4 query rows per workgroup (hq / hkv * sq)
+  as a lane holds 1-2, 4 or 8 elements (on AMDGPU at most 4). Where the (batch row, kv head) pairs are fewer than
+  MIN_WORKGROUPS the positions are split over several workgroups (attention_split.hip) whose partial results a
+  second dispatch combines (attention_combine.hip): `splits`. A batch of few workgroups is IREE's attention by
+  default (`rule`).
 - More, or a symbolic number (a prefill; custom_kernels/attention_prefill.hip): flash attention on the matrix
   units, a workgroup per (batch row, query head, 16 query rows a wave), f16/bf16 and head dims 64, 128 and 256,
   on NVIDIA sm_80+ and AMD gfx90a / gfx94x. The default on NVIDIA; on ROCm asked for by name (`rule` says why).
@@ -26,6 +29,7 @@ from ..codegen.index import _size
 from .linear import DTYPES as PREFILL_DTYPES, matrix_problem
 
 FAMILY = kernels.FAMILIES["attention_decode"]
+COMBINE = kernels.FAMILIES["attention_combine"]
 PREFILL = kernels.FAMILIES["attention_prefill"]
 # attention_prefill.hip's entry points, one a head dim (attention_prefill_{dtype}_d{head dim}).
 PREFILL_HEAD_DIMS = tuple(sorted({int(s.rsplit("_d", 1)[1]) for s in PREFILL.symbols}))
@@ -33,6 +37,11 @@ PREFILL_HEAD_DIMS = tuple(sorted({int(s.rsplit("_d", 1)[1]) for s in PREFILL.sym
 # MAX_CELLS (rows x elements a lane).
 MAX_ROWS = {"rocm": 4, "cuda": 16}
 MAX_CELLS = 32
+FEW_ROWS = 2  # attention_decode.h's FEW_ROWS: its few-rows entries' query rows a workgroup
+# A split decode attention (attention_split.hip, then attention_combine.hip): at most MAX_SPLITS workgroups a
+# (batch row, kv head), about SPLIT_WORKGROUPS in all (see `splits`).
+MAX_SPLITS = 8
+SPLIT_WORKGROUPS = 256
 
 
 def wave_size(arch: str) -> int:
@@ -170,18 +179,77 @@ def lower(E: Emitter, node: Node, ins, ctx: LowerContext):
             "E": E.dim(k, 0),
         }
         operands["slots"] = slots
-    else:
+        out = node.outputs[0].type
+        return [dispatch(E, ctx, node, symbol, constants, operands, out, [b, hq, sq, d], groups)]
+    q_type = node.inputs[0].type
+    hd, rows = q_type.shape[3], q_type.shape[1] // node.inputs[1].shape[1] * q_type.shape[2]
+    entry = f"{'' if rows <= FEW_ROWS else 'rows_'}{dt}_e{hd // wave_size(ctx.target.code_arch)}"
+    constants["flags"] = FAMILY.flag_bits(**flags)
+    n = splits(node)
+    if n == 1:
         groups = E.product([b, hkv])
-        symbol = f"attention_decode_{dt}"
-        constants["flags"] = FAMILY.flag_bits(**flags)
-    out = node.outputs[0].type
-    return [dispatch(E, ctx, node, symbol, constants, operands, out, [b, hq, sq, d], groups)]
+        return [
+            dispatch(
+                E,
+                ctx,
+                node,
+                f"attention_decode_{entry}",
+                constants,
+                operands,
+                node.outputs[0].type,
+                [b, hq, sq, d],
+                groups,
+            )
+        ]
+    # The positions split over n workgroups a (batch row, kv head); their partial results combined.
+    count = q_type.shape[0] * q_type.shape[1] * q_type.shape[2]
+    part_type = q_type.with_dtype("f32").with_shape((count * n * (hd + 2),))
+    part = dispatch(
+        E,
+        ctx,
+        node,
+        f"attention_split_{entry}",
+        constants | {"splits": n},
+        operands,
+        part_type,
+        [count * n * (hd + 2)],
+        E.product([b, hkv, n]),
+    )
+    groups = -(-count * hd // COMBINE.block)
+    return [
+        dispatch(
+            E,
+            ctx,
+            node,
+            f"attention_combine_{dt}",
+            {"rows": count, "d": hd, "splits": n},
+            {"part": part},
+            node.outputs[0].type,
+            [b, hq, sq, d],
+            groups,
+        )
+    ]
 
 
-# Workgroups (batch rows x kv heads) from which the kernel is chosen by default. Measured on an H100 (7B f16
-# decode, 32 kv heads, 1024 positions, bench/llm_gpu.py, BENCHMARKS.md): at 32 workgroups (1 row) IREE's
-# attention took 14 us a layer against the kernel's 38 (a workgroup per (row, kv head) leaves most of the GPU
-# idle); at 256 (8 rows) the kernel was ahead, at 1024 (32 rows) 2x ahead (it reads only each row's positions).
+def splits(node: Node) -> int:
+    """Workgroups a (batch row, kv head) takes the positions of: 1 where the pairs fill the GPU
+    (MIN_WORKGROUPS), else enough for about SPLIT_WORKGROUPS in all, at most MAX_SPLITS (and 1 where the batch
+    is symbolic). Measured on an H200 (bench/attn_sweep.py, BENCHMARKS.md): at 32 pairs (7B, one row) 4-8 splits
+    took half the time of one; at 64 (GQA 4, 8 rows) 2-4; from 256 one split was fastest."""
+    q, k = node.inputs[0], node.inputs[1]
+    b, hkv = q.shape[0], k.shape[1]
+    if not isinstance(b, int) or b * hkv >= MIN_WORKGROUPS:
+        return 1
+    return min(MAX_SPLITS, -(-SPLIT_WORKGROUPS // (b * hkv)))
+
+
+# (Batch row, kv head) pairs from which the kernel is chosen by default, a workgroup each. Measured (7B f16 decode,
+# 32 kv heads, 1024 positions, bench/llm_gpu.py, BENCHMARKS.md): on an H100 at 32 pairs (1 row) IREE's attention
+# took 14 us a layer against the unsplit kernel's 38; at 256 (8 rows) the kernel was ahead, at 1024 (32 rows) 2x
+# ahead (it reads only each row's positions). On an H200, split over 8 workgroups a pair (`splits`) the kernel took
+# 9.3 + 3.4 us (the combine) a layer at one row against IREE's 15.5, but its 32 more launches a step left the step
+# where it was (173.6 and 184.3 tok/s against 181.3 and 182.4 in two runs): below this, IREE's attention by default
+# and the split kernel when asked for by name.
 MIN_WORKGROUPS = 128
 
 
@@ -197,7 +265,10 @@ def rule(node: Node, target: Target):
     q, k, *_ = _operands(node)
     b, hkv = q.shape[0], k.shape[1]
     if isinstance(b, int) and isinstance(hkv, int) and b * hkv < MIN_WORKGROUPS:
-        return f"{b} x {hkv} workgroups (batch x kv heads): fewer than {MIN_WORKGROUPS}, IREE's attention is faster"
+        return (
+            f"{b} x {hkv} workgroups (batch x kv heads): fewer than {MIN_WORKGROUPS}, IREE's attention (the kernel, "
+            "its positions split over workgroups, is taken when asked for: impl={'sdpa_cached': 'kernel'})"
+        )
     return None
 
 
