@@ -601,6 +601,20 @@ class KernelObject:
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
+    def only(self, symbol: str) -> "KernelObject":
+        """The object with one entry point: PTX (cuda) without the other entries' bodies, which the driver would
+        otherwise compile at every first load of a module (an AMDGPU code object is returned whole)."""
+        if self.kind != "cuda":
+            return self
+        text = self.data.decode()
+        kept = [m for m in _PTX_ENTRY_BLOCK.finditer(text) if m.group(1) == symbol]
+        if not kept:
+            raise CompileError(f"{self.source} for {self.arch} has no entry point {symbol!r}", stage="kernel-build")
+        out = _PTX_ENTRY_BLOCK.sub(lambda m: m.group(0) if m.group(1) == symbol else "", text).encode()
+        if object_symbols(out, "cuda") != [symbol]:  # an entry written otherwise: the object whole, still right
+            return self
+        return KernelObject(self.source, self.kind, self.arch, out, None, self.resources)
+
 
 def sources_digest() -> str:
     """Hash of every kernel source and header, generated ones included: a header or ABI change rebuilds
@@ -695,6 +709,8 @@ def _resource_remarks(stderr: str) -> dict:
 
 # ---- reading built objects ---------------------------------------------------------------------------------
 
+# One entry point's PTX, as clang writes it: the `.entry`, its body, the end-of-function comment and brace.
+_PTX_ENTRY_BLOCK = re.compile(r"^\.visible \.entry (\w+)\(.*?// -- End function\n\}\n", re.S | re.M)
 _PTX_ENTRY = re.compile(rb"^\s*\.visible\s+\.entry\s+(\w+)\s*\(", re.M)
 
 

@@ -1,7 +1,7 @@
 """Emitting a hand-written kernel: the executable that embeds its code object, and the dispatch to it.
 
-Every kernel source becomes one `hal.executable.source` per module (all of the source's kernels as
-exports, the code object inline, so the .vmfb runs without the kernel files) and each use a
+Every kernel source becomes `hal.executable.source`s of the module (the code object inline, so the .vmfb runs
+without the kernel files: for AMDGPU one holding all of the source's kernels, for PTX one a kernel) and each use a
 `flow.dispatch` whose operands follow the kernel's ABI: i32 push constants, then the bindings, each in
 the order of its KernelFamily (kernels.py), the lowerings naming them.
 """
@@ -28,20 +28,29 @@ _PLACEHOLDER = "tensor<4xi32>"
 WIDE = {"f32": 4, "f16": 8, "bf16": 8}
 
 
-def executable(ctx: LowerContext, family: kernels.KernelFamily) -> tuple[str, kernels.KernelObject]:
-    """Declare (once per module) the executable holding every kernel of `family`'s source; returns its name."""
+def executable(ctx: LowerContext, family: kernels.KernelFamily, symbol: str) -> tuple[str, kernels.KernelObject]:
+    """Declare (once per module) the executable holding kernel `symbol` of `family`; returns its name and object.
+
+    An AMDGPU code object is machine code: one executable per source holds all of its kernels. PTX is compiled by
+    the driver when the module loads, every entry of it: an executable per kernel holds only that entry's PTX, so a
+    module's first load compiles the kernels it dispatches, not every variant of their sources."""
     source = family.source
     obj = kernels.build(source, family.arch or ctx.target.code_arch)
-    name = f"rocmc_{source.split('.')[0]}_{obj.arch}"
+    specs = [s for s in kernels.KERNELS.values() if s.source == source]
+    if obj.kind == "cuda":
+        obj, specs = obj.only(symbol), [kernels.KERNELS[symbol]]
+        name, path = f"rocmc_{symbol}_{obj.arch}", f"{symbol}.ptx"
+    else:
+        name, path = f"rocmc_{source.split('.')[0]}_{obj.arch}", source
     if name in ctx.decl_keys:
         return name, obj
     blob = f'dense<"0x{obj.data.hex().upper()}"> : vector<{len(obj.data)}xi8>'
     X = Emitter()  # module-level text: no node's location
     with X.region(
         f"hal.executable.source private @{name} <objects = #hal.executable.objects<{{"
-        f'{_OBJECT_TARGET[obj.kind]} = [#hal.executable.object<{{path = "{source}", data = {blob}}}>]}}>>'
+        f'{_OBJECT_TARGET[obj.kind]} = [#hal.executable.object<{{path = "{path}", data = {blob}}}>]}}>>'
     ):
-        for ordinal, spec in enumerate(s for s in kernels.KERNELS.values() if s.source == source):
+        for ordinal, spec in enumerate(specs):
             bindings = ["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * spec.inputs + [
                 "#hal.pipeline.binding<storage_buffer>"
             ] * spec.outputs
@@ -94,7 +103,7 @@ def dispatch_results(
     """
     spec = kernels.KERNELS[symbol]
     fam = spec.family
-    exe, obj = executable(ctx, fam)
+    exe, obj = executable(ctx, fam, symbol)
     operands = [b.name for b in fam.bindings if not b.writes or b.tied]
     written = [b for b in fam.bindings if b.writes]
     new = [b.name for b in written if not b.tied]
