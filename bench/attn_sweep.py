@@ -35,14 +35,13 @@ CASES = (
     ("GQA4 r32 L512", 32, 8, 128, 32, 1024, 512),
     ("d256 r8 L512", 16, 16, 256, 8, 1024, 512),
 )
-# label -> -D switches of the kernel sources; "BLOCK=n": the families' workgroup size changed to n for that build;
-# "REV=<git revision>": that revision's attention_decode.hip (one kernel a dtype, no split: a baseline in the run)
+# label -> -D switches of the kernel sources; "BLOCK=n": the families' workgroup size n for that build; "REV=<git
+# revision>": that revision's attention_decode.hip (before d3b5d64: one entry a dtype, no split), a baseline
 VERSIONS = {
-    "committed": ["REV=HEAD"],
-    "now": [],
-    "now occ 2/2": ["ROCMC_ATT_OCC=2", "ROCMC_ATT_ROWS_OCC=2"],
-    "now 128 threads": ["BLOCK=128"],
-    "now 128 occ 4/2": ["BLOCK=128", "ROCMC_ATT_OCC=4", "ROCMC_ATT_ROWS_OCC=2"],
+    "one entry a dtype (ce6b15e)": ["REV=ce6b15e", "BLOCK=256"],
+    "entries, 256 threads": ["BLOCK=256"],
+    "entries (the default)": [],
+    "entries, 128 regs (occ 4/2)": ["ROCMC_ATT_OCC=4", "ROCMC_ATT_ROWS_OCC=2"],
 }
 SPLITS = (1, 2, 4, 8, 16)  # each version without REV runs every case at each of these splits
 FAMILIES = ("attention_decode", "attention_split", "attention_combine")
@@ -167,7 +166,7 @@ def run_all(out: Path) -> None:
                 if (label, name) not in best or t < best[(label, name)][0]:
                     best[(label, name)] = (t, splits)
                 print(
-                    f"{label:16s} {case:18s} {t * 1e3:8.1f} us {nbytes / t / 1e6:7.0f} GB/s err {err:.1e}", flush=True
+                    f"{label:28s} {case:18s} {t * 1e3:8.1f} us {nbytes / t / 1e6:7.0f} GB/s err {err:.1e}", flush=True
                 )
     if only:
         return
@@ -183,7 +182,7 @@ def run_all(out: Path) -> None:
         vr = vv.repeat_interleave(hq // hkv, dim=1) if hq != hkv else vv
         fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)  # noqa: E731
         t = do_bench(fn, warmup=20, rep=100, return_mode="median")
-        print(f"{'torch sdpa':16s} {name:14s} {t * 1e3:8.1f} us (reads the whole slot)", flush=True)
+        print(f"{'torch sdpa':28s} {name:14s} {t * 1e3:8.1f} us (reads the whole slot)", flush=True)
 
 
 def main(argv=None) -> int:
