@@ -606,14 +606,12 @@ class KernelObject:
         otherwise compile at every first load of a module (an AMDGPU code object is returned whole)."""
         if self.kind != "cuda":
             return self
-        text = self.data.decode()
-        kept = [m for m in _PTX_ENTRY_BLOCK.finditer(text) if m.group(1) == symbol]
-        if not kept:
-            raise CompileError(f"{self.source} for {self.arch} has no entry point {symbol!r}", stage="kernel-build")
-        out = _PTX_ENTRY_BLOCK.sub(lambda m: m.group(0) if m.group(1) == symbol else "", text).encode()
-        if object_symbols(out, "cuda") != [symbol]:  # an entry written otherwise: the object whole, still right
+        out = _PTX_ENTRY_BLOCK.sub(lambda m: m.group(0) if m.group(1) == symbol else "", self.data.decode()).encode()
+        if object_symbols(out, "cuda") == [symbol]:
+            return KernelObject(self.source, self.kind, self.arch, out, None, self.resources)
+        if symbol in self.symbols:  # an entry written otherwise than the pattern expects: the object whole, still right
             return self
-        return KernelObject(self.source, self.kind, self.arch, out, None, self.resources)
+        raise CompileError(f"{self.source} for {self.arch} has no entry point {symbol!r}", stage="kernel-build")
 
 
 def sources_digest() -> str:

@@ -35,6 +35,7 @@ class LowerContext:
     decl_keys: set = field(default_factory=set)
     resources: dict = field(default_factory=dict)  # resource name -> numpy array
     kernels: list = field(default_factory=list)  # hand-written code objects embedded (for metadata)
+    executables: dict = field(default_factory=dict)  # executable name -> the hand-written code object it embeds
     externs: list = field(default_factory=list)  # extern call imports (for metadata)
     # The function's long form: a second form that the runtime calls instead when, at a call, the product of
     # some term's sizes exceeds `long_limit` (runtime/module.py). A lowering whose fastest code needs memory

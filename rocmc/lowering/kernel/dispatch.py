@@ -35,15 +35,15 @@ def executable(ctx: LowerContext, family: kernels.KernelFamily, symbol: str) -> 
     the driver when the module loads, every entry of it: an executable per kernel holds only that entry's PTX, so a
     module's first load compiles the kernels it dispatches, not every variant of their sources."""
     source = family.source
-    obj = kernels.build(source, family.arch or ctx.target.code_arch)
-    specs = [s for s in kernels.KERNELS.values() if s.source == source]
-    if obj.kind == "cuda":
-        obj, specs = obj.only(symbol), [kernels.KERNELS[symbol]]
-        name, path = f"rocmc_{symbol}_{obj.arch}", f"{symbol}.ptx"
+    kind, arch = kernels.split_arch(family.arch or ctx.target.code_arch)
+    name = f"rocmc_{symbol}_{arch}" if kind == "cuda" else f"rocmc_{source.split('.')[0]}_{arch}"
+    if name in ctx.executables:  # declared by an earlier dispatch: neither built nor cut again
+        return name, ctx.executables[name]
+    obj = kernels.build(source, arch)
+    if kind == "cuda":
+        obj, specs, path = obj.only(symbol), [kernels.KERNELS[symbol]], f"{symbol}.ptx"
     else:
-        name, path = f"rocmc_{source.split('.')[0]}_{obj.arch}", source
-    if name in ctx.decl_keys:
-        return name, obj
+        specs, path = [s for s in kernels.KERNELS.values() if s.source == source], source
     blob = f'dense<"0x{obj.data.hex().upper()}"> : vector<{len(obj.data)}xi8>'
     X = Emitter()  # module-level text: no node's location
     with X.region(
@@ -66,6 +66,7 @@ def executable(ctx: LowerContext, family: kernels.KernelFamily, symbol: str) -> 
                 one = X.index(1)
                 X.emit(f"hal.return %groups, {one}, {one} : index, index, index")
     ctx.declare(name, "\n".join(X.lines))
+    ctx.executables[name] = obj
     return name, obj
 
 
