@@ -5,8 +5,9 @@
 // body and the layouts: attention_decode.h.
 //
 // Symbols: attention_split_{f32,f16,bf16}_e{1,2,4,8} (at most FEW_ROWS query rows a workgroup) and
-// attention_split_rows_{dtype}_e{E} (at most MAX_ROWS), as attention_decode.hip's. ABI: the "attention_split" KernelFamily in rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1.
-// Grid: b * hkv * splits (the splits of a pair adjacent).
+// attention_split_rows_{dtype}_e{E} (at most MAX_ROWS), as attention_decode.hip's. ABI: the "attention_split"
+// KernelFamily in rocmc/lowering/kernels.py. Workgroup: BLOCK x 1 x 1. Grid: b * hkv * splits (the splits of a pair
+// adjacent).
 #include "attention_decode.h"
 
 #define ATTENTION_SPLIT(name, T, INST, OCC)                                                                       \
