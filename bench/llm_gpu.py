@@ -486,7 +486,7 @@ def run_rocmc(log: Log, torch, a, ckpt: Path, prompt: list) -> dict:
     }
     log.put("rocmc_timing", timing)
     if a.profile:
-        log.put("rocmc_profile", profile_rocmc(torch, lm, prompt))
+        log.put("rocmc_profile", profile_rocmc(torch, lm, prompt, _trace_path(a, "decode_b1")))
 
     # The decode logits against the whole sequence recomputed by the `logits` function (writes the cache).
     checks = []
@@ -524,6 +524,14 @@ def fill_slots(lm, prompts: list) -> tuple:
     return slots, nxt
 
 
+def read_tokens(result) -> np.ndarray:
+    """A decode step's tokens on the host, read as LanguageModel reads them (rocmc.runtime.module.host_copy)."""
+    from rocmc.dtypes import ALL
+    from rocmc.runtime.module import host_copy
+
+    return host_copy(result, ALL["i64"])
+
+
 def time_decode(lm, slots, nxt, steps: int, keep: bool = False) -> tuple:
     """`steps` decode steps of the filled slots, each timed alone: (the seconds of each, the last tokens; with
     `keep`, every step's tokens too)."""
@@ -531,7 +539,7 @@ def time_decode(lm, slots, nxt, steps: int, keep: bool = False) -> tuple:
     for _ in range(steps):
         f = slots.decode(nxt)
         t = time.perf_counter()
-        nxt = np.array(lm.module.decode(**f, output="device")[0].to_host())
+        nxt = read_tokens(lm.module.decode(**f, output="device")[0])
         times.append(time.perf_counter() - t)
         tokens.append(nxt.tolist())
     return (times, nxt, tokens) if keep else (times, nxt)
@@ -603,14 +611,19 @@ def run_batch(log: Log, torch, a, ckpt: Path, cfg: dict, n: int, weight_bytes: i
 
         def step():
             nonlocal nxt
-            nxt = np.array(lm.module.decode(**slots.decode(nxt), output="device")[0].to_host())
+            nxt = read_tokens(lm.module.decode(**slots.decode(nxt), output="device")[0])
 
-        res["profile"] = kernel_profile(torch, step, 4)
+        res["profile"] = kernel_profile(torch, step, 4, trace=_trace_path(a, f"decode_b{n}"))
     log.put(f"batch_{n}", res)
     lm.module.close()
 
 
-def profile_rocmc(torch, lm, prompt: list) -> dict:
+def _trace_path(a, name: str) -> Path | None:
+    """Where `--trace DIR` asks a profile's Chrome trace to go (bench/gaps.py reads it)."""
+    return Path(a.trace) / f"{name}.json" if getattr(a, "trace", None) else None
+
+
+def profile_rocmc(torch, lm, prompt: list, trace: Path | None = None) -> dict:
     """Kernel time against wall time of decode steps and of a prefill: CUPTI (through torch.profiler)
     records every kernel of the process, IREE's included."""
     run = OnePrompt(lm, prompt)
@@ -621,16 +634,17 @@ def profile_rocmc(torch, lm, prompt: list) -> dict:
 
     try:
         return {
-            "decode": kernel_profile(torch, decode, 8),
+            "decode": kernel_profile(torch, decode, 8, trace=trace),
             "prefill": kernel_profile(torch, run.prefill, 2),
         }
     except Exception:
         return {"error": traceback.format_exc()}
 
 
-def kernel_profile(torch, fn, calls: int) -> dict:
+def kernel_profile(torch, fn, calls: int, trace: Path | None = None) -> dict:
     """Per call: wall time, the sum of kernel (and copy) times, the time the GPU was busy, the kernels that
-    took most of it, and each call's timeline (`timeline`)."""
+    took most of it, and each call's timeline (`timeline`); with `trace`, the profile's Chrome trace and the
+    analysis of its gaps (bench/gaps.py) too."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -641,6 +655,13 @@ def kernel_profile(torch, fn, calls: int) -> dict:
             with record_function("rocmc_call"):
                 fn()
         wall = time.perf_counter() - t
+    gaps = None
+    if trace is not None:
+        from bench import gaps as gaps_mod
+
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+        gaps = gaps_mod.analyse(json.loads(trace.read_text()), "rocmc_call")
     events = list(prof.events())
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == DeviceType.CUDA)
     busy = _union(spans)
@@ -657,7 +678,7 @@ def kernel_profile(torch, fn, calls: int) -> dict:
         "gpu_busy_ms_per_call": busy / 1e3 / calls,
         "top": [{"name": k[:120], "per_call": n / calls, "ms_per_call": t_us / 1e3 / calls} for k, (n, t_us) in top],
         "timeline": timeline(events, spans, DeviceType),
-    }
+    } | ({"gaps": gaps} if gaps is not None else {})
 
 
 def _union(spans) -> float:
@@ -674,7 +695,7 @@ def timeline(events, spans, device_type) -> dict:
     """What bounds a call, from its profile (medians over the calls, ms): `call` (the call's wall time on the
     host), `host_issue` (from the call's start to the end of its last kernel launch: recording and issuing),
     `launches` (driver launch calls seen: IREE's cuLaunchKernel), `gpu_busy`, `gpu_span` (first kernel start
-    to last kernel end), `gpu_idle_in_span` (gaps inside it: the GPU waiting for work), `gpu_before` (call
+    to last kernel end; copies excluded), `gpu_idle_in_span` (gaps between kernels), `gpu_before` (call
     start to first kernel) and `after_issue` (last launch to last kernel end: GPU work left once the host has
     issued everything). host_issue close to call with idle gaps: issue-bound; a long after_issue: GPU-bound."""
     calls = sorted(
@@ -689,7 +710,8 @@ def timeline(events, spans, device_type) -> dict:
     )
     rows = []
     for c0, c1 in calls:
-        ks = [k for k in spans if c0 <= k[0] <= c1]
+        # kernels only: the inputs' and results' copies sit at the call's ends, outside the span of its work
+        ks = [k for k in spans if c0 <= k[0] <= c1 and not k[2].startswith(("Memcpy", "Memset"))]
         ls = [x for x in launches if c0 <= x[0] <= c1]
         if not ks:
             continue
@@ -966,6 +988,7 @@ def main() -> int:
     r.add_argument("--device", default="cuda", help="rocmc device (local-task to rehearse on a CPU)")
     r.add_argument("--torch-device", default="cuda")
     r.add_argument("--profile", action="store_true", help="also profile rocmc's kernels (torch.profiler)")
+    r.add_argument("--trace", default=None, help="with --profile: write the profiles' Chrome traces here")
     r.add_argument("--iree-flags", default="", help="IREE runtime flags set before the device is made")
     r.add_argument("--skip-transformers", action="store_true", help="rocmc only")
     r.add_argument("--batches", default="", help="also decode batches of these sizes (modules compiled with --batches)")

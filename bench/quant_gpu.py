@@ -29,6 +29,7 @@ from bench.llm_gpu import (
     copy_bandwidth,
     fill_slots,
     kernel_profile,
+    read_tokens,
     time_decode,
     time_decode_ahead,
     write_checkpoint,
@@ -160,7 +161,7 @@ def measure(name: str, module: Path, ckpt: Path, bandwidth: float, device: str =
         state = {"nxt": last}
 
         def step_once():
-            state["nxt"] = np.array(lm.module.decode(**slots.decode(state["nxt"]), output="device")[0].to_host())
+            state["nxt"] = read_tokens(lm.module.decode(**slots.decode(state["nxt"]), output="device")[0])
 
         out["profile"] = kernel_profile(torch, step_once, 4)
         ahead_state = {"slots": again, "nxt": last}

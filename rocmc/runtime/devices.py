@@ -119,6 +119,80 @@ def _loadable(lib: str) -> bool:
         return False
 
 
+# Results read back through host memory the device writes (pinned on CUDA and HIP), one buffer kept per device.
+# IREE's DeviceArray.to_host pins a new host array (or allocates a staging buffer) for every read of a GPU
+# buffer: 0.36-0.45 ms for the few bytes of a decode step's tokens on an H200 (BENCHMARKS.md).
+READ_BACK_MAX = 16 << 20  # bytes: larger results are read through IREE's path (it pins the result's own array)
+_readers: dict = {}
+
+
+def read_back(array) -> np.ndarray:
+    """A device array's values on the host: an array of its own read through the device's kept host buffer, or
+    where the host maps the buffer (the CPU) or the result is large, IREE's `to_host` (a view of a mapped buffer
+    there: `rocmc.runtime.module.host_copy` copies it)."""
+    view = array._buffer_view
+    buffer = view.get_buffer()
+    if _mappable(buffer) or buffer.byte_length() > READ_BACK_MAX:
+        return array.to_host()
+    device = array._device
+    with _lock:
+        reader = _readers.setdefault(id(device), _Reader(device))
+    out = reader.read(view)
+    return out if out is not None else array.to_host()
+
+
+def _mappable(buffer) -> bool:
+    from iree import runtime as rt
+
+    visible, scoped = int(rt.MemoryType.HOST_VISIBLE), int(rt.BufferUsage.MAPPING_SCOPED)
+    return buffer.memory_type() & visible == visible and buffer.allowed_usage() & scoped == scoped
+
+
+class _Reader:
+    """One buffer of host memory the device writes, kept per device and grown as needed: a read is a queue
+    copy into it, a wait, and a copy out of it (the buffer serves the next read)."""
+
+    def __init__(self, device):
+        self.device, self.lock = device, threading.Lock()
+        self.buffer, self.size, self.semaphore, self.value, self.broken = None, 0, None, 0, False
+
+    def read(self, view) -> np.ndarray | None:
+        from iree import runtime as rt
+
+        source = view.get_buffer()
+        n = source.byte_length()
+        dtype = np.dtype(rt.HalElementType.map_to_dtype(view.element_type))
+        shape = tuple(int(d) for d in view.shape)
+        if n == 0:
+            return np.empty(shape, dtype)
+        with self.lock:
+            if self.broken:
+                return None
+            try:
+                if n > self.size:
+                    self.buffer = None
+                    self.size = max(n, 2 * self.size, 4096)
+                    self.buffer = self.device.allocator.allocate_buffer(
+                        memory_type=int(rt.MemoryType.HOST_LOCAL) | int(rt.MemoryType.DEVICE_VISIBLE),
+                        allowed_usage=int(rt.BufferUsage.TRANSFER) | int(rt.BufferUsage.MAPPING),
+                        allocation_size=self.size,
+                    )
+                if self.semaphore is None:
+                    self.semaphore = self.device.create_semaphore(0)
+            except RuntimeError:  # no host memory the device writes: IREE's own path
+                self.broken = True
+                return None
+            self.value += 1
+            done = rt.HalFence.create_at(self.semaphore, self.value)
+            try:
+                self.device.queue_copy(source, self.buffer, rt.HalFence(0), done)
+                done.wait()
+            except RuntimeError:
+                self.semaphore, self.value = None, 0  # a failed copy fails its semaphore: a new one next time
+                raise
+            return np.array(self.buffer.map().asarray(shape, dtype))
+
+
 def upload(device, arr, dtype, element_type):
     """A host array of storage type `dtype` as a new device buffer view tagged `element_type`."""
     from iree import runtime as rt

@@ -16,7 +16,7 @@ from ..errors import ArtifactError, DeviceError, InputError
 from ..dtypes import ALL as DTYPES, DType, unpack_nibbles
 from ..progress import format_bytes, step
 from ..signature import bind
-from .devices import bind_thread, get_device, upload
+from .devices import bind_thread, get_device, read_back, upload
 
 
 class _Entry:
@@ -397,7 +397,7 @@ def host_copy(result, dtype: DType, shape=None) -> np.ndarray:
     it. So a result that does not own its memory is copied (once). The runtime names the element type by
     its MLIR spelling (bool as i8, u8 as the signless i8, bf16 as raw bits): the same bytes are viewed as
     the signature's dtype."""
-    a = result.to_host() if hasattr(result, "to_host") else np.asarray(result)
+    a = read_back(result) if hasattr(result, "_buffer_view") else np.asarray(result)
     if dtype.packed:  # the bytes of 4-bit values, two a byte: unpacked into an array of their own
         return unpack_nibbles(a, dtype, tuple(shape))
     owned = a.flags.owndata and a.base is None
