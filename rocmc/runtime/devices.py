@@ -121,7 +121,7 @@ def _loadable(lib: str) -> bool:
 
 # Results read back through host memory the device writes (pinned on CUDA and HIP), one buffer kept per device.
 # IREE's DeviceArray.to_host pins a new host array (or allocates a staging buffer) for every read of a GPU
-# buffer: 0.36-0.45 ms for the few bytes of a decode step's tokens on an H200 (BENCHMARKS.md).
+# buffer: 0.36-0.46 ms for the few bytes of a decode step's tokens on an H200 (BENCHMARKS.md).
 READ_BACK_MAX = 16 << 20  # bytes: larger results are read through IREE's path (it pins the result's own array)
 _readers: dict = {}
 
@@ -131,21 +131,15 @@ def read_back(array) -> np.ndarray:
     where the host maps the buffer (the CPU) or the result is large, IREE's `to_host` (a view of a mapped buffer
     there: `rocmc.runtime.module.host_copy` copies it)."""
     view = array._buffer_view
-    buffer = view.get_buffer()
-    if _mappable(buffer) or buffer.byte_length() > READ_BACK_MAX:
+    if array._is_mappable() or view.get_buffer().byte_length() > READ_BACK_MAX:
         return array.to_host()
     device = array._device
-    with _lock:
-        reader = _readers.setdefault(id(device), _Reader(device))
+    reader = _readers.get(id(device))
+    if reader is None:
+        with _lock:
+            reader = _readers.setdefault(id(device), _Reader(device))
     out = reader.read(view)
     return out if out is not None else array.to_host()
-
-
-def _mappable(buffer) -> bool:
-    from iree import runtime as rt
-
-    visible, scoped = int(rt.MemoryType.HOST_VISIBLE), int(rt.BufferUsage.MAPPING_SCOPED)
-    return buffer.memory_type() & visible == visible and buffer.allowed_usage() & scoped == scoped
 
 
 class _Reader:
