@@ -90,8 +90,9 @@ def run_all(out: Path) -> None:
                 y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
                 res = torch.rand((m, n), device="cuda", generator=g).half() if not gated else dummy
                 flags = bits["gated"] | bits["silu"] if gated else bits["residual"]
-                args = tuple(cupy.asarray(t) for t in (x, w, dummy, res, y)) + tuple(
-                    np.uint32(v) for v in (m, n, k, flags)
+                # the family's bindings (x, w, bias, residual, norm, y) and constants (M, N, K, flags, eps)
+                args = tuple(cupy.asarray(t) for t in (x, w, dummy, res, dummy, y)) + tuple(
+                    np.uint32(v) for v in (m, n, k, flags, 0)
                 )
 
                 def launch():

@@ -17,7 +17,7 @@ like a shared library.
 - `schema.py`: the metadata's format, schema and checks against the module.
 """
 
-from .core import PARAMETER_SCOPE, STAGES, Artifact
+from .core import PARAMETER_SCOPE, STAGES, STATE_BUFFERS, Artifact
 from .integrity import _SEAL, check_seal, seal
 from .schema import FORMAT, check_metadata, functions
 from .summary import rewrite_lines
@@ -25,6 +25,7 @@ from .summary import rewrite_lines
 __all__ = [
     "Artifact",
     "PARAMETER_SCOPE",
+    "STATE_BUFFERS",
     "STAGES",
     "FORMAT",
     "functions",

@@ -40,6 +40,8 @@ STAGES = (
 _GRAPH_STAGES = ("graph", "rewrite")  # rocmc's graph before and after rocmc.rewrite; the rest are MLIR
 # The scope of the module's named parameters (#flow.parameter.named<"model"::"name">).
 PARAMETER_SCOPE = "model"
+# A module whose caller holds its states (held states): the function that makes their buffers, zeros.
+STATE_BUFFERS = "rocmc$states"
 
 
 class Artifact:

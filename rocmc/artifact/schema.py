@@ -96,7 +96,7 @@ def functions(meta: dict) -> list[dict]:
         "constraints": meta.get("constraints", []),
         "implementations": meta["implementations"],
     }
-    for key in ("long_form", "asynchronous"):
+    for key in ("long_form", "asynchronous", "async_storage", "held_states", "assigned_states"):
         if key in meta:
             first[key] = meta[key]
     return [first, *meta.get("functions", [])]
@@ -123,6 +123,10 @@ METADATA_SCHEMA = {
     "compile_note?": str,
     "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
     "asynchronous?": str,  # the function's stream-ordered form (IREE's coarse-fences ABI)
+    "async_storage?": frozenset(("caller",)),  # that form takes its results' buffers and transient storage
+    # The states the function takes from its caller, and those it writes back (held states: lowering/module.py)
+    "held_states?": [str],
+    "assigned_states?": [str],
     # A program of several functions: the first is described above (named `function`, default "main").
     "function?": str,
     "functions?": [
@@ -133,6 +137,9 @@ METADATA_SCHEMA = {
             "implementations": [{"node": str, "op": str, "impl": str}],
             "long_form?": {"function": str, "scores": [[_DIM]], "limit": int},
             "asynchronous?": str,
+            "async_storage?": frozenset(("caller",)),
+            "held_states?": [str],
+            "assigned_states?": [str],
         }
     ],
     "parameters?": [
@@ -201,13 +208,20 @@ def check_signatures(module, meta: dict, what: str = "artifact") -> None:
     the long form): counts, element types, ranks and static sizes, as IREE's reflection and the
     functions' calling conventions state them. Symbolic sizes show as `?` there; the module itself
     checks the equalities between them when called."""
+    states = {s["name"]: s for s in meta.get("states", [])}
     for f in functions(meta):
-        _check_function(module, f, what)
+        _check_function(module, f, what, states)
 
 
-def _check_function(module, f: dict, what: str) -> None:
+def _check_function(module, f: dict, what: str, states: dict) -> None:
     sig = f["signature"]
-    want = ([_abi_type(x) for x in sig["inputs"]], [_abi_type(x) for x in sig["outputs"]])
+    # Held states (the caller's buffers) follow the inputs; those assigned follow the synchronous form's outputs.
+    held = [states[n] for n in f.get("held_states", []) if n in states]
+    assigned = [states[n] for n in f.get("assigned_states", []) if n in states]
+    if len(held) != len(f.get("held_states", [])) or len(assigned) != len(f.get("assigned_states", [])):
+        raise ArtifactError(f"{what}: function {f['name']!r} names states the metadata does not declare")
+    inputs, outputs = sig["inputs"] + held, sig["outputs"] + assigned
+    want = ([_abi_type(x) for x in inputs], [_abi_type(x) for x in outputs])
     names = [f["name"]] + ([f["long_form"]["function"]] if "long_form" in f else [])
     if "asynchronous" in f:
         if f["asynchronous"] != f"{f['name']}$async":
@@ -220,10 +234,17 @@ def _check_function(module, f: dict, what: str) -> None:
         fn = module.lookup_function(name)
         if fn is None:
             raise ArtifactError(f"{what}: the metadata names function {name!r}, which the module lacks")
-        got = _declared(fn, name, what, fences=name.endswith("$async"))
+        fenced = name.endswith("$async")
+        got = _declared(fn, name, what, fences=fenced)
+        w_in, w_out, s_in, s_out = want[0], want[1], inputs, outputs
+        if fenced and held:  # the stream-ordered form returns no state
+            w_out, s_out = w_out[: len(sig["outputs"])], s_out[: len(sig["outputs"])]
+        if fenced and f.get("async_storage") == "caller":  # it takes its results' buffers, then transient storage
+            w_in, s_in = w_in + w_out + ["!hal.buffer"], s_in + s_out + [{"name": "transients"}]
+            w_out, s_out = [], []
         for kind, specs, w, g in (
-            ("input", sig["inputs"], want[0], got[0]),
-            ("output", sig["outputs"], want[1], got[1]),
+            ("input", s_in, w_in, got[0]),
+            ("output", s_out, w_out, got[1]),
         ):
             if len(w) != len(g):
                 raise ArtifactError(

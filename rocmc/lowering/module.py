@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import symbolic
-from ..dtypes import FLOAT8
+from ..dtypes import ALL as DTYPES, FLOAT8
 from .._version import __version__
 from ..artifact import FORMAT, PARAMETER_SCOPE
 from ..errors import GraphError, LoweringError, RocmcError
@@ -20,6 +20,7 @@ from ..frontend.opdef import dim_constraints
 from ..signature import input_specs
 from . import nibbles, registry
 from .emitter import Emitter, T, mlir_string, tensor_type
+from .entry_points import caller_storage, held_entry_points, state_buffers
 from .compiler import iree_version
 from .codegen.padding import ASSUMED_MAX
 from .target import Target
@@ -52,6 +53,12 @@ class LowerContext:
     external: int | None = None
     parameters: dict = field(default_factory=dict)
     states: dict = field(default_factory=dict)
+    # States held by the caller (`held_states`): each function takes the states it reads or writes as arguments
+    # (storage its caller owns, updated in place) instead of module globals; see lowering/entry_points.py. The
+    # function being emitted: its state arguments and the values it assigns, by state name.
+    held_states: bool = False
+    fn_states: dict = field(default_factory=dict)
+    fn_assigns: dict = field(default_factory=dict)
     _resource_of: dict = field(default_factory=dict)  # (id(array), elt) -> resource name
     # Why the target's tuning flags (Target.tuning_flags) are not tried for this module: code it holds that IREE
     # 3.13 fails to compile with them (each reason once), so the compile goes without them at once instead of
@@ -94,7 +101,12 @@ class LowerContext:
         return self._load(E, info["global"], type)
 
     def state(self, E: Emitter, name: str, type: TensorType) -> T:
-        """Load a state: a mutable global of the module, zeros until a function assigns it."""
+        """Load a state: a mutable global of the module, zeros until a function assigns it; with `held_states`, the
+        function's argument for it (the caller's buffer)."""
+        if self.held_states:
+            self._global(self.states, name, type, None, "s")
+            arg = self._state_arg(name, type)
+            return E.convert(arg, "i1") if type.dtype.kind == "bool" else T(arg.name, type)
         twin = next(
             (
                 n
@@ -119,11 +131,22 @@ class LowerContext:
         )
         return self._load(E, info["global"], type)
 
+    def _state_arg(self, name: str, type: TensorType) -> T:
+        """The argument of the function being emitted that holds state `name` (held states)."""
+        arg = self.fn_states.get(name)
+        if arg is None:
+            arg = self.fn_states[name] = T(f"%state{len(self.fn_states)}", type, _storage_elt(type))
+        return arg
+
     def store_state(self, E: Emitter, name: str, value: T) -> None:
         info = self.states[name]
         elt = _storage_elt(value.type)
         if value.mlir_elt != elt:
             value = E.convert(value, elt)
+        if self.held_states:  # returned, and stored by the entry point into the caller's buffer it came in
+            self._state_arg(name, value.type)
+            self.fn_assigns[name] = T(value.name, value.type, elt)
+            return
         E.emit(f"util.global.store {value.name}, @{info['global']} : {tensor_type(value.shape, elt)}")
 
     def _global(self, table: dict, name: str, type: TensorType, source, prefix: str) -> dict:
@@ -175,6 +198,12 @@ SMALL = 16
 def _storage_elt(type: TensorType) -> str:
     """How a tensor is held in memory: bools as i8 (i1 has no byte layout)."""
     return "i8" if type.dtype.kind == "bool" else type.dtype.mlir
+
+
+def _state_mlir(info: dict) -> str:
+    """The tensor type a state (its LowerContext.states entry) is held as."""
+    type = TensorType(tuple(info["shape"]), DTYPES[info["dtype"]])
+    return tensor_type(type.shape, _storage_elt(type))
 
 
 def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str, hint: str) -> str:
@@ -239,6 +268,9 @@ class _Function:
     rets: list
     lines: list
     choices: list
+    # Held states (LowerContext.held_states): the states the function takes and those it assigns, (name, T).
+    state_args: list = field(default_factory=list)
+    state_rets: list = field(default_factory=list)
 
 
 def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, constraints: list) -> _Function:
@@ -246,6 +278,7 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
     checks of its inputs' sizes."""
     E = Emitter()
     env: dict[int, T] = {}
+    ctx.fn_states, ctx.fn_assigns = {}, {}
     args = [
         nibbles.boundary(v, i) if v.dtype.packed else T(f"%arg{i}", TensorType(v.shape, v.dtype), v.dtype.abi_mlir)
         for i, v in enumerate(graph.inputs)
@@ -313,7 +346,7 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
         elif v.dtype.packed:
             r = nibbles.pack(E, r, v)
         rets.append(r)
-    return _Function(name, args, rets, E.lines, choices)
+    return _Function(name, args, rets, E.lines, choices, list(ctx.fn_states.items()), list(ctx.fn_assigns.items()))
 
 
 def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dict:
@@ -484,6 +517,9 @@ def lower(
     target = Target.parse(target)
     first = next(iter(program.values()))
     ctx = LowerContext(target, first, external=external)
+    # A module with states whose functions are issued stream-ordered holds no state itself: its caller does
+    # (entry_points.py says why).
+    ctx.held_states = bool(asynchronous) and any(g.states for g in program.values())
     emitted, infos, twins = [], [], []
     for name, graph in program.items():
         graph.validate()
@@ -505,8 +541,13 @@ def lower(
             emitted.append(_emit_function(graph, ctx, impl, libraries, f"{name}_long", constraints))
             ctx.kernels[:], ctx.externs[:], ctx.emitting_long_form = kernels, externs, False
             entry["long_form"] = {"function": f"{name}_long", "scores": terms, "limit": ctx.long_limit}
+        if ctx.held_states:
+            entry["held_states"] = [n for n, _ in f.state_args]
+            entry["assigned_states"] = [n for n, _ in f.state_rets]
         if name in asynchronous:
             entry["asynchronous"] = f"{name}$async"
+            if ctx.held_states and caller_storage(f):
+                entry["async_storage"] = "caller"  # it takes its results' buffers and transient storage
             twins.append(f)
         infos.append(entry)
     main = infos[0]
@@ -541,16 +582,21 @@ def lower(
         if table:
             meta[kind] = [{k: v for k, v in info.items() if k != "global"} for info in table.values()]
     refl = f'attributes {{iree.reflection = {{rocmc.meta = "{mlir_string(json.dumps(meta, sort_keys=True))}"}}}} '
-    text = "\n".join(
-        [
-            "module {",
-            *ctx.decls,
+    if ctx.held_states:
+        twin_names = {f.name for f in twins}
+        functions = [
+            line
+            for i, f in enumerate(emitted)
+            for line in held_entry_points(f, refl if i == 0 else "", f.name in twin_names)
+        ]
+        functions += state_buffers([_state_mlir(info) for info in ctx.states.values()])
+    else:
+        functions = [
             *_function_text(emitted[0], refl),
             *[line for f in emitted[1:] for line in _function_text(f)],
             *[line for f in twins for line in _async_twin(f)],
-            "}",
         ]
-    )
+    text = "\n".join(["module {", *ctx.decls, *functions, "}"])
     return Lowered(target, text, _to_bytecode(text, ctx.resources), meta, list(ctx.untuned))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from .. import symbolic
 from ..arrays import is_tensor
 from ..archs import DEVICES, default_device, kind_of
-from ..artifact import PARAMETER_SCOPE, Artifact, functions
+from ..artifact import PARAMETER_SCOPE, STATE_BUFFERS, Artifact, functions
 from ..errors import ArtifactError, DeviceError, InputError
 from ..dtypes import ALL as DTYPES, DType, unpack_nibbles
 from ..progress import format_bytes, step
@@ -32,6 +32,20 @@ class _Entry:
         self.fn_long = ctx.modules.module[self.long["function"]] if self.long else None
         # The stream-ordered form (IREE's coarse-fences ABI), called through the VM directly: Module.submit.
         self.fn_async = ctx.modules.module[info["asynchronous"]].vm_function if "asynchronous" in info else None
+        # Held states (lowering/entry_points.py): the states the function takes after its inputs
+        # (None: the module holds its states) and those it assigns (trailing results of the synchronous form).
+        self.states = info.get("held_states")
+        self.assigns = info.get("assigned_states", [])
+        # The stream-ordered form takes its results' buffers and its transient storage from the caller.
+        self.transients = None
+        if self.fn_async is not None and info.get("async_storage") == "caller":
+            size = self.fn_async.reflection.get("iree.abi.transients.size.constant")
+            if size is None or not str(size).isdigit():
+                raise ArtifactError(
+                    f"{info['asynchronous']}: the module names no constant transient storage size for it "
+                    f"(iree.abi.transients.size.constant: {size!r})"
+                )
+            self.transients = int(size)
 
 
 class Module:
@@ -58,6 +72,9 @@ class Module:
         self._lock = threading.Lock()
         self._timeline = None  # the semaphore that orders submissions (Module.submit), made on first use
         self._submitted = 0  # the value the last submission signals
+        self._in_flight = []  # (timeline value, buffers the caller gave a submission), until it has run
+        # IREE's CUDA and HIP devices run all queue work on one stream, in the order it was issued.
+        self._in_order = kind_of(device) in ("cuda", "rocm")
         # Parameters are found and checked (names, shapes, dtypes) before anything reaches the device.
         self._parameters, specs, self.parameter_notes = _parameters_for(artifact, parameters)
         self._ctx = rt.SystemContext(config=rt.Config(device=self.device))
@@ -92,6 +109,22 @@ class Module:
         # Each function, with a second one for inputs whose attention scores would not fit (lowering/module.py).
         self._entries = {f["name"]: _Entry(self._ctx, f) for f in functions(meta)}
         self._default = next(iter(self._entries.values()))
+        # States the module's functions take from their caller: this module holds them, zeros at load.
+        self._states = {}
+        if any(e.states is not None for e in self._entries.values()):
+            try:
+                make = self._ctx.modules.module[STATE_BUFFERS]
+            except (KeyError, AttributeError):
+                raise ArtifactError(
+                    f"the module takes its states from its caller but lacks {STATE_BUFFERS!r}"
+                ) from None
+            made = make()
+            made = made if isinstance(made, (tuple, list)) else (made,)
+            self._states = {s["name"]: v._buffer_view for s, v in zip(meta.get("states", []), made)}
+            for e in self._entries.values():
+                missing = [n for n in (e.states or []) + e.assigns if n not in self._states]
+                if missing:
+                    raise ArtifactError(f"function {e.name!r} takes states {missing} the module does not declare")
 
     @property
     def signature(self) -> dict:
@@ -186,14 +219,17 @@ class Module:
         bind_thread(self.device_name)  # a GPU module may be called from any thread
         inputs, sizes = self._validate(entry, args, kwargs)
         fn = entry.fn_long if entry.long and _too_long(entry.long, sizes) else entry.fn
+        states = [rt.DeviceArray(self.device, self._states[n]) for n in entry.states or []]
         with self._lock:
             self._drain()  # a call is ordered after every submission before it
             try:
-                results = fn(*inputs)
+                results = fn(*inputs, *states)
             except RuntimeError as e:
                 raise _call_error(e, self.device_name) from None
         if not isinstance(results, (tuple, list)):
             results = (results,)
+        if entry.assigns:  # the states' buffers, written in place
+            results = results[: len(results) - len(entry.assigns)]
         outs = []
         if not entry.sig["outputs"]:
             return None
@@ -231,11 +267,29 @@ class Module:
             if not self._overlaps(entry):
                 self._drain()
             # Each submission waits on the one before it and signals the next value of the module's timeline.
-            wait = rt.HalFence.create_at(self._timeline, self._submitted) if self._submitted else rt.HalFence(0)
+            # A device whose queue runs its work in the order issued needs no wait on the submission before: a wait
+            # there would hold this one on the host until the one before is done (IREE's CUDA HAL waits on its
+            # semaphores on the host), and the GPU would idle while this one's work is issued.
+            ordered = self._submitted == 0 or self._in_order
+            wait = rt.HalFence(0) if ordered else rt.HalFence.create_at(self._timeline, self._submitted)
             signal = rt.HalFence.create_at(self._timeline, self._submitted + 1)
-            args_list = rt.VmVariantList(len(views) + 2)
+            views += [self._states[n] for n in entry.states or []]
+            given = []  # the results' buffers, when the caller gives them (then the transient storage too)
+            if entry.transients is not None:
+                given = [self._result_view(spec) for spec in entry.sig["outputs"]]
+                views += given
+            args_list = rt.VmVariantList(len(views) + 3)
             for v in views:
                 args_list.push_ref(v)
+            transients = None
+            if entry.transients is not None:
+                transients = _allocate(self.device, max(entry.transients, 1))
+                args_list.push_ref(transients)
+            # The buffers the call reads and writes stay allocated until the device has run it (IREE's allocator
+            # could otherwise hand one to another allocation, an upload say, while the call still uses it).
+            done = self._timeline.query()
+            self._in_flight = [(n, kept) for n, kept in self._in_flight if n > done]
+            self._in_flight.append((self._submitted + 1, (views, transients)))
             args_list.push_ref(wait)
             args_list.push_ref(signal)
             rets = rt.VmVariantList(len(entry.sig["outputs"]))
@@ -245,11 +299,17 @@ class Module:
                 raise _call_error(e, self.device_name) from None
             self._submitted += 1
         # As IREE's own call path returns them (host_copy reads them as the signature's dtypes).
-        outputs = [
-            rt.DeviceArray(self.device, rets.get_as_object(i, rt.HalBufferView), implicit_host_transfer=True)
-            for i in range(len(entry.sig["outputs"]))
-        ]
+        results = given or [rets.get_as_object(i, rt.HalBufferView) for i in range(len(entry.sig["outputs"]))]
+        outputs = [rt.DeviceArray(self.device, v, implicit_host_transfer=True) for v in results]
         return Submission(self, entry, outputs, self._submitted)
+
+    def _result_view(self, spec: dict):
+        """The buffer a submission writes one of its results into: for a small result (a step's tokens), memory of
+        the host that the device writes, so the host reads it once the submission is done, without a copy on
+        the device's queue (which would wait behind the submissions issued after it); device memory otherwise."""
+        n = _nbytes(spec)
+        buffer = self._host_buffer(n) if n <= HOST_RESULT_MAX and self._in_order else None
+        return _view_of(buffer if buffer is not None else _allocate(self.device, n), spec)
 
     def can_submit(self, function: str) -> bool:
         """Whether `function` has its stream-ordered form (compiled with `asynchronous=`), so `submit` takes it."""
@@ -287,9 +347,32 @@ class Module:
         return out
 
     def _view(self, v: np.ndarray, spec: dict):
-        """A host input of a submission as a device buffer view of the module's boundary type."""
+        """A host input of a submission as a device buffer view of the module's boundary type. A small one (a step's
+        positions) is written into host memory the device reads: IREE's upload is a copy on the device's queue
+        that waits behind the submissions still running there."""
         d = DTYPES[spec["dtype"]]
-        return upload(self.device, v, d, _element_type(v.dtype) if not d.passed_as_bits else d.hal_element_type())
+        element = _element_type(v.dtype) if not d.passed_as_bits else d.hal_element_type()
+        if self._in_order and not d.passed_as_bits and 0 < v.nbytes <= HOST_RESULT_MAX:
+            buffer = self._host_buffer(v.nbytes)
+            if buffer is not None:
+                buffer.map().asarray(v.shape, v.dtype)[...] = v
+                return _buffer_view(buffer, v.shape, element)
+        view = upload(self.device, v, d, element)
+        # IREE's upload gives a scalar the shape [1]
+        return _buffer_view(view.get_buffer(), [], element) if v.ndim == 0 else view
+
+    def _host_buffer(self, nbytes: int):
+        """Host memory the device reads and writes, mapped on the host (None where the device has none)."""
+        from iree import runtime as rt
+
+        try:
+            return self.device.allocator.allocate_buffer(
+                memory_type=int(rt.MemoryType.HOST_LOCAL) | int(rt.MemoryType.DEVICE_VISIBLE),
+                allowed_usage=int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.MAPPING),
+                allocation_size=nbytes,
+            )
+        except RuntimeError:
+            return None
 
     def _overlaps(self, entry: _Entry) -> bool:
         """Whether a submission of `entry` may be issued while earlier ones still run. IREE records the
@@ -364,6 +447,46 @@ class Submission:
 
     def __repr__(self) -> str:
         return f"<rocmc.Submission {self.function} {'ready' if self.ready else 'queued'}>"
+
+
+# Results of a submission up to this size go to host memory the device writes (Module._result_view).
+HOST_RESULT_MAX = 64 << 10
+
+
+def _allocate(device, nbytes: int):
+    """A new buffer of device memory (not initialised)."""
+    from iree import runtime as rt
+
+    return device.allocator.allocate_buffer(
+        memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=nbytes
+    )
+
+
+def _view_of(buffer, spec: dict):
+    """`buffer` as a view of the static tensor `spec` ({dtype, shape}) in the storage IREE's ABI gives it (bools
+    as i8)."""
+    from iree import runtime as rt
+
+    d = DTYPES[spec["dtype"]]
+    if d.packed:  # 4-bit values cross as their bytes, two a byte
+        return _buffer_view(buffer, d.abi_shape(spec["shape"]), rt.HalElementType.INT_8)
+    element = rt.HalElementType.INT_8 if d.kind == "bool" else d.hal_element_type()
+    return _buffer_view(buffer, spec["shape"], element)
+
+
+def _buffer_view(buffer, shape, element):
+    from iree import runtime as rt
+
+    return rt.HalBufferView(buffer, [int(n) for n in shape], element)
+
+
+def _nbytes(spec: dict) -> int:
+    """Bytes of the static tensor `spec` at IREE's ABI (bools and 4-bit pairs a byte each)."""
+    d = DTYPES[spec["dtype"]]
+    if d.packed:
+        return max(int(np.prod(d.abi_shape(spec["shape"]), dtype=np.int64)), 1)
+    n = int(np.prod(spec["shape"], dtype=np.int64))
+    return max(n if d.kind == "bool" else n * d.np.itemsize, 1)
 
 
 def reshaped(array, shape):

@@ -61,6 +61,31 @@ def test_decode_step_is_one_submission_without_waits_copies_or_fills(per_layer, 
     assert (call.submissions, call.host_waits, call.fills, call.copies) == (1, 1, 0, 0)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_stream_ordered_step_allocates_frees_and_waits_for_nothing(tmp_path, target):
+    """decode$async, the form a decode loop issues ahead, is one queue submission with no allocation, free or host
+    wait in the whole call (not only per layer): the KV cache is the caller's buffer, updated in place, and the
+    caller gives its results' buffers and its transient storage (held states, lowering/module.py). IREE's CUDA
+    HAL would block the issuing thread in an allocation or free until the work before it is done."""
+    art = _compile(tmp_path, target, 2, max_batch=3)
+    call = art.call_structure()["decode$async"]
+    assert (call.submissions, call.host_waits, call.allocations, call.frees, call.copies, call.fills) == (
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+    )
+    meta = art.metadata  # decode, the module's only function, is its top level
+    assert (meta["function"], meta["held_states"], meta["assigned_states"], meta["async_storage"]) == (
+        "decode",
+        ["kv_cache"],
+        ["kv_cache"],
+        "caller",
+    )
+
+
 @pytest.mark.parametrize("max_batch", [1, 3])
 @pytest.mark.parametrize("target", TARGETS)
 def test_decode_layer_takes_at_most_nine_dispatches(per_layer, target, max_batch):

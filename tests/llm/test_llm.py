@@ -261,7 +261,8 @@ def test_bad_checkpoints(llm_checkpoint, tmp_path):  # noqa: F811
 def test_cache_is_updated_in_place(llm_checkpoint):  # noqa: F811
     """A decode step writes its positions into the cache: no copy of the cache in the stream phase (on the CPU,
     IREE copies out the one layer's keys or values that attention reads; on a GPU nothing is copied:
-    tests/llm/test_call_structure.py)."""
+    tests/llm/test_call_structure.py). The cache is the caller's buffer (held states: the module's functions
+    are issued stream-ordered), not a global of the module."""
     art = rocmc.llm.compile_hf(llm_checkpoint("llama3"), "cpu", max_seq_len=128, functions=("decode",))
     cache = next(s for s in art.metadata["states"] if s["name"] == "kv_cache")
     nbytes = int(np.prod(cache["shape"])) * 4
@@ -271,7 +272,9 @@ def test_cache_is_updated_in_place(llm_checkpoint):  # noqa: F811
     copies = [int(n) for n in re.findall(r"stream\.cmd\.copy [^\n]*?, %c(\d+) :", stream)]
     layers = json.loads((llm_checkpoint("llama3") / "config.json").read_text())["num_hidden_layers"]
     assert all(c <= nbytes // (2 * layers) for c in copies), copies
-    assert "!stream.resource<variable>{%c" + str(nbytes) + "}" in stream
+    assert "!stream.resource<external>{%c" + str(nbytes) + "}" in stream
+    assert "!stream.resource<variable>{%c" + str(nbytes) + "}" not in stream
+    assert art.metadata["held_states"] == ["kv_cache"]  # decode, the only function
 
 
 def test_sampling_runs_in_the_module_and_follows_its_seed(models):
