@@ -150,3 +150,25 @@ def test_the_engine_runs_on_a_thread_of_its_own(gpu_step):
             if np.diff(np.sort(lg)[-2:])[0] < 0.05:
                 break  # a top-2 tie within f16 rounding: from here the tokens may part
             assert t == w
+
+
+@pytest.mark.gpu
+def test_steps_issued_ahead_equal_steps_one_at_a_time(gpu_step):
+    """generate with its steps issued ahead (decode$async, sample$async: held KV cache, caller storage, no wait on
+    the step before, tokens in host memory) gives the tokens of steps run one at a time, greedy and sampled. The
+    module of test_rows_at_their_own_positions (llama3)."""
+    if isinstance(gpu_step, Compiler):
+        return  # test_rows_at_their_own_positions compiles it
+    d = _dir(gpu_step, "llama3")
+    lm = rocmc.llm.load(d / "m.vmfb", d / "ckpt", device="cuda")
+    assert lm.module.can_submit("decode") and lm.module.can_submit("sample")
+    prompt = [1, 5, 9, 13, 2, 7]
+    for kw in (
+        dict(temperature=1.0, top_k=20, top_p=0.9, seed=7),
+        dict(temperature=0.7, top_k=0, top_p=1.0, seed=3),
+        dict(temperature=0.0),
+    ):
+        lm.pipeline = True
+        ahead = lm.generate(list(prompt), 24, stop_tokens=(), **kw)
+        lm.pipeline = False
+        assert ahead == lm.generate(list(prompt), 24, stop_tokens=(), **kw), kw

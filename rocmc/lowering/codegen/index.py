@@ -214,15 +214,18 @@ def _topk_keys(E: Emitter, x: T, axis: int, largest: bool) -> T:
             low = E.op(f"arith.ori {low}, {E.op(f'arith.extui {neg_zero} : i1 to i64')} : i64")
         return [E.op(f"arith.ori {high}, {low} : i64")]
 
-    init = E.empty(E.dims(x), "i64")
+    sizes = E.dims(x)
     ident = affine_map(x.rank, range(x.rank))
     ty = tensor_type(x.shape, "i64")
-    r = E.generic([(x.name, x.mlir)], [(init, ty)], [ident, ident], ["parallel"] * x.rank, key)[0]
-    # Its own dispatch: fused into topk's, the whole key row would go to a stack buffer.
-    r = E.op(f"util.optimization_barrier {r} : {ty}")
-    dyn = [d for d in E.dims(x) if not isinstance(d, int)]
-    if dyn:  # sizes IREE cannot read through the barrier
-        r = E.op(f"flow.tensor.tie_shape {r} : {ty}{{{', '.join(dyn)}}}")
+    dyn = [d for d in sizes if not isinstance(d, int)]
+    # Its own dispatch: fused into topk's, the whole key row would go to a stack buffer. A dispatch region, not an
+    # optimization barrier: IREE resolves a barrier's value on the host (a queue submission and a wait on it
+    # before the rest), which kept a stream-ordered `sample` from returning before the work before it was done.
+    r = E.fresh("keys")
+    with E.region(f"{r} = flow.dispatch.region -> ({ty}{'{' + ', '.join(dyn) + '}' if dyn else ''})"):
+        init = E.empty(sizes, "i64")
+        inner = E.generic([(x.name, x.mlir)], [(init, ty)], [ident, ident], ["parallel"] * x.rank, key)[0]
+        E.emit(f"flow.return {inner} : {ty}")
     return T(r, x.type, "i64")
 
 
