@@ -73,8 +73,10 @@ class Module:
         self._timeline = None  # the semaphore that orders submissions (Module.submit), made on first use
         self._submitted = 0  # the value the last submission signals
         self._in_flight = []  # (timeline value, buffers the caller gave a submission), until it has run
-        # IREE's CUDA and HIP devices run all queue work on one stream, in the order it was issued.
-        self._in_order = kind_of(device) in ("cuda", "rocm")
+        # IREE 3.13's CUDA device runs all queue work on one stream, in the order it was issued (measured: steps
+        # issued without waits ran in order, BENCHMARKS.md). Its HIP device orders its queue on the device itself
+        # and has not run here: it keeps the waits and IREE's transfers.
+        self._in_order = kind_of(device) == "cuda"
         # Parameters are found and checked (names, shapes, dtypes) before anything reaches the device.
         self._parameters, specs, self.parameter_notes = _parameters_for(artifact, parameters)
         self._ctx = rt.SystemContext(config=rt.Config(device=self.device))

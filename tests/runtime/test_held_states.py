@@ -89,7 +89,7 @@ def test_calls_and_submissions_update_the_states_in_place(art, rng):
 
 
 def test_submissions_chained_through_host_memory(art, rng):
-    """The in-order path of GPU devices (small inputs and results in host memory the device reads and writes,
+    """The in-order path of the CUDA device (small inputs and results in host memory the device reads and writes,
     no wait on the submission before), taken here on the CPU one submission at a time."""
     m = rocmc.load(art)
     m._in_order = True
