@@ -22,8 +22,20 @@ def summary_text(art, stages: bool) -> str:
         for p in art.parameters:
             n = math.prod(p["shape"]) * DTYPES[p["dtype"]].np.itemsize
             lines.append(f"  {p['name']:<48} {p['dtype']}[{','.join(map(str, p['shape']))}] {n} bytes")
+    held = any("held_states" in f for f in functions(art.metadata))
+    where = (
+        "on the device, held by the loaded Module: the functions take it from their caller, updated in place"
+        if held
+        else "on the device, a global of the module"
+    )
     for st in art.metadata.get("states", []):
-        lines.append(f"state: {st['name']} {st['dtype']}[{','.join(map(str, st['shape']))}] (on the device)")
+        lines.append(f"state: {st['name']} {st['dtype']}[{','.join(map(str, st['shape']))}] ({where})")
+    for f in functions(art.metadata) if held else []:
+        if f.get("async_storage") == "caller":
+            lines.append(
+                f"  {f['asynchronous']}: its results' buffers and transient storage come from the caller "
+                "(no queue allocation for them)"
+            )
     lines += rewrite_lines(art.metadata) + _collective_lines(art.metadata)
     if not stages:
         lines.append("dispatches: (listed for artifacts made by rocmc.compile; this one was loaded)")

@@ -53,6 +53,9 @@ def test_metadata_names_the_states_each_function_takes(art):
     stream = art.ir("stream")
     assert "util.global private mutable" not in stream  # no state of the module's own
     assert STATE_BUFFERS in art.ir("input")
+    summary = art.summary()
+    assert "state: total f32[6,5] (on the device, held by the loaded Module" in summary
+    assert "step$async: its results' buffers and transient storage come from the caller" in summary
 
 
 def _reference(xs, rows):
