@@ -3,7 +3,7 @@ is read, the time `submit` takes and the time the read takes, per step (medians 
 synchronous call for comparison. Where the steps overlap on the GPU, the step time is the GPU's and the host's
 wait is in the read; where something in `submit` waits for the GPU, it shows there.
 
-    python3 -m bench.submit_gpu MODULE.vmfb CHECKPOINT_DIR [--device cuda]   # GPU machine (bench/llm_gpu.py's)
+    python3 -m bench.submit_gpu MODULE.vmfb CHECKPOINT_DIR [--device cuda] [--profile]   # GPU machine
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--profile", action="store_true", help="also the GPU's busy time over steps issued ahead")
     a = p.parse_args(argv)
     import rocmc
     from rocmc.runtime.module import reshaped
@@ -51,6 +52,37 @@ def main(argv=None) -> int:
         mod.decode(tokens=tokens, positions=positions)
         calls.append(time.perf_counter() - t0)
     times["synchronous call"] = calls
+    if a.profile:  # the GPU's busy time over a run of steps issued ahead (CUPTI, through torch.profiler)
+        from torch.profiler import ProfilerActivity, profile
+
+        prev = mod.submit("decode", tokens=tokens, positions=positions)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                sub = mod.submit("decode", tokens=reshaped(prev.outputs[0], (b, 1)), positions=positions)
+                prev.output(0)
+                prev = sub
+            prev.output(0)
+            wall = time.perf_counter() - t0
+        spans = sorted(
+            (e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+        )
+        busy, end = 0.0, None
+        for s0, s1 in spans:  # the union of the kernels' intervals (us)
+            if end is None or s0 > end:
+                busy += s1 - s0
+                end = s1
+            elif s1 > end:
+                busy += s1 - end
+                end = s1
+        first, last = spans[0][0], max(s1 for _, s1 in spans)
+        print(
+            f"profiled {a.steps} steps issued ahead: wall {wall * 1e3 / a.steps:.3f} ms a step (CUPTI slows the "
+            f"host), GPU busy {busy / 1e3 / a.steps:.3f} ms a step, {100 * busy / (last - first):.1f}% of the "
+            f"kernels' span ({(last - first) / 1e3 / a.steps:.3f} ms a step)"
+        )
     for name, v in times.items():
         v = sorted(v)
         print(
