@@ -131,3 +131,18 @@ def test_packed_and_bool_results_in_caller_storage(rng):
     q, pos = m.submit("q", v).result()
     np.testing.assert_array_equal(q, v.astype(np.int8))
     np.testing.assert_array_equal(pos, v > 0)
+
+
+def test_held_states_in_the_metadata_are_checked_against_the_module(art):
+    """A module whose metadata names other states for a function than its entry points take is refused at load
+    (the declarations of `step` and `step$async` state the states' types)."""
+    from rocmc.artifact import _SEAL, seal
+
+    module = art.vmfb[: len(art.vmfb) - _SEAL.size]
+    for old, new, match in (
+        ('"held_states": ["total", "calls"]', '"held_states": ["total", "callz"]', "does not declare"),
+        ('"held_states": ["total", "calls"]', '"held_states": ["calls", "total"]', "the metadata does not describe"),
+    ):
+        assert old.encode() in module
+        with pytest.raises(rocmc.ArtifactError, match=match):
+            rocmc.Artifact.from_bytes(seal(module.replace(old.encode(), new.encode())))
