@@ -86,6 +86,16 @@ def test_stream_ordered_step_allocates_frees_and_waits_for_nothing(tmp_path, tar
     )
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_prefill_layer_has_no_host_wait(tmp_path, target):
+    """A prefill's layers add no host wait: the check that every row's slot is inside the cache reads the slots'
+    range to the host once a call, not once a layer (each read is a wait inside the call, the GPU idle)."""
+    one, two = (
+        _compile(tmp_path, target, n, functions=("prefill",), max_batch=3).call_structure()["prefill"] for n in (1, 2)
+    )
+    assert (two - one).host_waits == 0 and (two - one).copies == 0
+
+
 @pytest.mark.parametrize("max_batch", [1, 3])
 @pytest.mark.parametrize("target", TARGETS)
 def test_decode_layer_takes_at_most_nine_dispatches(per_layer, target, max_batch):

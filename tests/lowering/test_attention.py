@@ -308,6 +308,8 @@ def test_sdpa_cached_symbolic_rows_each_read_their_slot(dtype, rng):
         np.testing.assert_allclose(mod(q, cache, mask, slot).astype(np.float64), want, rtol=rtol, atol=atol)
     with pytest.raises(rocmc.InputError, match="a slot's entry past the cache's"):
         mod(q, cache, mask, np.array([3, 0]))
+    with pytest.raises(rocmc.InputError, match="a slot's entry past the cache's"):
+        mod(q, cache, mask, np.array([0, -1]))
     with pytest.raises(rocmc.GraphError, match="a symbolic batch needs 'slots'"):
         _prefill_graph(dtype, b="rows", mb="rows", slots=None)
 

@@ -356,24 +356,36 @@ def _gather_rows(E: Emitter, cache: T, slots: T, first: int, b, length, ty: T) -
 
 
 def _check_entries(E: Emitter, node, slots: T, entries, n: int) -> None:
-    """Fail the call when a row's slot reaches an entry outside the cache's n (a symbolic number of rows: one
-    reduction counts them)."""
-    lo, hi = -min(entries), n - 1 - max(entries)
+    """Fail the call when a row's slot reaches an entry outside the cache's n (a symbolic number of rows). The
+    slots' smallest and largest values come to the host once a function (`_slot_range`), not once a layer: each
+    such read is a host wait inside the call."""
+    low, high = E.memo(("slot range", slots.name), lambda: _slot_range(E, slots))
+    ok_low = E.op(f"arith.cmpi sge, {low}, {E.const(-min(entries), 'i64')} : i64")
+    ok_high = E.op(f"arith.cmpi sle, {high}, {E.const(n - 1 - max(entries), 'i64')} : i64")
+    E.check(E.op(f"arith.andi {ok_low}, {ok_high} : i1"), f"{node.describe()}: a slot's entry past the cache's")
+
+
+def _slot_range(E: Emitter, slots: T) -> tuple[str, str]:
+    """The smallest and largest slot (i64 scalars on the host; 0 and -1 for no rows): one reduction."""
     i64 = "tensor<i64>"
 
     def body(E: Emitter, args):
-        v = E.op(f"arith.index_cast {args[0]} : {slots.mlir_elt} to index")
-        low = E.op(f"arith.cmpi slt, {v}, {E.index(lo)} : index")
-        high = E.op(f"arith.cmpi sgt, {v}, {E.index(hi)} : index")
-        bad = E.op(f"arith.extui {E.op(f'arith.ori {low}, {high} : i1')} : i1 to i64")
-        return [E.op(f"arith.addi {args[1]}, {bad} : i64")]
+        v = E.op(f"arith.extsi {args[0]} : {slots.mlir_elt} to i64") if slots.mlir_elt != "i64" else args[0]
+        return [E.op(f"arith.minsi {args[1]}, {v} : i64"), E.op(f"arith.maxsi {args[2]}, {v} : i64")]
 
-    zero = E.op(f"linalg.fill ins({E.const(0, 'i64')} : i64) outs({E.op(f'tensor.empty() : {i64}')} : {i64}) -> {i64}")
-    (count,) = E.generic(
-        [(slots.name, slots.mlir)], [(zero, i64)], [affine_map(1, [0]), affine_map(1, [])], ["reduction"], body
+    def filled(v: int) -> str:
+        return E.op(
+            f"linalg.fill ins({E.const(v, 'i64')} : i64) outs({E.op(f'tensor.empty() : {i64}')} : {i64}) -> {i64}"
+        )
+
+    low, high = E.generic(
+        [(slots.name, slots.mlir)],
+        [(filled(2**63 - 1), i64), (filled(-(2**63)), i64)],
+        [affine_map(1, [0]), affine_map(1, []), affine_map(1, [])],
+        ["reduction"],
+        body,
     )
-    none = E.op(f"arith.cmpi eq, {E.op(f'tensor.extract {count}[] : {i64}')}, {E.const(0, 'i64')} : i64")
-    E.check(none, f"{node.describe()}: a slot's entry past the cache's")
+    return tuple(E.op(f"tensor.extract {t}[] : {i64}") for t in (low, high))
 
 
 def score_term(node) -> list:
