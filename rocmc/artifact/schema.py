@@ -96,7 +96,7 @@ def functions(meta: dict) -> list[dict]:
         "constraints": meta.get("constraints", []),
         "implementations": meta["implementations"],
     }
-    for key in ("long_form", "asynchronous", "async_storage", "held_states", "assigned_states"):
+    for key in ("long_form", "asynchronous", "async_storage", "held_states", "assigned_states", "states_in_place"):
         if key in meta:
             first[key] = meta[key]
     return [first, *meta.get("functions", [])]
@@ -127,6 +127,7 @@ METADATA_SCHEMA = {
     # The states the function takes from its caller, and those it writes back (held states: lowering/module.py)
     "held_states?": [str],
     "assigned_states?": [str],
+    "states_in_place?": [str],  # those of them written into the caller's buffer (the others: into a new one)
     # A program of several functions: the first is described above (named `function`, default "main").
     "function?": str,
     "functions?": [
@@ -140,6 +141,7 @@ METADATA_SCHEMA = {
             "async_storage?": frozenset(("caller",)),
             "held_states?": [str],
             "assigned_states?": [str],
+            "states_in_place?": [str],
         }
     ],
     "parameters?": [
@@ -237,8 +239,10 @@ def _check_function(module, f: dict, what: str, states: dict) -> None:
         fenced = name.endswith("$async")
         got = _declared(fn, name, what, fences=fenced)
         w_in, w_out, s_in, s_out = want[0], want[1], inputs, outputs
-        if fenced and held:  # the stream-ordered form returns no state
+        if fenced and held:  # the stream-ordered form returns no state: it takes buffers for those not in place
             w_out, s_out = w_out[: len(sig["outputs"])], s_out[: len(sig["outputs"])]
+            moved = [st for st in assigned if st["name"] not in f.get("states_in_place", [])]
+            w_in, s_in = w_in + [_abi_type(st) for st in moved], s_in + moved
         if fenced and f.get("async_storage") == "caller":  # it takes its results' buffers, then transient storage
             w_in, s_in = w_in + w_out + ["!hal.buffer"], s_in + s_out + [{"name": "transients"}]
             w_out, s_out = [], []

@@ -11,14 +11,18 @@ whose functions are issued stream-ordered holds no state itself: the states are 
 Each function `name` of such a module is emitted as
 - `name$body` (private): the graph's function, the states it reads or writes as trailing arguments, the states it
   assigns as trailing results;
-- `name` (synchronous): inputs and states as buffer views; a state the function writes is imported with
-  `consume` (the module may write the caller's buffer: without it IREE copied the whole state into a transient
-  and back, two whole-state copies a call) and its new value aliased back onto the same buffer, so IREE writes it
-  in place; results, then the states written, as buffer views (exporting the states makes the call return only
-  once they are written);
-- `name$async` (IREE's coarse-fences ABI, for `compile(asynchronous=...)`): the same with fences, and, where every
-  result is static (`caller_storage`), the results' buffers and the transient storage from the caller: one queue
-  submission with no allocation, free or host wait.
+- `name` (synchronous): inputs and states as buffer views; results, then the states written, as buffer views,
+  which the caller keeps as the states (exporting them makes the call return only once they are written). A
+  state the call writes in place (module.py, `updated_in_place`: its old value has one use, an op writing it in
+  place, as the KV cache's store) is imported with `consume` (the module may write the caller's buffer: without
+  it IREE copied the whole state into a transient and back, two whole-state copies a call) and its new value
+  aliased back onto the same buffer. Any other state's new value goes to another buffer: IREE 3.13 does not
+  order reads of the old value against a write into the buffer it was imported from (a state read by an output
+  or a second op came back already updated);
+- `name$async` (IREE's coarse-fences ABI, for `compile(asynchronous=...)`): the same with fences, the buffers for
+  the new values of states not written in place from the caller (`%next<i>`), and, where every result is static
+  (`caller_storage`), the results' buffers and the transient storage from the caller: one queue submission with
+  no allocation, free or host wait.
 - `rocmc$states` (`STATE_BUFFERS`): a buffer of zeros for each state, filled on the device; the runtime calls it
   once at load (rocmc/runtime/module.py).
 
@@ -42,8 +46,9 @@ def held_entry_points(f, attrs: str, asynchronous: bool) -> list[str]:
         for v, r in zip(res, f.rets)
     ]
     for v, (name, r) in zip(res[len(f.rets) :], f.state_rets):
-        alias = e.op(f"hal.tensor.alias {v} : {r.mlir} to {e.state_view(name)} : !hal.buffer_view")
-        outs.append(e.op(f"hal.tensor.export {alias} : {r.mlir} -> !hal.buffer_view"))
+        if name in f.in_place:  # into the caller's buffer it came in (the same buffer returned)
+            v = e.op(f"hal.tensor.alias {v} : {r.mlir} to {e.state_view(name)} : !hal.buffer_view")
+        outs.append(e.op(f"hal.tensor.export {v} : {r.mlir} -> !hal.buffer_view"))  # else a new buffer
     declared = _declaration(
         "sync", f.name, _declared_inputs(f), [*_values("output", f.rets), *_values("state", _states(f.state_rets))]
     )
@@ -62,14 +67,14 @@ def caller_storage(f) -> bool:
     return all(d is not None for r in f.rets for d in _dims(r.mlir))
 
 
-def state_buffers(types: list[str]) -> list[str]:
-    """`rocmc$states`: a new buffer of zeros of each of `types` (the states' tensor types, in the metadata's
-    order), filled on the device."""
+def state_buffers(zeros: list[str]) -> list[str]:
+    """`rocmc$states`: a new buffer of each state's initial value (`zeros`: `dense<0...> : tensor<...>` each, in
+    the metadata's order), filled on the device."""
     lines, outs = [], []
-    for i, mlir in enumerate(types):
-        zero = "0" if mlir.split("x")[-1].startswith("i") else "0.000000e+00"
+    for i, value in enumerate(zeros):
+        mlir = value.split(" : ", 1)[1]
         lines += [
-            f"  %z{i} = arith.constant dense<{zero}> : {mlir}",
+            f"  %z{i} = arith.constant {value}",
             f"  %e{i} = hal.tensor.export %z{i} : {mlir} -> !hal.buffer_view",
         ]
         outs.append(f"%e{i}")
@@ -90,9 +95,8 @@ def _async(f) -> list[str]:
         joined.append(v)
         types.append((r.mlir, "" if storage else e.dims_of_tensor(v, r.mlir)))
     for v, (name, r) in zip(res[len(f.rets) :], f.state_rets):
-        joined.append(
-            e.op(f"hal.tensor.alias wait(%wait) => {v} : {r.mlir} to {e.state_view(name)} : !hal.buffer_view")
-        )
+        target = e.state_view(name) if name in f.in_place else e.next_view(name)
+        joined.append(e.op(f"hal.tensor.alias wait(%wait) => {v} : {r.mlir} to {target} : !hal.buffer_view"))
         types.append((r.mlir, ""))
     if storage:
         joined = [
@@ -109,11 +113,11 @@ def _async(f) -> list[str]:
                 e.op(f"hal.tensor.export {v} : {t}{d} -> !hal.buffer_view")
                 for v, (t, d) in zip(ready, types[: len(f.rets)])
             ]
-    params = _views(f)
-    given = []
+    params = _views(f) + [f"%next{i}: !hal.buffer_view" for i in range(len(_copied(f)))]
+    given = _values("next", _states(_copied(f)))
     if storage:
         params += [f"%out{i}: !hal.buffer_view" for i in range(len(f.rets))] + ["%transients: !hal.buffer"]
-        given = [*_values("output", f.rets), "%transients: !hal.buffer"]
+        given += [*_values("output", f.rets), "%transients: !hal.buffer"]
     params += ["%wait: !hal.fence", "%signal: !hal.fence"]
     declared = _declaration(
         "async", f"{f.name}$async", _declared_inputs(f) + given, [] if storage else _values("output", f.rets)
@@ -131,6 +135,7 @@ class _EntryPoint:
     def __init__(self, f):
         self.f, self.lines, self.n = f, [], 0
         self.state_index = {name: i for i, (name, _) in enumerate(f.state_args)}
+        self.next_index = {name: i for i, (name, _) in enumerate(_copied(f))}
 
     def op(self, text: str) -> str:
         self.n += 1
@@ -148,6 +153,10 @@ class _EntryPoint:
     def state_view(self, name: str) -> str:
         return f"%st{self.state_index[name]}"
 
+    def next_view(self, name: str) -> str:
+        """The caller's buffer for the new value of a state not written in place (`$async`)."""
+        return f"%next{self.next_index[name]}"
+
     def dims_of_view(self, view: str, mlir: str) -> str:
         """`{%d, ...}`: the dynamic dims of a buffer view imported as `mlir` ("" if static)."""
         dims = [i for i, d in enumerate(_dims(mlir)) if d is None]
@@ -162,16 +171,16 @@ class _EntryPoint:
 
     def imports(self, wait: str) -> tuple[list, list]:
         """Each input view (%in<i>) and state view (%st<i>) imported as the body takes it, after fence `wait` if
-        given; a state the function assigns is consumed (the module writes the caller's buffer in place)."""
+        given; a state the call may write in place (module.py, `updated_in_place`) is consumed: the module writes
+        the caller's buffer. Another assigned state is copied (IREE keeps its old value for its readers)."""
         f, after = self.f, f"wait({wait}) => " if wait else ""
         ins = []
         for i, a in enumerate(f.args):
             dims = self.dims_of_view(f"%in{i}", a.mlir)
             ins.append(self.op(f"hal.tensor.import {after}%in{i} : !hal.buffer_view -> {a.mlir}{dims}"))
-        assigned = {name for name, _ in f.state_rets}
         states = []
         for i, (name, a) in enumerate(f.state_args):
-            consume = "consume " if name in assigned else ""
+            consume = "consume " if name in f.in_place else ""
             states.append(self.op(f"hal.tensor.import {after}{consume}%st{i} : !hal.buffer_view -> {a.mlir}"))
         return ins, states
 
@@ -200,6 +209,12 @@ def _body(f) -> list[str]:
     sig_out = ", ".join(r.mlir for r in rets)
     ret = f"  return {', '.join(r.name for r in rets)} : {sig_out}" if rets else "  return"
     return [f'func.func private @"{f.name}$body"({sig_in}) -> ({sig_out}) {{', *f.lines, ret, "}"]
+
+
+def _copied(f) -> list:
+    """The states `f` assigns that it does not write in place, (name, T): their new values go to other buffers
+    (the synchronous form returns a new one; `$async` takes one from the caller), which become the states."""
+    return [(name, r) for name, r in f.state_rets if name not in f.in_place]
 
 
 def _states(pairs: list) -> list:

@@ -123,12 +123,7 @@ class LowerContext:
                 f"one buffer once updated in place; stack them into one state (a leading axis)"
             )
         info = self._global(self.states, name, type, None, "s")
-        elt = _storage_elt(type)
-        zero = "0.000000e+00" if type.dtype.kind == "float" else "0"
-        self.declare(
-            f"state:{name}",
-            f"util.global private mutable @{info['global']} = dense<{zero}> : {tensor_type(type.shape, elt)}",
-        )
+        self.declare(f"state:{name}", f"util.global private mutable @{info['global']} = {_state_zeros(info)}")
         return self._load(E, info["global"], type)
 
     def _state_arg(self, name: str, type: TensorType) -> T:
@@ -200,10 +195,12 @@ def _storage_elt(type: TensorType) -> str:
     return "i8" if type.dtype.kind == "bool" else type.dtype.mlir
 
 
-def _state_mlir(info: dict) -> str:
-    """The tensor type a state (its LowerContext.states entry) is held as."""
+def _state_zeros(info: dict) -> str:
+    """A state's initial value (its LowerContext.states entry), `dense<0...> : tensor<...>` in the type it is held
+    as: a global's initializer, or what `rocmc$states` fills a held state's buffer with."""
     type = TensorType(tuple(info["shape"]), DTYPES[info["dtype"]])
-    return tensor_type(type.shape, _storage_elt(type))
+    zero = "0.000000e+00" if type.dtype.kind == "float" else "0"
+    return f"dense<{zero}> : {tensor_type(type.shape, _storage_elt(type))}"
 
 
 def constant_op(E: Emitter, ctx: LowerContext, arr: np.ndarray, shape, elt: str, hint: str) -> str:
@@ -268,9 +265,11 @@ class _Function:
     rets: list
     lines: list
     choices: list
-    # Held states (LowerContext.held_states): the states the function takes and those it assigns, (name, T).
+    # Held states (LowerContext.held_states): the states the function takes and those it assigns, (name, T), and
+    # the assigned ones whose buffer the call may write in place (`updated_in_place`).
     state_args: list = field(default_factory=list)
     state_rets: list = field(default_factory=list)
+    in_place: frozenset = frozenset()
 
 
 def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, constraints: list) -> _Function:
@@ -346,7 +345,25 @@ def _emit_function(graph: Graph, ctx: LowerContext, impl, libraries, name: str, 
         elif v.dtype.packed:
             r = nibbles.pack(E, r, v)
         rets.append(r)
-    return _Function(name, args, rets, E.lines, choices, list(ctx.fn_states.items()), list(ctx.fn_assigns.items()))
+    in_place = frozenset(n for n in ctx.fn_assigns if updated_in_place(graph, n))
+    return _Function(
+        name, args, rets, E.lines, choices, list(ctx.fn_states.items()), list(ctx.fn_assigns.items()), in_place
+    )
+
+
+# Ops that write one operand in place (its index): the KV cache's store, a slice's update.
+IN_PLACE_OPS = {"rope_store_kv": 1, "update_slice": 0}
+
+
+def updated_in_place(graph: Graph, name: str) -> bool:
+    """Whether a call may write state `name`'s buffer in place (held states, lowering/entry_points.py): its value
+    before the call has one use, an op that writes it in place. IREE 3.13 does not order a read of the state's
+    old value against the in-place write of the caller's buffer (the buffer it aliases the new value to), so any
+    other use (a second reader, an output, a view) keeps the old value in a copy instead."""
+    ids = {n.outputs[0].id for n in graph.nodes if n.op == "state" and n.attrs["name"] == name}
+    uses = [(n.op, i) for n in graph.nodes for i, v in enumerate(n.inputs) if v is not None and v.id in ids]
+    escapes = any(v.id in ids for v in [*graph.outputs, *graph.assigns.values()])
+    return not escapes and len(uses) == 1 and IN_PLACE_OPS.get(uses[0][0]) == uses[0][1]
 
 
 def _emit_checks(E: Emitter, graph: Graph, args: list, constraints: list) -> dict:
@@ -544,6 +561,7 @@ def lower(
         if ctx.held_states:
             entry["held_states"] = [n for n, _ in f.state_args]
             entry["assigned_states"] = [n for n, _ in f.state_rets]
+            entry["states_in_place"] = sorted(f.in_place)
         if name in asynchronous:
             entry["asynchronous"] = f"{name}$async"
             if ctx.held_states and caller_storage(f):
@@ -589,7 +607,7 @@ def lower(
             for i, f in enumerate(emitted)
             for line in held_entry_points(f, refl if i == 0 else "", f.name in twin_names)
         ]
-        functions += state_buffers([_state_mlir(info) for info in ctx.states.values()])
+        functions += state_buffers([_state_zeros(info) for info in ctx.states.values()])
     else:
         functions = [
             *_function_text(emitted[0], refl),

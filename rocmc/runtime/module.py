@@ -36,6 +36,8 @@ class _Entry:
         # (None: the module holds its states) and those it assigns (trailing results of the synchronous form).
         self.states = info.get("held_states")
         self.assigns = info.get("assigned_states", [])
+        # Of those, the ones whose new value goes to another buffer (not written in place): `$async` takes it.
+        self.moved = [n for n in self.assigns if n not in info.get("states_in_place", [])]
         # The stream-ordered form takes its results' buffers and its transient storage from the caller.
         self.transients = None
         if self.fn_async is not None and info.get("async_storage") == "caller":
@@ -122,11 +124,11 @@ class Module:
                 ) from None
             made = make()
             made = made if isinstance(made, (tuple, list)) else (made,)
-            self._states = {s["name"]: v._buffer_view for s, v in zip(meta.get("states", []), made)}
-            for e in self._entries.values():
-                missing = [n for n in (e.states or []) + e.assigns if n not in self._states]
-                if missing:
-                    raise ArtifactError(f"function {e.name!r} takes states {missing} the module does not declare")
+            specs = meta.get("states", [])
+            if len(made) != len(specs):  # (each function's states are checked against these at load: schema.py)
+                raise ArtifactError(f"{STATE_BUFFERS!r} makes {len(made)} buffers for {len(specs)} states")
+            self._state_specs = {s["name"]: s for s in specs}
+            self._states = {s["name"]: v._buffer_view for s, v in zip(specs, made)}
 
     @property
     def signature(self) -> dict:
@@ -230,8 +232,10 @@ class Module:
                 raise _call_error(e, self.device_name) from None
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        if entry.assigns:  # the states' buffers, written in place
-            results = results[: len(results) - len(entry.assigns)]
+        if entry.assigns:  # the states' buffers after the call (the same ones where written in place)
+            n = len(results) - len(entry.assigns)
+            self._states.update((name, r._buffer_view) for name, r in zip(entry.assigns, results[n:]))
+            results = results[:n]
         outs = []
         if not entry.sig["outputs"]:
             return None
@@ -276,6 +280,11 @@ class Module:
             wait = rt.HalFence(0) if ordered else rt.HalFence.create_at(self._timeline, self._submitted)
             signal = rt.HalFence.create_at(self._timeline, self._submitted + 1)
             views += [self._states[n] for n in entry.states or []]
+            moved = [
+                _view_of(_allocate(self.device, _nbytes(self._state_specs[n])), self._state_specs[n])
+                for n in entry.moved
+            ]
+            views += moved
             given = []  # the results' buffers, when the caller gives them (then the transient storage too)
             if entry.transients is not None:
                 given = [self._result_view(spec) for spec in entry.sig["outputs"]]
@@ -300,6 +309,7 @@ class Module:
             except RuntimeError as e:
                 raise _call_error(e, self.device_name) from None
             self._submitted += 1
+            self._states.update(zip(entry.moved, moved))  # later calls read the states' new buffers
         # As IREE's own call path returns them (host_copy reads them as the signature's dtypes).
         results = given or [rets.get_as_object(i, rt.HalBufferView) for i in range(len(entry.sig["outputs"]))]
         outputs = [rt.DeviceArray(self.device, v, implicit_host_transfer=True) for v in results]

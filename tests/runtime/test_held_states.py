@@ -146,3 +146,71 @@ def test_held_states_in_the_metadata_are_checked_against_the_module(art):
         assert old.encode() in module
         with pytest.raises(rocmc.ArtifactError, match=match):
             rocmc.Artifact.from_bytes(seal(module.replace(old.encode(), new.encode())))
+
+
+def test_scalar_and_bool_states_start_as_zeros():
+    """`rocmc$states` fills each held state with the zeros of its own type: a 0-d integer and a bool state too."""
+    g = rocmc.Graph("count")
+    n = g.state("n", (), "i64")
+    seen = g.state("seen", (3,), "bool")
+    g.assign("n", ops.add(n, np.int64(1)))
+    g.assign("seen", ops.logical_or(seen, g.input("flag", (3,), "bool")))
+    g.output(ops.add(n, np.int64(1)), seen)
+    m = rocmc.load(rocmc.compile({"count": g}, "cpu", asynchronous=True))
+    c, s = m.count(np.array([False, True, False]))
+    assert int(c) == 1 and not s.any()
+    c, s = m.submit("count", np.array([True, False, False])).result()
+    assert int(c) == 2 and list(s) == [False, True, False]
+
+
+@pytest.mark.parametrize("read", ["direct", "narrow", "reshape", "sum", "exp"])
+def test_a_state_read_before_it_is_assigned_keeps_its_old_value(read, rng):
+    """A function whose outputs or other ops read a state's value from before the call while it assigns the state
+    gets the old value (as rocmc.evaluate does): the new value goes to another buffer, not into the one the old
+    came in (IREE 3.13 does not order the reads against a write there). Calls and submissions alike."""
+    g = rocmc.Graph("acc")
+    s = g.state("s", (4,), "f32")
+    g.assign("s", ops.add(s, g.input("x", (4,), "f32")))
+    views = {
+        "direct": lambda: s,
+        "narrow": lambda: ops.narrow(s, 0, 1, 2),
+        "reshape": lambda: ops.reshape(s, (2, 2)),
+        "sum": lambda: ops.sum(s, axis=0, keepdims=True),
+        "exp": lambda: ops.exp(s),
+    }
+    g.output(views[read]())
+    art = rocmc.compile({"acc": g}, "cpu", asynchronous=True)
+    assert art.metadata["states_in_place"] == []
+    m = rocmc.load(art)
+    state = np.zeros(4)
+    for i in range(4):
+        x = rng.standard_normal(4).astype(np.float32)
+        want, after = rocmc.evaluate(g, x, state={"s": state})
+        got = m.acc(x) if i % 2 else m.submit("acc", x).result()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        state = after["s"]
+
+
+def test_the_kv_cache_store_writes_the_callers_buffer_in_place():
+    """A state whose old value has one use, an op writing it in place (the KV cache's store, a slice's update), is
+    consumed: the call writes the buffer the caller passed, which stays the state's."""
+    g = rocmc.Graph("put")
+    s = g.state("s", (6, 3), "f32")
+    g.assign("s", ops.update_slice(s, g.input("x", (1, 3), "f32"), 2, axis=0))
+    g.output(ops.mul(g.input("y", (2,), "f32"), np.float32(2.0)))
+    art = rocmc.compile({"put": g}, "cpu", asynchronous=True)
+    assert art.metadata["states_in_place"] == ["s"] and "consume" in art.ir("input")
+    m = rocmc.load(art)
+
+    def held():  # the state's values, and the address of the memory holding them (the CPU maps it)
+        a = m._states["s"].get_buffer().map().asarray([6, 3], np.dtype(np.float32))
+        return np.array(a), a.__array_interface__["data"][0]
+
+    _, address = held()
+    m.put(np.ones((1, 3), np.float32), np.ones(2, np.float32))
+    values, after_call = held()
+    np.testing.assert_array_equal(values[2], [1, 1, 1])
+    m.submit("put", np.full((1, 3), 2, np.float32), np.ones(2, np.float32)).result()
+    values, after_submit = held()
+    np.testing.assert_array_equal(values, np.where(np.arange(6)[:, None] == 2, 2.0, 0.0) * np.ones((1, 3)))
+    assert address == after_call == after_submit
