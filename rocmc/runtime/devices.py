@@ -166,11 +166,7 @@ class _Reader:
                 if n > self.size:
                     self.buffer = None
                     self.size = max(n, 2 * self.size, 4096)
-                    self.buffer = self.device.allocator.allocate_buffer(
-                        memory_type=int(rt.MemoryType.HOST_LOCAL) | int(rt.MemoryType.DEVICE_VISIBLE),
-                        allowed_usage=int(rt.BufferUsage.TRANSFER) | int(rt.BufferUsage.MAPPING),
-                        allocation_size=self.size,
-                    )
+                    self.buffer = host_buffer(self.device, self.size, rt.BufferUsage.TRANSFER)
                 if self.semaphore is None:
                     self.semaphore = self.device.create_semaphore(0)
             except RuntimeError:  # no host memory the device writes: IREE's own path
@@ -185,6 +181,18 @@ class _Reader:
                 self.semaphore, self.value = None, 0  # a failed copy fails its semaphore: a new one next time
                 raise
             return np.array(self.buffer.map().asarray(shape, dtype))
+
+
+def host_buffer(device, nbytes: int, usage):
+    """A buffer of host memory the device reads and writes (pinned), mapped on the host; `usage`: what the device
+    does with it (IREE's BufferUsage bits) besides the host's mapping. RuntimeError where the device has none."""
+    from iree import runtime as rt
+
+    return device.allocator.allocate_buffer(
+        memory_type=int(rt.MemoryType.HOST_LOCAL) | int(rt.MemoryType.DEVICE_VISIBLE),
+        allowed_usage=int(usage) | int(rt.BufferUsage.MAPPING),
+        allocation_size=nbytes,
+    )
 
 
 def upload(device, arr, dtype, element_type):

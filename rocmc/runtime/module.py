@@ -16,7 +16,7 @@ from ..errors import ArtifactError, DeviceError, InputError
 from ..dtypes import ALL as DTYPES, DType, unpack_nibbles
 from ..progress import format_bytes, step
 from ..signature import bind
-from .devices import bind_thread, get_device, read_back, upload
+from .devices import bind_thread, get_device, host_buffer, read_back, upload
 
 
 class _Entry:
@@ -378,11 +378,7 @@ class Module:
         from iree import runtime as rt
 
         try:
-            return self.device.allocator.allocate_buffer(
-                memory_type=int(rt.MemoryType.HOST_LOCAL) | int(rt.MemoryType.DEVICE_VISIBLE),
-                allowed_usage=int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.MAPPING),
-                allocation_size=nbytes,
-            )
+            return host_buffer(self.device, nbytes, rt.BufferUsage.DEFAULT)
         except RuntimeError:
             return None
 
