@@ -8,6 +8,9 @@ steps that ran no prefill chunk ("between admissions") against the raw batched d
 
     python -m bench.llm_gpu compile --dir out/llm --targets cuda:sm_80 --batches 32     # here
     python3 -m bench.engine_gpu --dir out/llm --ckpt /tmp/ck --json out.json            # GPU machine
+
+Each concurrency runs once with the engine's decode steps issued ahead of the tokens read (its default) and once
+with every step read before the next is issued (--modes).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def mix(n: int, vocab: int, seed: int = 3, longest: int = 768) -> list:
     ]
 
 
-def run_clients(lm, requests: list, clients: int) -> dict:
+def run_clients(lm, requests: list, clients: int, issue_ahead: bool = True) -> dict:
     from rocmc.llm.engine import Engine
 
     prefills = [0]
@@ -47,7 +50,7 @@ def run_clients(lm, requests: list, clients: int) -> dict:
         return real(**kw)
 
     lm.module.prefill = counted
-    engine = Engine(lm, prefill_chunk=512)
+    engine = Engine(lm, prefill_chunk=512, issue_ahead=issue_ahead)
     todo, sent, first, last, ttft, itl, tokens = list(requests), {}, {}, {}, [], [], 0
     pure_steps = []  # (seconds, decoding rows) of steps that ran no prefill chunk
     t0 = time.perf_counter()
@@ -80,6 +83,7 @@ def run_clients(lm, requests: list, clients: int) -> dict:
     wall = time.perf_counter() - t0
     full = [dt for dt, rows in pure_steps if rows == lm.sizes.max_batch]
     return {
+        "issue_ahead": issue_ahead,
         "clients": clients,
         "requests": len(requests),
         "output_tokens": tokens,
@@ -123,7 +127,13 @@ def arguments(concurrency: str, requests: int) -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    a = arguments("1,8,32", 64).parse_args()
+    ap = arguments("1,8,32", 64)
+    ap.add_argument(
+        "--modes",
+        default="ahead,in-turn",
+        help="the engine's decode steps issued ahead of the tokens read, or each read before the next (a run each)",
+    )
+    a = ap.parse_args()
     import rocmc
 
     cfg = json.loads((Path(a.dir) / "config.json").read_text())
@@ -134,9 +144,10 @@ def main() -> int:
     alone = run_clients(lm, requests[:1], 1)
     out["one_request_alone"] = alone
     for c in [int(x) for x in a.concurrency.split(",")]:
-        res = run_clients(lm, requests if c > 1 else requests[:8], c)
-        out["runs"].append(res)
-        print(json.dumps(res), flush=True)
+        for mode in a.modes.split(","):
+            res = run_clients(lm, requests if c > 1 else requests[:8], c, issue_ahead=mode == "ahead")
+            out["runs"].append(res)
+            print(json.dumps(res), flush=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: out[k] for k in ("max_batch", "raw_full_batch_step_ms")}), flush=True)
     return 0

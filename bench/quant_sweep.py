@@ -41,7 +41,9 @@ GROUP = 128
 VERSIONS = {
     "committed (REV=HEAD)": ["REV=HEAD"],
     "working tree": [],
-    "4 workgroups a multiprocessor": ["ROCMC_Q_OCC=4"],
+    "no L2 prefetch": ["QX_PF=0"],
+    "L2 prefetch 1 round ahead": ["QX_PF=1"],
+    "L2 prefetch 2 rounds ahead": ["QX_PF=2"],
 }
 WAVES = 4  # BLOCK 128 / 32
 

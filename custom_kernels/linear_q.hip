@@ -39,6 +39,13 @@
 #ifndef QX_AHEAD
 #define QX_AHEAD 1
 #endif
+// Tuning switch: rounds of pieces further ahead asked into the L2 cache (NVIDIA's prefetch.global.L2, no registers
+// held); 0 none. An H200 sweep (bench/quant_sweep.py, a 7B layer's four projections): 1 round made one 8-bit row
+// 1.07x faster (108.0 against 115.5 us) and 4-bit none, 2 to 16 rounds slower for both; a 7B 8-bit decode step
+// built with 1 for 8-bit ran as fast as without (4.06 against 4.07 ms, bench/quant_gpu.py), so none is kept.
+#ifndef QX_PF
+#define QX_PF 0
+#endif
 // The staging buffer: a multiple of 16 bytes (AMD's CDNA: 64 KB of LDS a compute unit, so less there). 16 KB on an
 // H200 was as fast at one row, 1.17x slower at two (two passes for K 4096).
 #ifndef QX_BYTES
@@ -155,6 +162,19 @@ DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const 
       set.z[r] = zeros[g];
     }
   };
+  // Round p's pieces into L2 (NVIDIA's prefetch.global.L2; a no-op elsewhere).
+  auto prefetch = [&](u32 p) __attribute__((always_inline)) {
+#if defined(__NVPTX__)
+    if (p >= pieces) return;
+#pragma unroll
+    for (int r = 0; r < WR; ++r) {
+      const u32 row = wrow[r] < rows_w ? wrow[r] : rows_w - 1;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (u64)row * row_bytes + (u64)p * 16));
+    }
+#else
+    (void)p;
+#endif
+  };
   // The products of piece p (i: its place in the staged pass) with the wave's rows.
   auto products = [&](u32 p, u32 i, const Pieces& set) __attribute__((always_inline)) {
     if (p >= pieces) return;
@@ -200,10 +220,12 @@ DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const 
   };
   // Rounds: every wave's lanes take pieces p0 + lane; p0 walks K in steps of WAVE, passes start at multiples of PASS.
   // set[a] holds round a ahead of this one: QX_AHEAD rounds of pieces are in flight during a round's products.
-  constexpr int A = QX_AHEAD;
+  constexpr int A = QX_AHEAD, PF = QX_PF;
   Pieces set[A + 1];
 #pragma unroll
   for (int a = 0; a < A; ++a) load((u32)a * WAVE + lane, set[a]);
+#pragma unroll
+  for (int a = 0; a < PF; ++a) prefetch((u32)(A + a) * WAVE + lane);
   for (u32 s0 = 0; s0 < pieces; s0 += PASS) {  // passes (one up to PASS pieces)
     if (s0) sync_threads();  // the last pass's reads are done
     const u32 end = pieces - s0 < PASS ? pieces : s0 + PASS;
@@ -211,6 +233,7 @@ DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const 
     sync_threads();
     for (u32 p0 = s0; p0 < end; p0 += WAVE) {  // rounds: a tight loop, the staging outside it
       load(p0 + (u32)A * WAVE + lane, set[A]);
+      if (PF) prefetch(p0 + (u32)(A + PF) * WAVE + lane);
       products(p0 + lane, p0 - s0 + lane, set[0]);
 #pragma unroll
       for (int a = 0; a < A; ++a) set[a] = set[a + 1];

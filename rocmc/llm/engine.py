@@ -28,7 +28,7 @@ import numpy as np
 
 from ..dtypes import f32, i64
 from ..errors import InputError
-from ..runtime.module import host_copy
+from ..runtime.module import host_copy, reshaped
 from .generation import GenerationConfig, HostSampler, StopTracker
 
 __all__ = ["Engine", "Request", "Event", "QueueFull"]
@@ -90,9 +90,11 @@ class Engine:
     """Continuous batching over a LanguageModel's slots (see the module docstring).
 
     max_waiting: requests that may wait for a slot (submit raises QueueFull beyond it);
-    prefill_chunk: prompt tokens a prefill call takes at most (default DEFAULT_PREFILL_CHUNK)."""
+    prefill_chunk: prompt tokens a prefill call takes at most (default DEFAULT_PREFILL_CHUNK);
+    issue_ahead: issue each decode step before the tokens of the one before are read, where every decoding row
+    takes the device's argmax (the default; False: every step called and read in turn; the tokens are the same)."""
 
-    def __init__(self, lm, *, max_waiting: int = 256, prefill_chunk: int | None = None):
+    def __init__(self, lm, *, max_waiting: int = 256, prefill_chunk: int | None = None, issue_ahead: bool = True):
         from .runtime import _SlotTable
 
         chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
@@ -110,6 +112,8 @@ class Engine:
         self.steps = 0  # decode steps run
         # What the last step() ran: its decode step's rows (0: none) and its prefill calls (a server's metrics).
         self.last_rows = self.last_prefills = 0
+        self.issue_ahead = bool(issue_ahead)
+        self._ahead = None  # (the decode step issued ahead: its Submission, its rows), read at the next round
 
     # ---- requests --------------------------------------------------------------------------------------
 
@@ -226,14 +230,46 @@ class Engine:
                 return
 
     def _decode(self, events: list) -> None:
+        """One decode step's tokens for the decoding rows. Where every decoding row takes the device's argmax and
+        the module has decode's stream-ordered form, the next step is issued before this one's tokens are read,
+        its tokens this step's own output on the device: the device runs it while the host reads the tokens
+        and schedules the next round (the host's time a step hides behind the device's). A row that has left
+        since a step was issued is skipped when it is read; a row that joins (its first token is on the host)
+        stops the run ahead for a round: the step in flight is read, and the next is issued with every row's
+        token from the host."""
+        ahead, self._ahead = self._ahead, None
         rows = [r for r in self.running if r.state == "decode"]
-        if not rows:
-            return
+        if ahead is None:
+            if not rows:
+                return
+            if not self._issues_ahead(rows):
+                self._decode_now(rows, events)
+                return
+            mask = self._mask(rows)
+            tokens = np.array([r._next if m else 0 for r, m in zip(self.rows, mask)], np.int64)
+            ahead = (self.lm.module.submit("decode", **self.slots.decode(tokens, rows=mask)), rows)
+        sub, batch = ahead
+        # The next step ahead, its tokens this one's on the device: for the rows of this one still decoding (a
+        # row that joined since needs its token from the host: it waits a round), unless none goes on after it.
+        joined = {r.id for r in rows} - {r.id for r in batch}
+        if rows and not joined and self._issues_ahead(rows) and self._continues(rows):
+            if all(self.slots.lengths[r.slot] < self.slots.max_seq_len for r in rows):
+                tokens = reshaped(sub.outputs[0], (self.max_batch, 1))
+                positions = self.slots.decode_positions(self._mask(rows))
+                self._ahead = (self.lm.module.submit("decode", tokens=tokens, positions=positions), rows)
+        live = [r for r in batch if self.rows[r.slot] is r and r.state == "decode"]  # not ended nor cancelled since
+        self.steps, self.last_rows = self.steps + 1, len(live)
+        argmax = sub.output(0)
+        for r in live:
+            self._push(r, int(argmax[r.slot]), None, events)
+
+    def _decode_now(self, rows: list, events: list) -> None:
+        """A decode step called and read before the next is issued (rows chosen on the host, or a module
+        without decode's stream-ordered form)."""
         tokens = np.zeros(self.max_batch, np.int64)
-        mask = np.zeros(self.max_batch, bool)
         for r in rows:
-            tokens[r.slot], mask[r.slot] = r._next, True
-        out = self.lm.module.decode(**self.slots.decode(tokens, rows=mask), output="device")
+            tokens[r.slot] = r._next
+        out = self.lm.module.decode(**self.slots.decode(tokens, rows=self._mask(rows)), output="device")
         self.steps, self.last_rows = self.steps + 1, len(rows)
         argmax = host_copy(out[0], i64)
         logits = host_copy(out[1], f32) if any(r.on_host for r in rows) else None
@@ -243,6 +279,22 @@ class Engine:
             else:
                 token, logprob, top = int(argmax[r.slot]), None, None
             self._push(r, token, logprob, events, top)
+
+    def _issues_ahead(self, rows: list) -> bool:
+        """Whether the decode steps of `rows` may be issued one ahead of the tokens read: every row takes the
+        device's argmax (a row chosen on the host needs the step's logits first)."""
+        return self.issue_ahead and self.lm.module.can_submit("decode") and not any(r.on_host for r in rows)
+
+    @staticmethod
+    def _continues(rows: list) -> bool:
+        """Whether a row may go on after the step in flight (one not at its token limit): else the step ahead
+        would run for nothing."""
+        return any(len(r.tokens) + 1 < r._tracker.max_new for r in rows)
+
+    def _mask(self, rows: list) -> np.ndarray:
+        mask = np.zeros(self.max_batch, bool)
+        mask[[r.slot for r in rows]] = True
+        return mask
 
     @staticmethod
     def _sample(req: Request, logits: np.ndarray) -> tuple:

@@ -81,6 +81,69 @@ def test_cancel_frees_the_slot_for_a_waiting_request(lm, rng):
     assert len(ra.tokens) < 40
 
 
+def _schedule(lm, prompts, issue_ahead: bool, stop_token: int):
+    """Requests joining at different rounds on three slots: greedy with token limits, one ending on a stop token,
+    one cancelled while a step for it may be in flight, one sampled on the host (its rounds run one step at a
+    time). Returns (each request's events' tokens, its finish reason), the submissions of decode issued ahead
+    and the rounds that ran."""
+    engine = Engine(lm, prefill_chunk=8, issue_ahead=issue_ahead)
+    submitted = []
+    real = lm.module.submit
+
+    def counted(function, *args, **kwargs):
+        submitted.append(function)
+        return real(function, *args, **kwargs)
+
+    lm.module.submit = counted
+    try:
+        plan = {0: [0, 1], 2: [2], 4: [3], 9: [4], 12: [5]}  # round -> requests submitted before it
+        limits = [14, 6, 9, 11, 5, 7]
+        reqs, got = [], {}
+        for step in range(300):
+            for i in plan.get(step, []):
+                stops = (stop_token,) if i == 3 else ()
+                extra = dict(do_sample=True, temperature=0.8, top_k=0, top_p=1.0, seed=7) if i == 4 else {}
+                reqs.append(engine.submit(prompts[i], max_new_tokens=limits[i], stop_tokens=stops, **extra))
+            if step == 7:
+                engine.cancel(reqs[2])
+            for ev in engine.step():
+                got.setdefault(ev.request.id, []).append(ev.token)
+            if step > max(plan) and engine.idle:
+                break
+    finally:
+        lm.module.submit = real
+    assert engine.idle
+    return [(got[r.id], r.finish_reason) for r in reqs], submitted, step
+
+
+def test_decode_steps_issued_ahead_give_the_tokens_of_steps_read_in_turn(lm, rng):
+    """The engine issues a decode step before the tokens of the one before are read (its tokens that step's
+    output on the device): rows joining, ending on a stop token or their limit, cancelled, and sampled on the
+    host get the events of an engine that reads every step before issuing the next, and the greedy ones
+    their tokens alone."""
+    prompts = _prompts(rng, (5, 19, 3, 11, 7, 4))
+    alone = _alone(lm, prompts[3], 11)
+    stop = alone[4]  # request 3 ends on its 5th token (or earlier, where that token came before)
+    ahead, submitted, rounds = _schedule(lm, prompts, True, stop)
+    read_in_turn, none, rounds_in_turn = _schedule(lm, prompts, False, stop)
+    assert none == [] and submitted.count("decode") >= 12  # the steps were issued ahead
+    assert (
+        [f for _, f in ahead]
+        == [f for _, f in read_in_turn]
+        == ["length", "length", "cancelled", "stop", "length", "length"]
+    )
+    for i in (0, 1, 3, 4, 5):
+        assert ahead[i] == read_in_turn[i]
+    for i in (0, 1, 5):
+        assert ahead[i][0] == _alone(lm, prompts[i], len(ahead[i][0]))
+    assert ahead[3][0] == alone[: alone.index(stop) + 1]
+    # cancelled at a round: its tokens until then (a joining row's wait may shift that round's place in its run)
+    want = _alone(lm, prompts[2], 9)
+    for got in (ahead[2][0], read_in_turn[2][0]):
+        assert got[-1] is None and got[:-1] == want[: len(got) - 1]
+    assert rounds <= rounds_in_turn + 4  # a joining row waits a round at most
+
+
 def test_what_the_engine_refuses(lm):
     engine = Engine(lm, max_waiting=1)
     with pytest.raises(rocmc.InputError, match="the prompt is empty"):

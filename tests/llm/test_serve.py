@@ -199,13 +199,17 @@ def test_a_client_that_leaves_frees_its_slot(served, stream):
     """A client gone mid-answer (streamed: it closes the stream; whole: it stops waiting) ends its request at the
     next step. Each decode step is slowed to 50 ms here, so the request's 55 tokens would hold the slot ~3 s."""
     lm, url = served
-    real = lm.module.decode
+    real, real_submit = lm.module.decode, lm.module.submit
 
     def slow(**kw):
         time.sleep(0.05)
         return real(**kw)
 
-    lm.module.decode = slow
+    def slow_submit(function, *args, **kw):  # the engine issues its greedy steps ahead
+        time.sleep(0.05 if function == "decode" else 0)
+        return real_submit(function, *args, **kw)
+
+    lm.module.decode, lm.module.submit = slow, slow_submit
     try:
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 55, "temperature": 0, "stream": stream}
         headers = {"Authorization": f"Bearer {KEY}"}
@@ -222,7 +226,7 @@ def test_a_client_that_leaves_frees_its_slot(served, stream):
             time.sleep(0.02)
         assert _running(url) == 0 and time.perf_counter() - left < 1.0
     finally:
-        lm.module.decode = real
+        lm.module.decode, lm.module.submit = real, real_submit
 
 
 @pytest.mark.parametrize(
