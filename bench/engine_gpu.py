@@ -10,7 +10,8 @@ steps that ran no prefill chunk ("between admissions") against the raw batched d
     python3 -m bench.engine_gpu --dir out/llm --ckpt /tmp/ck --json out.json            # GPU machine
 
 Each concurrency runs once with the engine's decode steps issued ahead of the tokens read (its default) and once
-with every step read before the next is issued (--modes).
+with every step read before the next is issued (--modes). --sample draws every request (temperature 0.7, top-k
+50, top-p 0.9, seeded) instead of greedy.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def mix(n: int, vocab: int, seed: int = 3, longest: int = 768) -> list:
     ]
 
 
-def run_clients(lm, requests: list, clients: int, issue_ahead: bool = True) -> dict:
+# --sample: every request drawn with these settings (its seed its index in the mix), as chat clients ask
+SAMPLED = {"do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 0.9}
+
+
+def run_clients(lm, requests: list, clients: int, issue_ahead: bool = True, sample: bool = False) -> dict:
     from rocmc.llm.engine import Engine
 
     prefills = [0]
@@ -58,7 +63,8 @@ def run_clients(lm, requests: list, clients: int, issue_ahead: bool = True) -> d
         while todo or not engine.idle:
             while todo and len(engine.running) + len(engine.waiting) < clients:
                 ids, n = todo.pop(0)
-                req = engine.submit(ids, max_new_tokens=n, do_sample=False, stop_tokens=())
+                settings = SAMPLED | {"seed": len(requests) - len(todo)} if sample else {"do_sample": False}
+                req = engine.submit(ids, max_new_tokens=n, stop_tokens=(), **settings)
                 sent[req.id] = time.perf_counter()
             before, rows = prefills[0], sum(r.state == "decode" for r in engine.running)
             t = time.perf_counter()
@@ -84,6 +90,7 @@ def run_clients(lm, requests: list, clients: int, issue_ahead: bool = True) -> d
     full = [dt for dt, rows in pure_steps if rows == lm.sizes.max_batch]
     return {
         "issue_ahead": issue_ahead,
+        "sampled": sample,
         "clients": clients,
         "requests": len(requests),
         "output_tokens": tokens,
@@ -133,6 +140,7 @@ def main() -> int:
         default="ahead,in-turn",
         help="the engine's decode steps issued ahead of the tokens read, or each read before the next (a run each)",
     )
+    ap.add_argument("--sample", action="store_true", help="requests sampled (temperature 0.7, top-k 50, top-p 0.9)")
     a = ap.parse_args()
     import rocmc
 
@@ -145,7 +153,7 @@ def main() -> int:
     out["one_request_alone"] = alone
     for c in [int(x) for x in a.concurrency.split(",")]:
         for mode in a.modes.split(","):
-            res = run_clients(lm, requests if c > 1 else requests[:8], c, issue_ahead=mode == "ahead")
+            res = run_clients(lm, requests if c > 1 else requests[:8], c, mode == "ahead", a.sample)
             out["runs"].append(res)
             print(json.dumps(res), flush=True)
     Path(a.json).write_text(json.dumps(out, indent=1))

@@ -9,9 +9,12 @@ that every decode step runs each decoding row at its own position. A row that en
 token limit) or is cancelled frees its slot at once, for the next waiting request.
 
 Each request carries its own settings (a GenerationConfig: greedy or sampled, seed, stop tokens and strings,
-log-probabilities): greedy rows take the decode function's own argmax, the others are chosen on the host from
-the step's logits by their own HostSampler, whose draws depend on the request's seed only. So a request's tokens
-do not depend on what else runs beside it: they are the tokens it gets alone.
+log-probabilities): greedy rows take the decode function's own argmax; sampled rows are drawn on the device by the
+`sample` function, each row with its own temperature, top-k, top-p and key (the request's seed and the token's
+index, as `generate` keys a request alone); rows whose settings need the host (log-probabilities, penalties, a
+top-k past the module's sample_k) are chosen there from the step's logits by their own HostSampler, seeded by the
+request. So a request's tokens do not depend on what else runs beside it: they are the tokens it gets alone
+(with `generate`, too, except the host-chosen ones, whose draws are the engine's own).
 
 The engine is not thread-safe: one thread drives it (`step`, or `run`); a server hands requests to that thread.
 Tensor-parallel models are not served (the ranks would have to follow rank 0's schedule).
@@ -30,6 +33,7 @@ from ..dtypes import f32, i64
 from ..errors import InputError
 from ..runtime.module import host_copy, reshaped
 from .generation import GenerationConfig, HostSampler, StopTracker
+from .runtime import sample_key
 
 __all__ = ["Engine", "Request", "Event", "QueueFull"]
 
@@ -75,6 +79,8 @@ class Request:
     _sampler: HostSampler | None = None
     _tracker: StopTracker | None = None
     _next: int | None = None
+    _path: str = "argmax"  # how its tokens are chosen: "argmax", "sample" (drawn on the device) or "host"
+    _seed: int | None = None
 
     @property
     def done(self) -> bool:
@@ -82,8 +88,9 @@ class Request:
 
     @property
     def on_host(self) -> bool:
-        """Chosen on the host from the logits (sampled, or with log-probabilities), else the device's argmax."""
-        return self._sampler is not None
+        """Chosen on the host from the logits (log-probabilities, penalties, a top-k past the device's
+        candidates), else on the device (its argmax, or drawn by the `sample` function)."""
+        return self._path == "host"
 
 
 class Engine:
@@ -144,8 +151,13 @@ class Engine:
             raise QueueFull(f"{len(self.waiting)} requests are waiting already (the engine's max_waiting)")
         req = Request(ids, cfg, next(self._ids), top_logprobs=top_logprobs)
         req._tracker = self.lm._tracker(1, n_new, cfg)
-        if cfg.path(self.lm.sizes.sample_k, self.lm.config.vocab_size) != "argmax":
-            req._sampler = HostSampler(cfg, [0], self.lm._seed(cfg))
+        req._path = cfg.path(self.lm.sizes.sample_k, self.lm.config.vocab_size)
+        if req._path == "sample" and "sample" not in self.lm.module.functions:
+            req._path = "host"  # an artifact compiled without `sample`: drawn on the host instead
+        if req._path != "argmax":
+            req._seed = self.lm._seed(cfg)
+        if req._path == "host":
+            req._sampler = HostSampler(cfg, [0], req._seed)
         if n_new == 0:
             req.state, req.finish_reason = "done", "length"
             return req
@@ -217,10 +229,13 @@ class Engine:
             done = [(j, r) for j, r in done if self.slots.lengths[r.slot] >= len(r.ids)]
             if done:
                 argmax = host_copy(out[0], i64)
-                logits = host_copy(out[1], f32) if any(r.on_host for _, r in done) else None
+                logits = host_copy(out[1], f32) if any(r._path != "argmax" for _, r in done) else None
+                drawn = self._draw_first(done, logits)
             for j, req in done:
                 if req.on_host:
                     token, logprob, top = self._sample(req, logits[j])
+                elif req._path == "sample":
+                    token, logprob, top = int(drawn[req.slot]), None, None
                 else:
                     token, logprob, top = int(argmax[j]), None, None
                 self._push(req, token, logprob, events, top)
@@ -230,9 +245,10 @@ class Engine:
                 return
 
     def _decode(self, events: list) -> None:
-        """One decode step's tokens for the decoding rows. Where every decoding row takes the device's argmax and
-        the module has decode's stream-ordered form, the next step is issued before this one's tokens are read,
-        its tokens this step's own output on the device: the device runs it while the host reads the tokens
+        """One decode step's tokens for the decoding rows. Where every decoding row's token is chosen on the
+        device (its argmax, or drawn by `sample` issued after the step) and the module has the functions'
+        stream-ordered forms, the next step is issued before this one's tokens are read, its tokens this step's
+        own on the device: the device runs it while the host reads the tokens
         and schedules the next round (the host's time a step hides behind the device's). A row that has left
         since a step was issued is skipped when it is read; a row that joins (its first token is on the host)
         stops the run ahead for a round: the step in flight is read, and the next is issued with every row's
@@ -247,7 +263,10 @@ class Engine:
                 return
             mask = self._mask(rows)
             tokens = np.array([r._next if m else 0 for r, m in zip(self.rows, mask)], np.int64)
-            ahead = (self.lm.module.submit("decode", **self.slots.decode(tokens, rows=mask)), rows)
+            ahead = (
+                self._chosen(self.lm.module.submit("decode", **self.slots.decode(tokens, rows=mask)), rows, 0),
+                rows,
+            )
         sub, batch = ahead
         # The next step ahead, its tokens this one's on the device: for the rows of this one still decoding (a
         # row that joined since needs its token from the host: it waits a round), unless none goes on after it.
@@ -256,7 +275,8 @@ class Engine:
             if all(self.slots.lengths[r.slot] < self.slots.max_seq_len for r in rows):
                 tokens = reshaped(sub.outputs[0], (self.max_batch, 1))
                 positions = self.slots.decode_positions(self._mask(rows))
-                self._ahead = (self.lm.module.submit("decode", tokens=tokens, positions=positions), rows)
+                step = self.lm.module.submit("decode", tokens=tokens, positions=positions)
+                self._ahead = (self._chosen(step, rows, 1), rows)
         live = [r for r in batch if self.rows[r.slot] is r and r.state == "decode"]  # not ended nor cancelled since
         self.steps, self.last_rows = self.steps + 1, len(live)
         argmax = sub.output(0)
@@ -271,7 +291,8 @@ class Engine:
             tokens[r.slot] = r._next
         out = self.lm.module.decode(**self.slots.decode(tokens, rows=self._mask(rows)), output="device")
         self.steps, self.last_rows = self.steps + 1, len(rows)
-        argmax = host_copy(out[0], i64)
+        draws = self._draws(rows, 0)
+        argmax = host_copy(out[0], i64) if draws is None else np.asarray(self.lm.module.sample(out[1], **draws))
         logits = host_copy(out[1], f32) if any(r.on_host for r in rows) else None
         for r in rows:
             if r.on_host:
@@ -281,9 +302,55 @@ class Engine:
             self._push(r, token, logprob, events, top)
 
     def _issues_ahead(self, rows: list) -> bool:
-        """Whether the decode steps of `rows` may be issued one ahead of the tokens read: every row takes the
-        device's argmax (a row chosen on the host needs the step's logits first)."""
-        return self.issue_ahead and self.lm.module.can_submit("decode") and not any(r.on_host for r in rows)
+        """Whether the decode steps of `rows` may be issued one ahead of the tokens read: every row's token is
+        chosen on the device (a row chosen on the host needs the step's logits first)."""
+        m = self.lm.module
+        drawing = any(r._path == "sample" for r in rows)
+        return (
+            self.issue_ahead
+            and m.can_submit("decode")
+            and (not drawing or m.can_submit("sample"))
+            and not any(r.on_host for r in rows)
+        )
+
+    def _chosen(self, step, rows: list, ahead: int):
+        """The submission whose first output is a decode step's tokens: the step's argmax, or `sample` issued
+        after it where a row draws (its rows' tokens `ahead` further than their tokens so far)."""
+        draws = self._draws(rows, ahead)
+        return step if draws is None else self.lm.module.submit("sample", step.outputs[1], **draws)
+
+    def _draws(self, rows: list, ahead: int) -> dict | None:
+        """The `sample` function's inputs for a step of `rows` (None where no row draws): a drawing row's own
+        temperature, top-k, top-p and key (its seed and the index of the token drawn: len(tokens) + ahead, as
+        `generate` keys a request alone); temperature 0, decode's argmax, for every other row."""
+        drawing = [r for r in rows if r._path == "sample"]
+        if not drawing:
+            return None
+        b, k = self.max_batch, self.lm.sizes.sample_k
+        feeds = {
+            "temperature": np.zeros(b, np.float32),
+            "top_k": np.full(b, k, np.int64),
+            "top_p": np.ones(b, np.float32),
+            "key": np.zeros(b, np.int64),
+        }
+        for r in drawing:
+            c = r.settings
+            feeds["temperature"][r.slot] = c.temperature
+            feeds["top_k"][r.slot] = k if c.top_k == 0 else min(c.top_k, k)
+            feeds["top_p"][r.slot] = c.top_p
+            feeds["key"][r.slot] = sample_key(r._seed, len(r.tokens) + ahead, 0)
+        return feeds
+
+    def _draw_first(self, done: list, logits) -> np.ndarray | None:
+        """The first tokens of the drawing rows among `done` ((call row, request) of a prefill call whose
+        prompts it ended), from the call's last logits (on the host), at their slots; None if none draws."""
+        drawing = [(j, r) for j, r in done if r._path == "sample"]
+        if not drawing:
+            return None
+        full = np.zeros((self.max_batch, logits.shape[-1]), np.float32)
+        for j, r in drawing:
+            full[r.slot] = logits[j]
+        return np.asarray(self.lm.module.sample(full, **self._draws([r for _, r in drawing], 0)))
 
     @staticmethod
     def _continues(rows: list) -> bool:

@@ -94,8 +94,9 @@ def _sample(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     """Logits (left on the device by decode) -> one token per row, drawn as transformers' sampling does:
     temperature, then top_k, then top_p (the smallest set of most likely tokens whose probability reaches
     it), then a draw (the Gumbel-max trick with counter-based noise from `key`, so a seed reproduces a
-    generation on every target). Rows with temperature 0 take the most likely token. The candidates are
-    the sample_k most likely tokens."""
+    generation on every target). Rows with temperature 0 take the most likely token, as decode's argmax
+    chooses it (so a server's greedy rows can share a step with drawing ones). The candidates are the
+    sample_k most likely tokens."""
     b, k = shape.max_batch, min(shape.sample_k, cfg.vocab_size)
     g = Graph("sample")
     logits = g.input("logits", (b, cfg.vocab_size), "f32")
@@ -112,7 +113,7 @@ def _sample(cfg: LlmConfig, shape: Shape, plan: Plan | None = None) -> Graph:
     gumbel = -ops.log(-ops.log(ops.random_uniform(key, k)))
     choice = ops.argmax(ops.where(keep, scaled + gumbel, np.float32(-np.inf)), axis=-1, keepdims=True)
     drawn = ops.sum(ops.where(ops.equal(rank, choice), ids, np.int64(0)), axis=-1)
-    greedy = ops.reshape(ops.narrow(ids, 1, 0, 1), (b,))
+    greedy = ops.argmax(logits, axis=-1)  # decode's own choice (the first of equal logits), not topk's
     g.output(ops.where(ops.greater(temperature, np.float32(0)), drawn, greedy))
     return g
 

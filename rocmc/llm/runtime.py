@@ -509,9 +509,8 @@ class LanguageModel:
         )
 
     def _sample_key(self, seed, n: int, first_row: int) -> np.ndarray:
-        """One key per (seed, step, row); random_uniform mixes it (splitmix64) with each candidate."""
-        rows = range(self.sizes.max_batch)
-        return np.array([(((seed << 20) | n) << 16 | (first_row + r)) % (1 << 63) for r in rows], np.int64)
+        """The `sample` function's key of each row of a call whose row 0 is the call's row `first_row`."""
+        return np.array([sample_key(seed, n, first_row + r) for r in range(self.sizes.max_batch)], np.int64)
 
     def _prefill_rows(self, slots: "_SlotTable", rows: list) -> tuple:
         """Prefill each row into its slot: (greedy next tokens (max_batch,), last logits (max_batch, vocab)),
@@ -602,6 +601,12 @@ class LanguageModel:
         if bad:
             raise InputError(f"prompt {i}: token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         return ids
+
+
+def sample_key(seed: int, n: int, row: int) -> int:
+    """The `sample` function's key for token `n` of row `row` of a generation seeded `seed` (random_uniform mixes
+    it, splitmix64, with each candidate): a row's draws depend on these three alone."""
+    return (((seed << 20) | n) << 16 | row) % (1 << 63)
 
 
 def _prompts(prompt) -> tuple[list, bool]:

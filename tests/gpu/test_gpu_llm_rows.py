@@ -172,3 +172,34 @@ def test_steps_issued_ahead_equal_steps_one_at_a_time(gpu_step):
         ahead = lm.generate(list(prompt), 24, stop_tokens=(), **kw)
         lm.pipeline = False
         assert ahead == lm.generate(list(prompt), 24, stop_tokens=(), **kw), kw
+
+
+@pytest.mark.gpu
+def test_the_engine_draws_on_the_device_as_generate_does(gpu_step):
+    """The engine draws sampled rows on the device (`sample` after each decode step, each row its own settings
+    and key), its steps issued ahead: two sampled requests beside a greedy one get the tokens of the engine
+    reading every step in turn, and the tokens `generate` draws for each alone with its seed. The module of
+    test_rows_at_their_own_positions (llama3)."""
+    from rocmc.llm.engine import Engine
+
+    if isinstance(gpu_step, Compiler):
+        return  # test_rows_at_their_own_positions compiles it
+    d = _dir(gpu_step, "llama3")
+    lm = rocmc.llm.load(d / "m.vmfb", d / "ckpt", device="cuda")
+    rng = np.random.default_rng(11)
+    prompts = [[int(t) for t in rng.integers(3, lm.config.vocab_size, n)] for n in (9, 21, 5)]
+    settings = [
+        dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=31),
+        dict(do_sample=True, temperature=1.2, top_k=40, top_p=1.0, seed=8),
+        dict(do_sample=False),
+    ]
+    runs = []
+    for issue_ahead in (True, False):
+        engine = Engine(lm, prefill_chunk=64, issue_ahead=issue_ahead)  # each prompt one chunk, as alone
+        reqs = [engine.submit(p, max_new_tokens=20, stop_tokens=(), **s) for p, s in zip(prompts, settings)]
+        list(engine.run())
+        assert [r._path for r in reqs] == ["sample", "sample", "argmax"]
+        runs.append([r.tokens for r in reqs])
+    assert runs[0] == runs[1]
+    for got, p, s in zip(runs[0][:2], prompts, settings):
+        assert got == lm.generate([p], 20, stop_tokens=(), **s)[0], s

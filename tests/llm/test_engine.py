@@ -3,6 +3,8 @@ wait for a slot, prefill in chunks between decode steps or are cancelled get the
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,22 @@ def lm(llm_checkpoint):  # noqa: F811
 
 def _prompts(rng, lengths):
     return [[int(t) for t in rng.integers(4, 250, size=n)] for n in lengths]
+
+
+@contextlib.contextmanager
+def _submissions(lm):
+    """The names of the functions submitted to lm's module meanwhile (a list that grows)."""
+    submitted, real = [], lm.module.submit
+
+    def counted(function, *args, **kwargs):
+        submitted.append(function)
+        return real(function, *args, **kwargs)
+
+    lm.module.submit = counted
+    try:
+        yield submitted
+    finally:
+        lm.module.submit = real
 
 
 def _alone(lm, ids, n, **settings):
@@ -65,6 +83,34 @@ def test_sampled_requests_follow_their_own_seed(lm, rng):
     assert rb.tokens == _alone(lm, b, 5)
 
 
+def test_rows_drawn_on_the_device_get_the_tokens_generate_draws_alone(lm, rng):
+    """Sampled requests whose settings the `sample` function covers (top-k within the module's sample_k) are drawn
+    on the device, each row with its own temperature, top-k, top-p and key: each gets the tokens `generate` draws
+    for it alone with its seed, beside a greedy row and a row chosen on the host, steps issued ahead or read in
+    turn; the draws run through `sample`'s stream-ordered form."""
+    a, b, c = _prompts(rng, (7, 12, 5))
+    drawn_a = dict(do_sample=True, temperature=0.9, top_k=20, top_p=0.95, seed=1234)
+    drawn_b = dict(do_sample=True, temperature=1.3, top_k=40, top_p=1.0, seed=77)
+    on_host = dict(do_sample=True, temperature=0.9, top_k=0, top_p=1.0, seed=5)  # top-k past sample_k: the host's
+    want_a, want_b = _alone(lm, a, 9, **drawn_a), _alone(lm, b, 6, **drawn_b)
+    greedy = _alone(lm, c, 8)
+    for issue_ahead in (True, False):
+        engine = Engine(lm, issue_ahead=issue_ahead)
+        with _submissions(lm) as submitted:
+            ra = engine.submit(a, max_new_tokens=9, stop_tokens=(), **drawn_a)
+            rc = engine.submit(c, max_new_tokens=8, stop_tokens=())
+            list(engine.run())
+            rb = engine.submit(b, max_new_tokens=6, stop_tokens=(), **drawn_b)
+            rh = engine.submit(c, max_new_tokens=4, stop_tokens=(), **on_host)
+            list(engine.run())
+        assert (ra._path, rb._path, rc._path, rh._path) == ("sample", "sample", "argmax", "host")
+        assert ra.tokens == want_a and rb.tokens == want_b and rc.tokens == greedy
+        assert rh.tokens == _alone(lm, c, 4, **on_host)
+        assert ra.tokens != _alone(lm, a, 9, **(drawn_a | {"seed": 1235}))  # the seed is what draws
+        # the two drawing requests' steps beside greedy rows went through sample's stream-ordered form
+        assert (submitted.count("sample") >= 8) == issue_ahead
+
+
 def test_cancel_frees_the_slot_for_a_waiting_request(lm, rng):
     a, b, c = _prompts(rng, (5, 6, 7))
     engine = Engine(lm)
@@ -82,20 +128,12 @@ def test_cancel_frees_the_slot_for_a_waiting_request(lm, rng):
 
 
 def _schedule(lm, prompts, issue_ahead: bool, stop_token: int):
-    """Requests joining at different rounds on three slots: greedy with token limits, one ending on a stop token,
+    """Requests joining at different rounds on two slots: greedy with token limits, one ending on a stop token,
     one cancelled while a step for it may be in flight, one sampled on the host (its rounds run one step at a
     time). Returns (each request's events' tokens, its finish reason), the submissions of decode issued ahead
     and the rounds that ran."""
     engine = Engine(lm, prefill_chunk=8, issue_ahead=issue_ahead)
-    submitted = []
-    real = lm.module.submit
-
-    def counted(function, *args, **kwargs):
-        submitted.append(function)
-        return real(function, *args, **kwargs)
-
-    lm.module.submit = counted
-    try:
+    with _submissions(lm) as submitted:
         plan = {0: [0, 1], 2: [2], 4: [3], 9: [4], 12: [5]}  # round -> requests submitted before it
         limits = [14, 6, 9, 11, 5, 7]
         reqs, got = [], {}
@@ -110,8 +148,6 @@ def _schedule(lm, prompts, issue_ahead: bool, stop_token: int):
                 got.setdefault(ev.request.id, []).append(ev.token)
             if step > max(plan) and engine.idle:
                 break
-    finally:
-        lm.module.submit = real
     assert engine.idle
     return [(got[r.id], r.finish_reason) for r in reqs], submitted, step
 
