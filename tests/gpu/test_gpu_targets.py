@@ -91,3 +91,30 @@ FOUR_BIT = Case("int4_boundary", _four_bit, _four_bit_inputs, 1e-6, rel_l2)
 @pytest.mark.gpu
 def test_four_bit_values_cross_a_gpu_module(gpu):
     gpu(FOUR_BIT)
+
+
+def _long_topk():
+    """An LLM's `sample` topk: 64 of a 32000-entry row, ranked in chunks on a GPU (codegen/index.py)."""
+    g = rocmc.Graph("long_topk")
+    x = g.input("x", ("n", 32000), "f32")
+    g.output(*ops.topk(x, 64))
+    return g
+
+
+def _long_topk_inputs(rng, n):
+    a = rng.standard_normal((n, 32000)).astype(np.float32)
+    a[0, rng.integers(0, 32000, 50)] = a[0, 3]  # ties, broken by position
+    a[-1] = -np.abs(a[-1]) - 1  # a row of negative values only
+    return [a]
+
+
+def _differs(got, want) -> float:
+    return float(not np.array_equal(np.asarray(got, np.float64), np.asarray(want, np.float64)))
+
+
+LONG_TOPK = Case("long_topk", _long_topk, _long_topk_inputs, 0.5, _differs, sizes=(1, 3, 32))
+
+
+@pytest.mark.gpu
+def test_topk_of_a_long_row_in_chunks(gpu):
+    gpu(LONG_TOPK)

@@ -352,6 +352,52 @@ def test_topk_k_is_the_whole_vocab(rng):
     same(np.signbit(v), np.signbit(want_v))
 
 
+@pytest.mark.parametrize("length,k,dtype", [(32000, 64, "f32"), (4093, 17, "f16"), (2048, 1, "bf16")])
+def test_topk_of_a_long_row_ranked_in_chunks(length, k, dtype, rng, monkeypatch):
+    """A long last axis ranked in chunks (the GPU form, forced here on the CPU): each chunk's k largest, then the
+    k largest of the candidates; the last chunk padded with the smallest key (4093: 8 chunks of 512, 3 pads).
+    Symbolic rows; ties broken by position, NaN the largest, -0.0 kept; rows of only negative values (padding
+    must never outrank them)."""
+    from rocmc.lowering.codegen import index
+
+    monkeypatch.setattr(index, "RANK_FROM_K", 0)  # the ranking form on the CPU too
+    assert index._chunks(length, k) is not None
+    g = rocmc.Graph("t")
+    x = g.input("x", ("n", length), dtype)
+    g.output(*ops.topk(x, k))
+    art = rocmc.compile(g, "cpu")
+    assert "iree_linalg_ext.topk" not in art.ir("input") and "tensor.expand_shape" in art.ir("input")
+    module = rocmc.load(art)
+    for n in (1, 3):
+        a = rand(rng, (n, length), dtype)
+        a[0, rng.integers(0, length, 40)] = a[0, 7]  # ties
+        if n > 1:
+            a[1] = -np.abs(a[1]) - 1  # every value negative
+            a[2, rng.integers(0, length, 5)] = np.nan
+            a[2, rng.integers(0, length, 5)] = -0.0
+        v, i = module(a)
+        want_v, want_i = np_topk(a, k, 1, True)
+        same(i, want_i)
+        same(np.asarray(v).astype(np.float64), want_v.astype(np.float64))
+        same(np.signbit(np.asarray(v).astype(np.float64)), np.signbit(want_v.astype(np.float64)))
+
+
+def test_topk_rows_chunked_only_where_the_candidates_are_real():
+    from rocmc.lowering.codegen.index import _chunks
+
+    assert _chunks(32000, 64) == (63, 508)
+    assert _chunks(2047, 4) is None and _chunks("v", 4) is None  # short, symbolic
+    assert _chunks(32000, 129) is None  # k past a quarter of a chunk
+    assert _chunks(151936, 64) == (297, 512)
+    # every case: the padded last chunk keeps at least k real entries
+    for length in range(2048, 2048 + 4096, 37):
+        for k in (1, 64, 128):
+            got = _chunks(length, k)
+            if got:
+                n, c = got
+                assert n * c >= length and c - (n * c - length) >= k
+
+
 def test_topk_static_odd_and_k_zero(rng):
     g = rocmc.Graph("t")
     x = g.input("x", (3, 5, 2), "f16")
