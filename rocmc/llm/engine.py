@@ -99,7 +99,8 @@ class Engine:
     max_waiting: requests that may wait for a slot (submit raises QueueFull beyond it);
     prefill_chunk: prompt tokens a prefill call takes at most (default DEFAULT_PREFILL_CHUNK);
     issue_ahead: issue each decode step before the tokens of the one before are read, where every decoding row
-    takes the device's argmax (the default; False: every step called and read in turn; the tokens are the same)."""
+    has its token chosen on the device (the default; False: every step called and read in turn; the tokens are the
+    same)."""
 
     def __init__(self, lm, *, max_waiting: int = 256, prefill_chunk: int | None = None, issue_ahead: bool = True):
         from .runtime import _SlotTable
