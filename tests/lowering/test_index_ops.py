@@ -352,12 +352,15 @@ def test_topk_k_is_the_whole_vocab(rng):
     same(np.signbit(v), np.signbit(want_v))
 
 
-@pytest.mark.parametrize("length,k,dtype", [(32000, 64, "f32"), (4093, 17, "f16"), (2048, 1, "bf16")])
+@pytest.mark.parametrize(
+    "length,k,dtype", [(32000, 64, "f32"), (4093, 17, "f16"), (2048, 1, "bf16"), (40000, 64, "f32")]
+)
 def test_topk_of_a_long_row_ranked_in_chunks(length, k, dtype, rng, monkeypatch):
     """A long last axis ranked in chunks (the GPU form, forced here on the CPU): each chunk's k largest, then the
     k largest of the candidates; the last chunk padded with the smallest key (4093: 8 chunks of 512, 3 pads).
     Symbolic rows; ties broken by position, NaN the largest, -0.0 kept; rows of only negative values (padding
-    must never outrank them)."""
+    must never outrank them). 32000 entries, k 64: 63 chunks, whose 4032 candidates are ranked in 8 chunks again.
+    """
     from rocmc.lowering.codegen import index
 
     monkeypatch.setattr(index, "RANK_FROM_K", 0)  # the ranking form on the CPU too
@@ -366,7 +369,12 @@ def test_topk_of_a_long_row_ranked_in_chunks(length, k, dtype, rng, monkeypatch)
     x = g.input("x", ("n", length), dtype)
     g.output(*ops.topk(x, k))
     art = rocmc.compile(g, "cpu")
-    assert "iree_linalg_ext.topk" not in art.ir("input") and "tensor.expand_shape" in art.ir("input")
+    levels, n = 0, length
+    while index._chunks(n, k):
+        levels, n = levels + 1, index._chunks(n, k)[0] * k
+    text = art.ir("input")
+    assert "iree_linalg_ext.topk" not in text and text.count("tensor.expand_shape") == levels
+    assert levels == {32000: 2, 4093: 1, 2048: 1, 40000: 2}[length]
     module = rocmc.load(art)
     for n in (1, 3):
         a = rand(rng, (n, length), dtype)
@@ -568,6 +576,7 @@ def test_gpu_targets_compile(target):
     cache = g.input("cache", ("b", 128, 64), "f16")
     pos = g.input("pos", (1,), "i64")
     logits = g.input("logits", ("b", 32000), "f32")
+    vocab = g.input("vocab", ("b", 128256), "f32")  # Llama 3's: ranked in chunks three times over
     ids = g.input("ids", ("b", 9), "i64")
     new = ops.update_slice(cache, x, pos, 1)
     g.output(
@@ -575,6 +584,7 @@ def test_gpu_targets_compile(target):
         ops.narrow(new, 1, 0, "s"),
         ops.argmax(logits),
         *ops.topk(logits, 40),
+        *ops.topk(vocab, 64),
         *ops.topk(ops.narrow(logits, 1, 0, 1000), 1000, largest=False),
         *ops.topk(ids, 3),
         ops.cumsum(x, 1, reverse=True),

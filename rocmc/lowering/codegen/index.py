@@ -392,8 +392,8 @@ RANK_FROM_K = 1024
 # Ranking a long row whole is quadratic: an LLM's `sample` (k 64 of a 32000-token vocabulary) took ~0.4 ms a row
 # on an H200, 13 ms a step at 32 rows. A row of at least CHUNK_FROM entries is ranked in chunks of about TOPK_CHUNK
 # (the same count each, the last padded with the smallest key): each chunk's k largest, then the k largest of the
-# chunks' candidates, about V * TOPK_CHUNK + (V k / TOPK_CHUNK)^2 comparisons instead of V^2 (32000, k 64:
-# 3.3e7 instead of 1.0e9).
+# chunks' candidates (in chunks again while they are many), about V * TOPK_CHUNK + (V k / TOPK_CHUNK)^2
+# comparisons instead of V^2 (32000, k 64: 3.3e7 instead of 1.0e9).
 TOPK_CHUNK = 512
 CHUNK_FROM = 4 * TOPK_CHUNK
 
@@ -409,15 +409,20 @@ def _chunks(length, k: int) -> tuple[int, int] | None:
     return (n, c) if c - (n * c - length) >= k else None
 
 
-def _topk_chunked(E: Emitter, keys: T, k: int, chunks: tuple[int, int], sizes, shape) -> str:
-    """_topk_by_rank's result (the k largest keys along the last axis, descending) ranked in chunks (_chunks)."""
-    n, c = chunks
+def _topk_last(E: Emitter, keys: T, k: int, sizes, shape) -> str:
+    """_topk_by_rank's result (the k largest keys along the last axis, descending), a long row ranked in chunks
+    (_chunks), and the chunks' candidates so again while they are many (a 128256-token vocabulary: 251 chunks,
+    then 32, then 4, then 256 candidates ranked whole)."""
     last = keys.rank - 1
+    chunks = _chunks(keys.shape[last], k)
+    if chunks is None:
+        return _topk_by_rank(E, keys, last, sizes, shape)
+    n, c = chunks
     padded = _pad(E, keys, [0] * keys.rank, [0] * last + [n * c - keys.shape[last]], -(1 << 63))
     split = _split_channels(E, padded, last, n)  # (..., n, c)
     firsts = _topk_by_rank(E, split, last + 1, E.dims(split)[:-1] + [k], [*split.shape[:-1], k])
     cands = _split_channels(E, _typed(firsts, [*split.shape[:-1], k], keys), last, n, "collapse")  # (..., n k)
-    return _topk_by_rank(E, cands, last, sizes, shape)
+    return _topk_last(E, cands, k, sizes, shape)
 
 
 def _topk_outs(E: Emitter, sizes, elt: str, shape) -> list:
@@ -441,9 +446,8 @@ def _lower_topk(E: Emitter, node, ins, ctx):
     elt, ident = x.mlir_elt, affine_map(x.rank, range(x.rank))
     dtype = x.type.dtype
     if ctx.target.is_gpu or k > RANK_FROM_K:
-        chunks = _chunks(x.shape[axis], k) if axis == x.rank - 1 else None
-        if chunks is not None:
-            top = _topk_chunked(E, keys, k, chunks, sizes, values_t.shape)
+        if axis == x.rank - 1:
+            top = _topk_last(E, keys, k, sizes, values_t.shape)
         else:
             top = _topk_by_rank(E, keys, axis, sizes, values_t.shape)
         ins_ = [(top, tensor_type(values_t.shape, "i64"))]
