@@ -279,6 +279,8 @@ class Engine:
                 step = self.lm.module.submit("decode", tokens=tokens, positions=positions)
                 self._ahead = (self._chosen(step, rows, 1), rows)
         live = [r for r in batch if self.rows[r.slot] is r and r.state == "decode"]  # not ended nor cancelled since
+        if not live:  # every row of the step in flight has ended: nothing to read from it
+            return
         self.steps, self.last_rows = self.steps + 1, len(live)
         argmax = sub.output(0)
         for r in live:
