@@ -111,6 +111,27 @@ def test_rows_drawn_on_the_device_get_the_tokens_generate_draws_alone(lm, rng):
         assert (submitted.count("sample") >= 8) == issue_ahead
 
 
+def test_a_module_without_sample_draws_on_the_host(llm_checkpoint, rng):  # noqa: F811
+    """An artifact compiled without the `sample` function: the engine draws its sampled rows on the host (seeded
+    by the request: the same tokens twice), beside a greedy row that still takes the decode's argmax."""
+    d = llm_checkpoint("llama")
+    art = rocmc.llm.compile_hf(d, "cpu", max_seq_len=64, max_batch=2, functions=("prefill", "decode"))
+    lm = rocmc.llm.load(art, d)
+    assert "sample" not in lm.module.functions
+    a, c = _prompts(rng, (6, 9))
+    settings = dict(do_sample=True, temperature=0.9, top_k=20, top_p=0.95, seed=3)
+    runs = []
+    for _ in range(2):
+        engine = Engine(lm)
+        ra = engine.submit(a, max_new_tokens=7, stop_tokens=(), **settings)
+        rc = engine.submit(c, max_new_tokens=5, stop_tokens=())
+        list(engine.run())
+        assert (ra._path, rc._path) == ("host", "argmax")
+        runs.append((ra.tokens, rc.tokens))
+    assert runs[0] == runs[1] and len(runs[0][0]) == 7
+    assert runs[0][1] == _alone(lm, c, 5)
+
+
 def test_cancel_frees_the_slot_for_a_waiting_request(lm, rng):
     a, b, c = _prompts(rng, (5, 6, 7))
     engine = Engine(lm)
