@@ -249,11 +249,10 @@ class Engine:
         """One decode step's tokens for the decoding rows. Where every decoding row's token is chosen on the
         device (its argmax, or drawn by `sample` issued after the step) and the module has the functions'
         stream-ordered forms, the next step is issued before this one's tokens are read, its tokens this step's
-        own on the device: the device runs it while the host reads the tokens
-        and schedules the next round (the host's time a step hides behind the device's). A row that has left
-        since a step was issued is skipped when it is read; a row that joins (its first token is on the host)
-        stops the run ahead for a round: the step in flight is read, and the next is issued with every row's
-        token from the host."""
+        own on the device: the device runs it while the host reads the tokens and schedules the next round (the
+        host's time a step hides behind the device's). A row that has left since a step was issued is skipped
+        when it is read; a row that joins (its first token is on the host) stops the run ahead for a round: the
+        step in flight is read, and the next is issued with every row's token from the host."""
         ahead, self._ahead = self._ahead, None
         rows = [r for r in self.running if r.state == "decode"]
         if ahead is None:
