@@ -106,7 +106,8 @@ def test_rows_drawn_on_the_device_get_the_tokens_generate_draws_alone(lm, rng):
         assert (ra._path, rb._path, rc._path, rh._path) == ("sample", "sample", "argmax", "host")
         assert ra.tokens == want_a and rb.tokens == want_b and rc.tokens == greedy
         assert rh.tokens == _alone(lm, c, 4, **on_host)
-        assert ra.tokens != _alone(lm, a, 9, **(drawn_a | {"seed": 1235}))  # the seed is what draws
+        # the seed is what draws: another seed's tokens differ (some of five: a tiny model's distribution is peaked)
+        assert any(rb.tokens != _alone(lm, b, 6, **(drawn_b | {"seed": seed})) for seed in range(78, 83))
         # the two drawing requests' steps beside greedy rows went through sample's stream-ordered form
         assert (submitted.count("sample") >= 8) == issue_ahead
 
