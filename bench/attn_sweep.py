@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import sweep_main
+from bench.common import build_version, sweep_main, sweep_value
 
 # (name, query heads, kv heads, head dim, rows, slot positions, longest row): rows keep longest - 13 * (i % 8).
 CASES = (
@@ -50,28 +49,20 @@ FAMILIES = ("attention_decode", "attention_split", "attention_combine")
 def compile_all(out: Path) -> None:
     from rocmc.lowering import kernels
 
-    from bench.common import build_at
-
     out.mkdir(parents=True, exist_ok=True)
-    saved = {n: kernels.FAMILIES[n] for n in FAMILIES}
+    fams = {n: kernels.FAMILIES[n] for n in FAMILIES}
     plan = {}
-    try:
-        for i, (label, flags) in enumerate(VERSIONS.items()):
-            block = next((int(f[6:]) for f in flags if f.startswith("BLOCK=")), saved[FAMILIES[0]].block)
-            rev = next((f[4:] for f in flags if f.startswith("REV=")), None)
-            switches = [f"-D{f}" for f in flags if not f.startswith(("BLOCK=", "REV="))]
-            for n in FAMILIES:
-                kernels.FAMILIES[n] = replace(saved[n], block=block)
-            files = {}
-            for n in FAMILIES[:1] if rev else FAMILIES:
-                obj = build_at(kernels, saved[n].source, "sm_80", switches, rev)
-                files[n] = f"v{i}_{n}.ptx"
-                (out / files[n]).write_bytes(obj.data)
-            plan[label] = {"ptx": files, "block": block, "old": rev is not None}
-            print(f"built {label}", flush=True)
-    finally:
-        kernels.FAMILIES.update(saved)
-    bits = {n: 1 << i for i, (n, _) in enumerate(saved[FAMILIES[0]].flags)}
+    for i, (label, flags) in enumerate(VERSIONS.items()):
+        block = sweep_value(flags, "BLOCK", fams[FAMILIES[0]].block)
+        old = any(f.startswith("REV=") for f in flags)
+        files = {}
+        for n in FAMILIES[:1] if old else FAMILIES:
+            obj = build_version(kernels, FAMILIES, fams[n].source, "sm_80", flags, block=block)
+            files[n] = f"v{i}_{n}.ptx"
+            (out / files[n]).write_bytes(obj.data)
+        plan[label] = {"ptx": files, "block": block, "old": old}
+        print(f"built {label}", flush=True)
+    bits = {n: 1 << i for i, (n, _) in enumerate(fams[FAMILIES[0]].flags)}
     (out / "plan.json").write_text(json.dumps({"versions": plan, "flags": bits}, indent=1))
 
 

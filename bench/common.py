@@ -65,6 +65,33 @@ def build_at(kernels, source: str, arch: str, switches, rev: str | None = None):
             kernels.KERNEL_DIR = saved
 
 
+# A sweep version's flags: -D switches of the kernel source, and these words of the sweep's own: BLOCK=n (the
+# families' workgroup size for that build), REV=<git revision> (that revision's sources: a baseline in the same run).
+SWEEP_WORDS = ("BLOCK=", "REV=")
+
+
+def sweep_value(flags, name: str, default: int) -> int:
+    """The int a version's flags give `name` (a -D switch or BLOCK), else `default`."""
+    return next((int(f.split("=", 1)[1]) for f in flags if f.startswith(name + "=")), default)
+
+
+def build_version(kernels, families, source: str, arch: str, flags, **fields):
+    """Kernel `source` built for `arch` as a sweep version's flags say (its -D switches, its REV=), with `fields`
+    (block: a workgroup size, local_memory: a launch's dynamic shared memory) set on `families` for this build
+    only (the header the build writes states them)."""
+    from dataclasses import replace
+
+    saved = {n: kernels.FAMILIES[n] for n in families}
+    rev = next((f[4:] for f in flags if f.startswith("REV=")), None)
+    switches = [f"-D{f}" for f in flags if not f.startswith(SWEEP_WORDS)]
+    try:
+        for n in families:
+            kernels.FAMILIES[n] = replace(saved[n], **fields)
+        return build_at(kernels, source, arch, switches, rev)
+    finally:
+        kernels.FAMILIES.update(saved)
+
+
 def sweep_main(doc: str, default_out: str, compile_all, run_all, argv=None) -> int:
     """A kernel sweep's command line (bench/linear_sweep.py, bench/quant_sweep.py): `compile` builds the versions
     here into --out, `run` times them there from it."""

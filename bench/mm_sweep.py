@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import sweep_main
+from bench.common import build_version, sweep_main, sweep_value
 
 # (name, w rows (outputs, x2 when gated), K, epilogue): Llama-2-7B's prefill projections, then a square GEMM.
 SHAPES = (
@@ -49,19 +48,10 @@ WGMMA = {
 }
 
 
-def _value(flags, name, default):
-    return next((int(f.split("=")[1]) for f in flags if f.startswith(name + "=")), default)
-
-
 def _build(kernels, name: str, arch: str, flags, block: int, local_memory: int):
-    """A version of family `name`'s source: its -D switches, its workgroup size and the dynamic shared memory its
-    launch gives (the family's, as the ABI header states them, changed for this build only)."""
-    fam = kernels.FAMILIES[name]
-    kernels.FAMILIES[name] = replace(fam, block=block, local_memory=local_memory)
-    try:
-        return kernels.build(fam.source, arch, [f"-D{f}" for f in flags if not f.startswith("BLOCK=")])
-    finally:
-        kernels.FAMILIES[name] = fam
+    """A version of family `name`'s source with its workgroup size and the dynamic shared memory its launch gives."""
+    source = kernels.FAMILIES[name].source
+    return build_version(kernels, [name], source, arch, flags, block=block, local_memory=local_memory)
 
 
 def compile_all(out: Path) -> None:
@@ -71,7 +61,7 @@ def compile_all(out: Path) -> None:
     fam = kernels.FAMILIES["linear_mm"]
     plan = {}
     for i, (label, flags) in enumerate(VERSIONS.items()):
-        bn, stages = _value(flags, "ROCMC_MM_BN", 128), _value(flags, "ROCMC_MM_STAGES", 3)
+        bn, stages = sweep_value(flags, "ROCMC_MM_BN", 128), sweep_value(flags, "ROCMC_MM_STAGES", 3)
         smem = stages * (BM + bn) * 64
         dynamic = smem if smem > 49152 else 0
         obj = _build(kernels, "linear_mm", "sm_80", flags, fam.block, dynamic)
@@ -79,8 +69,8 @@ def compile_all(out: Path) -> None:
         plan[label] = {"ptx": f"v{i}.ptx", "bn": bn, "dynamic": dynamic}
     wg = kernels.FAMILIES["linear_wgmma"]
     for i, (label, flags) in enumerate(WGMMA.items()):
-        block = _value(flags, "BLOCK", wg.block)
-        bn, stages, bm = 128, _value(flags, "ROCMC_WG_STAGES", 3), block // 2
+        block = sweep_value(flags, "BLOCK", wg.block)
+        bn, stages, bm = 128, sweep_value(flags, "ROCMC_WG_STAGES", 3), block // 2
         dynamic = stages * (bm + bn) * 128
         obj = _build(kernels, "linear_wgmma", "sm_90a", flags, block, dynamic)
         (out / f"w{i}.ptx").write_bytes(obj.data)

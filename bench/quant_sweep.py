@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import build_at, sweep_main
+from bench.common import build_version, sweep_main
 
 # (name, out features, in features, flags): Llama-2-7B's projections (gate/up joined: 2 x 11008 rows).
 SHAPES = (
@@ -48,18 +48,13 @@ VERSIONS = {
 WAVES = 4  # BLOCK 128 / 32
 
 
-def _build(kernels, flags: list[str]):
-    rev = next((f[4:] for f in flags if f.startswith("REV=")), None)
-    return build_at(kernels, "linear_q.hip", "sm_80", [f"-D{f}" for f in flags if not f.startswith("REV=")], rev)
-
-
 def compile_all(out: Path) -> None:
     from rocmc.lowering import kernels
 
     out.mkdir(parents=True, exist_ok=True)
     plan = {}
     for i, (label, flags) in enumerate(VERSIONS.items()):
-        obj = _build(kernels, flags)
+        obj = build_version(kernels, ["linear_q"], "linear_q.hip", "sm_80", flags)
         (out / f"v{i}.ptx").write_bytes(obj.data)
         qwr = next((int(f[4:]) for f in flags if f.startswith("QWR=")), 4)
         plan[label] = [f"v{i}.ptx", qwr * WAVES]
