@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import build_version, sweep_main
+from bench.common import build_version, sweep_main, sweep_value
 
 # (name, out features, in features, flags): Llama-2-7B's projections (gate/up joined: 2 x 11008 rows).
 SHAPES = (
@@ -56,7 +56,7 @@ def compile_all(out: Path) -> None:
     for i, (label, flags) in enumerate(VERSIONS.items()):
         obj = build_version(kernels, ["linear_q"], "linear_q.hip", "sm_80", flags)
         (out / f"v{i}.ptx").write_bytes(obj.data)
-        qwr = next((int(f[4:]) for f in flags if f.startswith("QWR=")), 4)
+        qwr = sweep_value(flags, "QWR", 4)
         plan[label] = [f"v{i}.ptx", qwr * WAVES]
         print(f"built {label}", flush=True)
     fam = kernels.FAMILIES["linear_q"]

@@ -261,12 +261,8 @@ class Engine:
             if not self._issues_ahead(rows):
                 self._decode_now(rows, events)
                 return
-            mask = self._mask(rows)
-            tokens = np.array([r._next if m else 0 for r, m in zip(self.rows, mask)], np.int64)
-            ahead = (
-                self._chosen(self.lm.module.submit("decode", **self.slots.decode(tokens, rows=mask)), rows, 0),
-                rows,
-            )
+            step = self.lm.module.submit("decode", **self.slots.decode(self._tokens(rows), rows=self._mask(rows)))
+            ahead = (self._chosen(step, rows, 0), rows)
         sub, batch = ahead
         # The next step ahead, its tokens this one's on the device: for the rows of this one still decoding (a
         # row that joined since needs its token from the host: it waits a round), unless none goes on after it.
@@ -288,10 +284,7 @@ class Engine:
     def _decode_now(self, rows: list, events: list) -> None:
         """A decode step called and read before the next is issued (rows chosen on the host, or a module
         without decode's stream-ordered form)."""
-        tokens = np.zeros(self.max_batch, np.int64)
-        for r in rows:
-            tokens[r.slot] = r._next
-        out = self.lm.module.decode(**self.slots.decode(tokens, rows=self._mask(rows)), output="device")
+        out = self.lm.module.decode(**self.slots.decode(self._tokens(rows), rows=self._mask(rows)), output="device")
         self.steps, self.last_rows = self.steps + 1, len(rows)
         draws = self._draws(rows, 0)
         argmax = host_copy(out[0], i64) if draws is None else np.asarray(self.lm.module.sample(out[1], **draws))
@@ -359,6 +352,13 @@ class Engine:
         """Whether a row may go on after the step in flight (one not at its token limit): else the step ahead
         would run for nothing."""
         return any(len(r.tokens) + 1 < r._tracker.max_new for r in rows)
+
+    def _tokens(self, rows: list) -> np.ndarray:
+        """Each row's next token (from the host) at its slot, for a decode step of `rows`."""
+        tokens = np.zeros(self.max_batch, np.int64)
+        for r in rows:
+            tokens[r.slot] = r._next
+        return tokens
 
     def _mask(self, rows: list) -> np.ndarray:
         mask = np.zeros(self.max_batch, bool)
