@@ -150,11 +150,12 @@ DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const 
   // Pieces past K or rows past N are never used (products skips them, no output takes them): their loads read the
   // last piece or row again instead of branching around them (on AMD's CDNA the branches' masks cost scalar
   // registers, which spilled).
+  auto row_of = [&](int r) __attribute__((always_inline)) { return wrow[r] < rows_w ? wrow[r] : rows_w - 1; };
   auto load = [&](u32 p, Pieces& set) __attribute__((always_inline)) {
     p = p < pieces ? p : pieces - 1;
 #pragma unroll
     for (int r = 0; r < WR; ++r) {
-      const u32 row = wrow[r] < rows_w ? wrow[r] : rows_w - 1;
+      const u32 row = row_of(r);
       const unsigned char* at = w + (u64)row * row_bytes + (u64)p * 16;
       set.w[r] = wide_w ? load_cs<U4>((const U4*)at) : load16_bytes(at);
       const u64 g = (u64)row * q.G + p * V / gs;
@@ -167,10 +168,8 @@ DEVICE void linear_q(const T* x, const unsigned char* w, const T* scales, const 
 #if defined(__NVPTX__)
     if (p >= pieces) return;
 #pragma unroll
-    for (int r = 0; r < WR; ++r) {
-      const u32 row = wrow[r] < rows_w ? wrow[r] : rows_w - 1;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (u64)row * row_bytes + (u64)p * 16));
-    }
+    for (int r = 0; r < WR; ++r)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (u64)row_of(r) * row_bytes + (u64)p * 16));
 #else
     (void)p;
 #endif
